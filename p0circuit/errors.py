@@ -1,0 +1,33 @@
+"""Exceptions raised by p0circuit.
+
+Every error says what was wrong and what to do about it. They subclass ``ValueError`` (or
+``TypeError``/``KeyError`` where that is the natural category) so that generic handlers still
+catch them, and :class:`P0CircuitError` so that callers can catch ours alone.
+"""
+
+
+class P0CircuitError(Exception):
+    """Base class of every error p0circuit raises on purpose."""
+
+
+class BadInputError(P0CircuitError, ValueError):
+    """Tokens, prompts or tensors that cannot be measured as given."""
+
+
+class ConfigError(P0CircuitError, ValueError):
+    """A model spec, sweep config or option with an invalid value."""
+
+
+class MissingHookError(P0CircuitError, KeyError):
+    """The model lacks a hook point that a metric or patch needs."""
+
+    def __str__(self) -> str:  # KeyError would otherwise print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class NonFiniteError(P0CircuitError, FloatingPointError):
+    """NaN or inf found in activations or weights."""
+
+
+class CheckpointError(P0CircuitError, OSError):
+    """A local checkpoint directory that cannot be loaded."""

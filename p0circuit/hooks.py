@@ -1,0 +1,77 @@
+"""Every TransformerLens hook name p0circuit uses is spelled here and nowhere else.
+
+Other modules ask for names through these functions, so a change of naming in TransformerLens
+is a change to this file alone. Layer numbers are never parsed out of strings.
+"""
+
+EMBED = "hook_embed"
+POS_EMBED = "hook_pos_embed"
+
+
+def resid_pre(layer: int) -> str:
+    """Residual stream entering block ``layer``."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def resid_mid(layer: int) -> str:
+    """Residual stream between attention and MLP of block ``layer`` (absent with parallel blocks)."""
+    return f"blocks.{layer}.hook_resid_mid"
+
+
+def resid_post(layer: int) -> str:
+    """Residual stream leaving block ``layer``."""
+    return f"blocks.{layer}.hook_resid_post"
+
+
+def attn_out(layer: int) -> str:
+    """Summed output of all heads of block ``layer`` (after W_O, with b_O)."""
+    return f"blocks.{layer}.hook_attn_out"
+
+
+def head_z(layer: int) -> str:
+    """Per-head attention output before W_O: ``[batch, pos, head, d_head]``."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def head_result(layer: int) -> str:
+    """Per-head output after W_O (needs ``use_attn_result``): ``[batch, pos, head, d_model]``."""
+    return f"blocks.{layer}.attn.hook_result"
+
+
+def pattern(layer: int) -> str:
+    """Attention pattern ``[batch, head, query_pos, key_pos]``."""
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def head_input(layer: int, which: str) -> str:
+    """Per-head query/key/value input (needs ``use_split_qkv_input``); ``which`` in q, k, v."""
+    if which not in ("q", "k", "v"):
+        raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
+    return f"blocks.{layer}.hook_{which}_input"
+
+
+def head_vector(layer: int, which: str) -> str:
+    """Per-head query/key/value vectors ``[batch, pos, head, d_head]``; ``which`` in q, k, v."""
+    if which not in ("q", "k", "v"):
+        raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
+    return f"blocks.{layer}.attn.hook_{which}"
+
+
+def mlp_in(layer: int) -> str:
+    """Input of the MLP of block ``layer`` before its norm (needs ``use_hook_mlp_in``)."""
+    return f"blocks.{layer}.hook_mlp_in"
+
+
+def mlp_post(layer: int) -> str:
+    """MLP neuron activations of block ``layer``: ``[batch, pos, d_mlp]``."""
+    return f"blocks.{layer}.mlp.hook_post"
+
+
+def mlp_out(layer: int) -> str:
+    """Output of the MLP of block ``layer``: ``[batch, pos, d_model]``."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def ln_scale(layer: int, which: str) -> str:
+    """Normalization scale of ``ln1`` or ``ln2`` in block ``layer``."""
+    return f"blocks.{layer}.{which}.hook_scale"

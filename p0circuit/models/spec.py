@@ -1,0 +1,143 @@
+"""Typed, validated model specs that build a ``HookedTransformer`` with no network access.
+
+A :class:`ModelSpec` names the architectural choices that matter for the P0 sink: how positions
+are encoded (``rope``, ``nope``, ``learned``), the pre-norm type, the MLP type, parallel
+attention+MLP blocks (Pythia/GPT-J style) and sliding-window attention (Mistral/Olmo style).
+
+NoPE is not a TransformerLens option: a NoPE model is built with learned absolute positions whose
+table ``W_pos`` is zeroed and frozen, so no positional signal reaches the residual stream.
+"""
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from p0circuit.errors import ConfigError
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "pos": ("rope", "nope", "learned"),
+    "norm": ("rms", "ln"),
+    "mlp": ("plain", "gated"),
+    "act_fn": ("gelu", "relu", "silu", "gelu_new"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to build a small hooked transformer from scratch."""
+
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    d_model: int = 64
+    """Residual stream width."""
+    n_heads: int = 4
+    """Attention heads per block."""
+    d_head: int = 16
+    """Width of each head."""
+    d_mlp: int = 256
+    """MLP hidden width."""
+    d_vocab: int = 64
+    """Vocabulary size."""
+    n_ctx: int = 64
+    """Longest sequence the model accepts."""
+    pos: str = "rope"
+    """Position encoding: rotary, none at all, or learned absolute embeddings."""
+    norm: str = "rms"
+    """Pre-norm type before each sublayer and before the unembedding."""
+    mlp: str = "plain"
+    """Plain (``W_out act(W_in x)``) or gated (``W_out (act(W_gate x) * W_in x)``) MLP."""
+    act_fn: str = "gelu"
+    """MLP activation function."""
+    parallel: bool = False
+    """Attention and MLP read the same residual and are added together (Pythia/GPT-J)."""
+    window: Optional[int] = None
+    """Sliding-window size for every layer (Mistral style); None for full causal attention."""
+    rotary_dim: Optional[int] = None
+    """Rotated dimensions per head with ``pos="rope"``; None rotates all ``d_head``."""
+    seed: int = 0
+    """Seed for the weight initialization."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ModelSpec.{name} must be a positive int, got {value!r}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(
+                    f"ModelSpec.{name}={getattr(self, name)!r} is not valid; choose one of {choices}"
+                )
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ConfigError(f"ModelSpec.window must be None or a positive int, got {self.window!r}")
+        if self.rotary_dim is not None:
+            if self.pos != "rope":
+                raise ConfigError("ModelSpec.rotary_dim only applies with pos='rope'")
+            if not (0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0):
+                raise ConfigError(
+                    f"ModelSpec.rotary_dim must be even and in 1..d_head={self.d_head}, "
+                    f"got {self.rotary_dim}"
+                )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        """Build from a plain dict, naming unknown keys and the valid ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown ModelSpec key(s) {unknown}; valid keys: {sorted(known)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict; :meth:`from_dict` inverts it."""
+        return asdict(self)
+
+    def to_config(self, device: str = "cpu") -> HookedTransformerConfig:
+        """The TransformerLens config this spec stands for."""
+        local = self.window is not None
+        return HookedTransformerConfig(
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_head=self.d_head,
+            d_mlp=self.d_mlp,
+            d_vocab=self.d_vocab,
+            n_ctx=self.n_ctx,
+            act_fn=self.act_fn,
+            normalization_type="RMS" if self.norm == "rms" else "LN",
+            positional_embedding_type="rotary" if self.pos == "rope" else "standard",
+            rotary_dim=self.rotary_dim if self.pos == "rope" else None,
+            gated_mlp=self.mlp == "gated",
+            parallel_attn_mlp=self.parallel,
+            use_local_attn=local,
+            window_size=self.window,
+            attn_types=["local"] * self.n_layers if local else None,
+            default_prepend_bos=False,
+            seed=self.seed,
+            device=device,
+            model_name=f"p0circuit-spec-{self.pos}-{self.norm}",
+        )
+
+    def build(self, device: str = "cpu") -> HookedTransformer:
+        """A freshly initialized ``HookedTransformer``; no tokenizer, nothing downloaded."""
+        model = HookedTransformer(self.to_config(device), move_to_device=True)
+        if self.pos == "nope":
+            with torch.no_grad():
+                model.W_pos.zero_()
+            model.W_pos.requires_grad_(False)
+        model.p0_spec = self  # type: ignore[attr-defined]  # read back by positional_kind()
+        return model
+
+
+def positional_kind(model: HookedTransformer) -> str:
+    """``"rope"``, ``"nope"`` or ``"learned"`` for a hooked model (NoPE = all-zero frozen W_pos)."""
+    pet = model.cfg.positional_embedding_type
+    if pet == "rotary":
+        return "rope"
+    if pet in ("standard", "shortformer"):
+        w_pos = model.W_pos
+        if not w_pos.requires_grad and bool((w_pos == 0).all()):
+            return "nope"
+        return "learned"
+    return str(pet)

@@ -1,0 +1,237 @@
+"""The nouns of p0circuit: nodes, edges and circuits.
+
+A *node* is one component of a hooked transformer at one class of positions (position 0, some
+other single position, or "rest", all other positions together): the P0-sink circuit is
+position-specific, so the same head at position 0 and elsewhere are different nodes.
+An *edge* is a sender node writing into one input of a receiver node (a head's query, key or value
+input, an MLP's input, or the residual stream). A *circuit* is a set of nodes and edges with the
+effect sizes and settings that produced it. Names are derived from fields, never stored twice.
+"""
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+from p0circuit.errors import BadInputError
+
+Pos = Union[int, str]
+"""A position class: a non-negative index, or ``"rest"`` (all positions not named otherwise)."""
+
+REST = "rest"
+
+
+class Kind(str, enum.Enum):
+    """Which component a node is."""
+
+    EMBED = "embed"
+    """The token embedding."""
+    POS_EMBED = "pos_embed"
+    """The learned position embedding (only models with ``pos="learned"``)."""
+    HEAD = "head"
+    """One attention head's output (after W_O)."""
+    MLP = "mlp"
+    """One block's MLP output."""
+    RESID = "resid"
+    """The residual stream leaving a block (``resid_post``)."""
+
+
+class Input(str, enum.Enum):
+    """Which input of a receiver node an edge writes into."""
+
+    Q = "q"
+    """A head's query input."""
+    K = "k"
+    """A head's key input."""
+    V = "v"
+    """A head's value input."""
+    MLP = "mlp_in"
+    """An MLP's input."""
+    RESID = "resid"
+    """The residual stream itself (read by everything downstream)."""
+
+
+_SHORT = {Kind.EMBED: "E", Kind.POS_EMBED: "PE", Kind.HEAD: "A", Kind.MLP: "M", Kind.RESID: "R"}
+_FROM_SHORT = {v: k for k, v in _SHORT.items()}
+
+
+def _check_pos(pos: Pos) -> None:
+    if isinstance(pos, bool) or not (
+        (isinstance(pos, int) and pos >= 0) or pos == REST
+    ):
+        raise BadInputError(
+            f"node position must be a non-negative int or {REST!r}, got {pos!r}"
+        )
+
+
+@dataclass(frozen=True, order=True)
+class Node:
+    """One component at one position class."""
+
+    kind: Kind
+    """The component kind."""
+    layer: int = -1
+    """Block index; -1 for embeddings."""
+    head: int = -1
+    """Head index for ``Kind.HEAD``; -1 otherwise."""
+    pos: Pos = 0
+    """Position class: an index or ``"rest"``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))
+        _check_pos(self.pos)
+        if self.kind in (Kind.EMBED, Kind.POS_EMBED):
+            if self.layer != -1 or self.head != -1:
+                raise BadInputError(f"{self.kind.value} nodes take no layer or head")
+        elif self.layer < 0:
+            raise BadInputError(f"{self.kind.value} nodes need a layer >= 0, got {self.layer}")
+        if (self.kind == Kind.HEAD) != (self.head >= 0):
+            raise BadInputError(
+                "a head index is required for head nodes and forbidden for other kinds; "
+                f"got kind={self.kind.value}, head={self.head}"
+            )
+
+    @property
+    def component(self) -> str:
+        """Name without the position, e.g. ``A0.H1``, ``M1``, ``E``."""
+        short = _SHORT[self.kind]
+        if self.kind in (Kind.EMBED, Kind.POS_EMBED):
+            return short
+        if self.kind == Kind.HEAD:
+            return f"A{self.layer}.H{self.head}"
+        return f"{short}{self.layer}"
+
+    @property
+    def name(self) -> str:
+        """Full name, e.g. ``A0.H1@0`` or ``M2@rest``."""
+        return f"{self.component}@{self.pos}"
+
+    def at(self, pos: Pos) -> "Node":
+        """The same component at another position class."""
+        return Node(self.kind, self.layer, self.head, pos)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, name: str) -> "Node":
+        """Inverse of :attr:`name`; raises a clear error for malformed names."""
+        hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'E@0', 'PE@0' or 'R2@0'"
+        try:
+            comp, pos_s = name.split("@")
+            pos: Pos = int(pos_s) if pos_s.isdigit() else pos_s
+            if comp in ("E", "PE"):
+                return cls(_FROM_SHORT[comp], pos=pos)
+            if comp.startswith("A"):
+                layer_s, head_s = comp[1:].split(".H")
+                return cls(Kind.HEAD, int(layer_s), int(head_s), pos)
+            if comp[0] in ("M", "R"):
+                return cls(_FROM_SHORT[comp[0]], int(comp[1:]), pos=pos)
+        except (ValueError, KeyError, IndexError):
+            pass
+        raise BadInputError(f"unknown node name {name!r}; {hint}")
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    """A sender node writing into one input of a receiver node."""
+
+    src: Node
+    """The sender."""
+    dst: Node
+    """The receiver."""
+    input: Input = Input.RESID
+    """Which input of the receiver is fed."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input", Input(self.input))
+        if self.input in (Input.Q, Input.K, Input.V) and self.dst.kind != Kind.HEAD:
+            raise BadInputError(f"only heads have a {self.input.value} input, not {self.dst}")
+        if self.input == Input.MLP and self.dst.kind != Kind.MLP:
+            raise BadInputError(f"only MLPs have an mlp_in input, not {self.dst}")
+
+    @property
+    def name(self) -> str:
+        """E.g. ``M1@0->A2.H0@rest.k``."""
+        return f"{self.src.name}->{self.dst.name}.{self.input.value}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, name: str) -> "Edge":
+        """Inverse of :attr:`name`."""
+        try:
+            src, rest = name.split("->")
+            dst, inp = rest.rsplit(".", 1)
+            return cls(Node.parse(src), Node.parse(dst), Input(inp))
+        except ValueError:
+            raise BadInputError(
+                f"unknown edge name {name!r}; expected e.g. 'M1@0->A2.H0@rest.k'"
+            ) from None
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """Nodes and edges, with effect sizes and the settings that produced them."""
+
+    nodes: tuple[Node, ...]
+    """The circuit's nodes, sorted."""
+    edges: tuple[Edge, ...] = ()
+    """The circuit's edges, sorted."""
+    node_effects: Mapping[str, float] = field(default_factory=dict)
+    """Effect size per node name (may cover candidate nodes outside the circuit)."""
+    edge_effects: Mapping[str, float] = field(default_factory=dict)
+    """Effect size per edge name (may cover candidate edges outside the circuit)."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """How it was obtained: method, corruption, metric, threshold, model, ... (JSON-able)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(sorted(set(self.nodes))))
+        object.__setattr__(self, "edges", tuple(sorted(set(self.edges))))
+
+    @property
+    def node_names(self) -> frozenset[str]:
+        """Names of the circuit's nodes."""
+        return frozenset(n.name for n in self.nodes)
+
+    @property
+    def edge_names(self) -> frozenset[str]:
+        """Names of the circuit's edges."""
+        return frozenset(e.name for e in self.edges)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict; :meth:`from_dict` inverts it."""
+        return {
+            "nodes": [n.name for n in self.nodes],
+            "edges": [e.name for e in self.edges],
+            "node_effects": dict(self.node_effects),
+            "edge_effects": dict(self.edge_effects),
+            "settings": dict(self.settings),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Circuit":
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            nodes=tuple(Node.parse(n) for n in d["nodes"]),
+            edges=tuple(Edge.parse(e) for e in d.get("edges", ())),
+            node_effects=dict(d.get("node_effects", {})),
+            edge_effects=dict(d.get("edge_effects", {})),
+            settings=dict(d.get("settings", {})),
+        )
+
+    def to_json(self, **kw: Any) -> str:
+        """JSON text; ``Circuit.from_json`` round-trips it."""
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Circuit":
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def __str__(self) -> str:
+        lines = [f"Circuit: {len(self.nodes)} nodes, {len(self.edges)} edges"]
+        lines += [f"  node {n.name}" for n in self.nodes]
+        lines += [f"  edge {e.name}" for e in self.edges]
+        return "\n".join(lines)

@@ -1,0 +1,44 @@
+"""Shared fixtures: planted models are built once per session (each build takes ~1-3 s)."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from p0circuit.planted import build_planted  # noqa: E402
+
+PLANT_VARIANTS = {
+    "rope": {},
+    "nope": {"pos": "nope"},
+    "learned": {"pos": "learned"},
+    "layer2": {"circuit_layer": 2, "n_layers": 6},
+    "sink1": {"sink_pos": 1},
+    "sink1_nope": {"sink_pos": 1, "pos": "nope"},
+}
+
+
+@pytest.fixture(scope="session")
+def planted_models():
+    """Lazily built planted models keyed by variant name."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = build_planted(**PLANT_VARIANTS[name])
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def planted(planted_models):
+    """The default planted model (RoPE, circuit at layers 0-1, sink at position 0)."""
+    return planted_models("rope")
+
+
+def random_tokens(n, length, vocab, seed):
+    """Uniform random prompts."""
+    return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed))
