@@ -75,3 +75,30 @@ def mlp_out(layer: int) -> str:
 def ln_scale(layer: int, which: str) -> str:
     """Normalization scale of ``ln1`` or ``ln2`` in block ``layer``."""
     return f"blocks.{layer}.{which}.hook_scale"
+
+
+EMBED_LAYER = -1
+"""Pseudo block index of hooks computed before block 0 (embeddings)."""
+
+
+class HookRef(tuple):
+    """A hook name with the block index that computes it (``-1`` for embeddings).
+
+    Patching starts forwards at a block from a cached residual stream; hooks of earlier blocks are
+    then read from the cache, so every hook a metric needs is named together with its block.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, layer: int, name: str) -> "HookRef":
+        return super().__new__(cls, (layer, name))
+
+    @property
+    def layer(self) -> int:
+        """Block index computing the hook."""
+        return self[0]
+
+    @property
+    def name(self) -> str:
+        """TransformerLens hook name."""
+        return self[1]

@@ -64,7 +64,7 @@ def _check_pos(pos: Pos) -> None:
         )
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Node:
     """One component at one position class."""
 
@@ -90,6 +90,15 @@ class Node:
                 "a head index is required for head nodes and forbidden for other kinds; "
                 f"got kind={self.kind.value}, head={self.head}"
             )
+
+    def sort_key(self) -> tuple:
+        """Forward order: layer, then heads before MLPs, then position (indices before "rest")."""
+        kind_rank = list(Kind).index(self.kind)
+        pos_key = (0, self.pos) if isinstance(self.pos, int) else (1, 0)
+        return (self.layer, kind_rank, self.head, pos_key)
+
+    def __lt__(self, other: "Node") -> bool:
+        return self.sort_key() < other.sort_key()
 
     @property
     def component(self) -> str:

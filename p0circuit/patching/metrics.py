@@ -1,0 +1,185 @@
+"""Metrics for patching: sink-native ones and any user callable.
+
+A patching metric maps one (possibly patched) run to a scalar. The run is seen through a
+:class:`RunView`: the activations the metric declared in :meth:`PatchMetric.needs`, the logits
+when it needs them, and ``p0``, the index at which the clean prompt's first token sits in this run
+(0 in the clean run, ``k`` in a run shifted by ``k`` tokens). Sink metrics are measured at ``p0``,
+so a shifted run is compared with the clean one token by token, not index by index.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from p0circuit import hooks
+from p0circuit.errors import BadInputError
+from p0circuit.hooks import HookRef
+
+
+@dataclass
+class RunView:
+    """What a metric sees of one run: declared activations, logits, and the P0 index."""
+
+    acts: dict[str, Tensor]
+    """Hook name -> activation ``[batch, ...]``."""
+    logits: Optional[Tensor]
+    """Logits ``[batch, pos, d_vocab]`` when the metric needs them."""
+    p0: int = 0
+    """Index of the clean prompt's first token in this run."""
+
+
+class PatchMetric:
+    """Base class: declare needed hooks, return a 0-dim tensor for a :class:`RunView`."""
+
+    needs_logits: bool = False
+    name: str = "metric"
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        """Hooks this metric reads."""
+        return []
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        raise NotImplementedError
+
+    def validate(self, n_layers: int, n_heads: int) -> None:
+        """Raise a clear error if the metric does not fit the model."""
+
+
+def _check_layer(layer: int, n_layers: int, what: str) -> None:
+    if not 0 <= layer < n_layers:
+        raise BadInputError(f"{what}: layer {layer} is outside 0..{n_layers - 1} for this model")
+
+
+@dataclass
+class NormRatio(PatchMetric):
+    """``||h_p0|| / mean_{t > p0} ||h_t||`` of ``resid_post`` at ``layer``, mean over prompts."""
+
+    layer: int
+    """Block whose output is measured."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"norm_ratio@L{self.layer}"
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        return [HookRef(self.layer, hooks.resid_post(self.layer))]
+
+    def validate(self, n_layers: int, n_heads: int) -> None:
+        _check_layer(self.layer, n_layers, "NormRatio")
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        h = view.acts[hooks.resid_post(self.layer)].float()
+        norms = h.norm(dim=-1)  # (B, T)
+        if norms.shape[1] <= view.p0 + 1:
+            raise BadInputError("NormRatio needs at least one position after P0; use longer prompts")
+        return (norms[:, view.p0] / norms[:, view.p0 + 1:].mean(-1)).mean()
+
+
+@dataclass
+class AttnToP0(PatchMetric):
+    """Mean attention to P0 from the queries after it, over the chosen heads and the prompts.
+
+    ``heads`` lists (layer, head) pairs; ``layers`` takes every head of those layers. Queries at
+    P0 itself are excluded (their attention to P0 is 1 under the causal mask).
+    """
+
+    heads: Sequence[tuple[int, int]] = ()
+    """(layer, head) pairs to average over."""
+    layers: Sequence[int] = ()
+    """Layers whose every head is averaged over (added to ``heads``)."""
+    _resolved: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        if self.layers and not self.heads:
+            return "attn_to_p0@L" + ",".join(map(str, self.layers))
+        return "attn_to_p0@" + ",".join(f"L{l}H{h}" for l, h in self.heads)
+
+    def validate(self, n_layers: int, n_heads: int) -> None:
+        if not self.heads and not self.layers:
+            raise BadInputError("AttnToP0 needs heads=[(layer, head), ...] or layers=[...]")
+        for layer in self.layers:
+            _check_layer(layer, n_layers, "AttnToP0")
+        for layer, head in self.heads:
+            _check_layer(layer, n_layers, "AttnToP0")
+            if not 0 <= head < n_heads:
+                raise BadInputError(f"AttnToP0: head {head} is outside 0..{n_heads - 1}")
+        self._resolved[:] = sorted(set(self.heads) | {(l, h) for l in self.layers for h in range(n_heads)})
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        layers = sorted({l for l, _ in self.heads} | set(self.layers))
+        return [HookRef(l, hooks.pattern(l)) for l in layers]
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        vals = []
+        for layer, head in self._resolved:
+            pat = view.acts[hooks.pattern(layer)][:, head]  # (B, Q, K)
+            if pat.shape[-1] <= view.p0 + 1:
+                raise BadInputError("AttnToP0 needs at least one query after P0; use longer prompts")
+            vals.append(pat[:, view.p0 + 1:, view.p0].mean(-1))
+        return torch.stack(vals).mean()
+
+
+@dataclass
+class LogitMetric(PatchMetric):
+    """Any callable ``logits [batch, pos, vocab] -> scalar tensor`` (e.g. a logit difference)."""
+
+    fn: Callable[[Tensor], Tensor]
+    """The user's metric on logits."""
+    label: str = "logit_metric"
+    """Name shown in results."""
+    needs_logits: bool = True
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.label
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        assert view.logits is not None
+        return _scalar(self.fn(view.logits), self.label)
+
+
+@dataclass
+class CacheMetric(PatchMetric):
+    """Any callable on activations: ``fn(acts: dict[hook name, Tensor], p0: int) -> scalar``.
+
+    ``hooks_needed`` lists ``(layer, hook name)`` pairs, e.g.
+    ``[(2, p0circuit.hooks.resid_post(2))]``.
+    """
+
+    fn: Callable[[dict[str, Tensor], int], Tensor]
+    """The user's metric on the cache."""
+    hooks_needed: Sequence[tuple[int, str]]
+    """Hooks (with their block index) the function reads."""
+    label: str = "cache_metric"
+    """Name shown in results."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.label
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        return [HookRef(l, n) for l, n in self.hooks_needed]
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        return _scalar(self.fn(view.acts, view.p0), self.label)
+
+
+def _scalar(value: Any, label: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(value, dtype=torch.float32)
+    if value.numel() != 1:
+        raise BadInputError(
+            f"metric {label!r} returned a tensor of shape {tuple(value.shape)}; a patching metric "
+            "must return one number per run (reduce over batch and positions, e.g. .mean())"
+        )
+    return value.reshape(()).float()
+
+
+def default_metric(n_layers: int) -> PatchMetric:
+    """Attention to P0 of every head in layers >= 2 (>= the last layer in models of <= 2 layers)."""
+    first = min(2, n_layers - 1)
+    return AttnToP0(layers=list(range(first, n_layers)))

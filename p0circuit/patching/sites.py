@@ -1,0 +1,101 @@
+"""Where a node's activation lives in a hooked model, and which nodes are candidates.
+
+A node's *site* is the hook holding its output (head outputs are patched at ``hook_z``, which
+is equivalent to patching the head's ``z @ W_O`` contribution), the head index for per-head
+hooks, and the block at which a patched forward must start.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+from p0circuit import hooks
+from p0circuit.errors import BadInputError, MissingHookError
+from p0circuit.hooks import HookRef
+from p0circuit.types import REST, Kind, Node
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a node's activation is read and written."""
+
+    hook: HookRef
+    """Hook (with its block) holding the node's activation."""
+    head: Optional[int]
+    """Head index for per-head hooks, else None."""
+    start_layer: int
+    """First block a patched forward must run."""
+
+
+def site_of(node: Node, model: Any) -> Site:
+    """The site of ``node`` in ``model``; clear errors for nodes the model does not have."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    if node.kind in (Kind.HEAD, Kind.MLP, Kind.RESID) and node.layer >= n_layers:
+        raise BadInputError(f"node {node} names layer {node.layer}, but the model has layers 0..{n_layers - 1}")
+    if node.kind == Kind.HEAD:
+        if node.head >= n_heads:
+            raise BadInputError(f"node {node} names head {node.head}, but layers have heads 0..{n_heads - 1}")
+        return Site(HookRef(node.layer, hooks.head_z(node.layer)), node.head, node.layer)
+    if node.kind == Kind.MLP:
+        if model.cfg.attn_only:
+            raise BadInputError(f"node {node}: this model is attention-only and has no MLPs")
+        return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None, node.layer)
+    if node.kind == Kind.RESID:
+        return Site(HookRef(node.layer, hooks.resid_post(node.layer)), None, node.layer + 1)
+    if node.kind == Kind.EMBED:
+        return Site(HookRef(hooks.EMBED_LAYER, hooks.EMBED), None, 0)
+    if hooks.POS_EMBED not in model.hook_dict or model.cfg.positional_embedding_type != "standard":
+        raise MissingHookError(
+            f"node {node}: this model has no additive position embedding (positions are "
+            f"{model.cfg.positional_embedding_type}); drop PE nodes from the candidates"
+        )
+    return Site(HookRef(hooks.EMBED_LAYER, hooks.POS_EMBED), None, 0)
+
+
+def positions_of(node: Node, seq_len: int, named: Sequence[int] = (0,)) -> list[int]:
+    """Clean-frame positions of ``node``: its index, or for ``"rest"`` every position not in ``named``."""
+    if node.pos == REST:
+        pos = [t for t in range(seq_len) if t not in set(named)]
+        if not pos:
+            raise BadInputError(f"node {node}: prompts of length {seq_len} have no 'rest' positions")
+        return pos
+    assert isinstance(node.pos, int)
+    if node.pos >= seq_len:
+        raise BadInputError(f"node {node} names position {node.pos}, but prompts have length {seq_len}")
+    return [node.pos]
+
+
+def has_learned_positions(model: Any) -> bool:
+    """True when position 0 is visible in an additive, trainable position embedding."""
+    return model.cfg.positional_embedding_type == "standard" and bool(model.W_pos.requires_grad)
+
+
+def candidate_nodes(
+    model: Any,
+    positions: Iterable[int] = (0,),
+    rest: bool = True,
+    embed: bool = False,
+    pos_embed: Optional[bool] = None,
+    resid: bool = False,
+) -> list[Node]:
+    """Every head and MLP output at each of ``positions`` (and ``"rest"``), optionally embeddings.
+
+    The token embedding is an *input*, not a candidate, by default: under ``pos_mean`` it is
+    trivially necessary in RoPE/NoPE models (the mean embedding at P0 looks diluted). The position
+    embedding is a candidate by default when the model has learned positions.
+    """
+    pos_classes: list[Any] = list(positions) + ([REST] if rest else [])
+    if pos_embed is None:
+        pos_embed = has_learned_positions(model)
+    nodes: list[Node] = []
+    for p in pos_classes:
+        if embed:
+            nodes.append(Node(Kind.EMBED, pos=p))
+        if pos_embed:
+            nodes.append(Node(Kind.POS_EMBED, pos=p))
+        for layer in range(model.cfg.n_layers):
+            nodes += [Node(Kind.HEAD, layer, h, p) for h in range(model.cfg.n_heads)]
+            if not model.cfg.attn_only:
+                nodes.append(Node(Kind.MLP, layer, pos=p))
+            if resid:
+                nodes.append(Node(Kind.RESID, layer, pos=p))
+    return nodes
