@@ -5,14 +5,12 @@ Methods are registered by name in :data:`METHODS`, all with the signature
 """
 
 import math
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable
 
 from torch import Tensor
 
 from p0circuit.errors import ConfigError
 from p0circuit.patching import activation_patch, attribution_patch, path_patch
-from p0circuit.patching.corruptions import Corruption
-from p0circuit.patching.metrics import PatchMetric
 from p0circuit.patching.result import PatchResult
 from p0circuit.types import Circuit, Kind
 
@@ -56,10 +54,10 @@ def interpret(circuit: Circuit) -> str:
 
 def discover(
     model: Any,
-    tokens: Tensor,
+    tokens: Any,  # validated by check_tokens
     method: str = "activation",
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    corruption: Any = "shift",  # a registry name or a corruption; validated by get_corruption
+    metric: Any = None,  # validated by check_metric with a clear message
     threshold: float = 0.1,
     **options: Any,
 ) -> Circuit:

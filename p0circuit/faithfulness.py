@@ -9,23 +9,22 @@ during the forward pass, so senders changed upstream are accounted for.
 """
 
 import math
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError
 from p0circuit.patching.activation import node_op
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import receiver_site, sender_hook, sender_output
 from p0circuit.patching.engine import run_groups_reference
-from p0circuit.patching.metrics import PatchMetric, RunView
+from p0circuit.patching.metrics import RunView
 from p0circuit.patching.options import receiver_hooks
 from p0circuit.patching.path import sender_delta
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.runs import Runs, setup
 from p0circuit.patching.sites import site_of
-from p0circuit.types import REST, Edge, Kind, Node
+from p0circuit.types import REST, Edge, Node
 
 DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -78,10 +77,10 @@ def _edges_ablated(runs: Runs, ablated: Sequence[Edge], named: Sequence[int]) ->
 
 def faithfulness_curve(
     model: Any,
-    tokens: Tensor,
+    tokens: Any,  # validated by check_tokens
     result: PatchResult,
-    corruption: Union[str, Corruption],
-    metric: PatchMetric,
+    corruption: Any,
+    metric: Any,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
 ) -> list[tuple[float, int, float]]:
     """``(fraction, number kept, faithfulness)`` for each fraction, for a node or edge result."""

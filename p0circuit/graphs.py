@@ -9,7 +9,7 @@
 
 import math
 import shutil
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import networkx as nx
 

@@ -4,7 +4,6 @@ Tolerance: max |logit difference| <= 1e-4 in float32 (observed about 1e-7). Sequ
 tokens are longer than Mistral's sliding window (8), so the window is exercised.
 """
 
-import shutil
 
 import pytest
 import torch

@@ -7,7 +7,6 @@ every query's attention (queries at or after the sink) on the sink. Where the pl
 (a prefix made of one repeated token) the failure is exact and tested too.
 """
 
-import math
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p0circuit import ConfigError, PlantSpec, build_planted, hooks, p0_like_positions, positional_kind, sink_report
-from p0circuit.types import Input, Kind, Node
+from p0circuit.types import Kind, Node
 
 from conftest import PLANT_VARIANTS, random_tokens
 

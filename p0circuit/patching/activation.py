@@ -16,20 +16,13 @@ ablated at once.
 
 from typing import Any, Optional, Sequence, Union
 
-import torch
-from torch import Tensor
 
-from p0circuit import hooks
-from p0circuit.errors import BadInputError, ConfigError
-from p0circuit.patching.corruptions import Corruption, Prepared, get_corruption
-from p0circuit.patching.engine import PatchOp, run_groups, run_groups_reference
-from p0circuit.patching.runs import Runs, rows_per, setup
-from p0circuit.patching.metrics import PatchMetric, RunView, default_metric
-from p0circuit.patching.result import PatchResult, normalize
+from p0circuit.patching.engine import PatchOp
+from p0circuit.patching.runs import Runs, corrupted_metric, make_result, patch_each, setup
+from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, positions_of, site_of
-from p0circuit.tokens import check_tokens
 from p0circuit.types import REST, Node
-from p0circuit.validation import check_model, check_metric, parse_nodes
+from p0circuit.validation import parse_nodes
 
 
 def node_op(runs: Runs, node: Node, direction: str, named: Sequence[int]) -> PatchOp:
@@ -50,10 +43,10 @@ def node_op(runs: Runs, node: Node, direction: str, named: Sequence[int]) -> Pat
 
 def activation_patch(
     model: Any,
-    tokens: Tensor,
+    tokens: Any,  # validated by check_tokens
     nodes: Optional[Sequence[Union[Node, str]]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    corruption: Any = "shift",  # a registry name or a corruption; validated by get_corruption
+    metric: Any = None,  # validated by check_metric with a clear message
     *,
     direction: str = "noise",
     min_signal: float = 0.05,
@@ -73,31 +66,7 @@ def activation_patch(
     runs = Runs(model, prep, metric, {s.hook.name for s in sites})
 
     ops = [node_op(runs, n, direction, named) for n in node_list]
-    if prep.ablation is None:
-        corrupted = runs.metric_of(runs.corr, runs.corr_logits, prep.offset)  # type: ignore[arg-type]
-    else:
-        corrupted = _run([ops], runs, prep, metric, 0, rows_per_forward, reference)[0]
-    if direction == "noise":
-        base_cache, base_tokens, p0 = runs.clean, prep.clean_tokens, 0
-    else:
-        base_cache, base_tokens, p0 = runs.corr, prep.corrupt_tokens, prep.offset  # type: ignore[assignment]
-    groups = [[op] for op in ops]
-    if reference:
-        values = run_groups_reference(model, base_tokens, groups, metric, p0)
-    else:
-        values = run_groups(model, base_cache, groups, metric, p0, rows_per(rows_per_forward, tokens))
+    corrupted = corrupted_metric(runs, ops, rows_per_forward)
+    values = patch_each(runs, ops, direction, rows_per_forward, reference)
     raw = {n.name: v for n, v in zip(node_list, values)}
-    norm, signal, msg = normalize(runs.clean_metric, corrupted, raw, direction, min_signal)
-    return PatchResult(
-        method="activation", corruption=prep.name, metric=metric.name, direction=direction,
-        clean_metric=runs.clean_metric, corrupted_metric=corrupted, raw=raw, normalized=norm,
-        signal=signal, message=msg, settings={"corruption_params": dict(prep.params), "n_prompts": int(tokens.shape[0]),
-                                              "seq_len": int(tokens.shape[1])},
-    )
-
-
-def _run(groups: list, runs: Runs, prep: Prepared, metric: PatchMetric, p0: int, rows: Optional[int],
-         reference: bool) -> list[float]:
-    if reference:
-        return run_groups_reference(runs.model, prep.clean_tokens, groups, metric, p0)
-    return run_groups(runs.model, runs.clean, groups, metric, p0, rows_per(rows, prep.clean_tokens))
+    return make_result("activation", runs, raw, corrupted, direction, min_signal)

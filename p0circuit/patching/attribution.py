@@ -12,21 +12,19 @@ of 0.9999 has almost no gradient) or where a ReLU/threshold switches, so compare
 patching (:func:`p0circuit.compare_methods`) before trusting it.
 """
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from p0circuit import hooks
 from p0circuit.patching.activation import node_op
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, receiver_site, sender_hook
-from p0circuit.patching.engine import run_groups
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.options import receiver_hooks
 from p0circuit.patching.path import sender_delta
-from p0circuit.patching.result import PatchResult, normalize
-from p0circuit.patching.runs import Runs, rows_per, setup
+from p0circuit.patching.result import PatchResult
+from p0circuit.patching.runs import Runs, corrupted_metric, make_result, setup
 from p0circuit.patching.sites import candidate_nodes, site_of
 from p0circuit.types import REST
 from p0circuit.validation import parse_edges, parse_nodes
@@ -68,11 +66,11 @@ def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str],
 
 def attribution_patch(
     model: Any,
-    tokens: Tensor,
+    tokens: Any,  # validated by check_tokens
     nodes: Optional[Sequence[Any]] = None,
     edges: Optional[Sequence[Any]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    corruption: Any = "shift",  # a registry name or a corruption; validated by get_corruption
+    metric: Any = None,  # validated by check_metric with a clear message
     *,
     level: str = "node",
     direction: str = "noise",
@@ -114,16 +112,6 @@ def attribution_patch(
                 if head is not None:
                     g = g[:, :, head]
                 scores[e.name] = float((delta * g).sum())
-        if prep.ablation is None:
-            corrupted = runs.metric_of(runs.corr, runs.corr_logits, prep.offset)  # type: ignore[arg-type]
-        else:
-            full = [node_op(runs, n, "noise", named) for n in node_list]
-            corrupted = run_groups(model, runs.clean, [full], metric, 0, rows_per(rows_per_forward, tokens))[0]
+        corrupted = corrupted_metric(runs, [node_op(runs, n, "noise", named) for n in node_list], rows_per_forward)
     raw = {k: base_value + v for k, v in scores.items()}
-    norm, signal, msg = normalize(runs.clean_metric, corrupted, raw, direction, min_signal)
-    return PatchResult(
-        method="attribution", corruption=prep.name, metric=metric.name, direction=direction,
-        clean_metric=runs.clean_metric, corrupted_metric=corrupted, raw=raw, normalized=norm, signal=signal,
-        message=msg, settings={"level": level, "corruption_params": dict(prep.params),
-                               "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])},
-    )
+    return make_result("attribution", runs, raw, corrupted, direction, min_signal, level=level)

@@ -55,8 +55,11 @@ def start_layer(group: Sequence[PatchOp]) -> int:
 
 
 def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef]) -> set[str]:
-    """Hooks the base-run cache must hold: every block's input, the metric's, and ``extra``."""
+    """Hooks the base-run cache must hold: every block's input and output (and its middle and MLP
+    output, for :func:`skip_block`), the metric's, and ``extra``."""
     names = {hooks.resid_pre(l) for l in range(n_layers)}
+    names |= {hooks.resid_post(l) for l in range(n_layers)} | {hooks.mlp_out(l) for l in range(n_layers)}
+    names |= {hooks.resid_mid(l) for l in range(n_layers)}
     names |= {h.name for h in metric.needs(n_layers)}
     names |= {h.name for h in extra}
     return names
@@ -67,6 +70,53 @@ def _stop_layer(model: Any, metric: PatchMetric) -> Optional[int]:
         return None
     needed = [h.layer for h in metric.needs(model.cfg.n_layers)]
     return max(needed) + 1 if needed else None
+
+
+def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool:
+    """Whether :func:`skip_block` can stand in for the patched block (see there)."""
+    if len(group) != 1:
+        return False
+    op = group[0]
+    layer = op.hook.layer
+    if layer < 0 or model.cfg.original_architecture in _POST_NORM or model.cfg.use_normalization_before_and_after:
+        return False
+    if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer)):
+        return False
+    allowed = {hooks.resid_post(layer), hooks.pattern(layer)}
+    return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
+
+
+_POST_NORM = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
+
+
+def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor:
+    """The patched output of block ``l`` without re-running it, for a head-output or MLP-output op.
+
+    A head output or MLP output changes the residual stream only at the patched positions; the
+    MLP and its norm act position by position. So the block's output is the cached one plus, at
+    those positions: the change of the MLP output (MLP op); or the change of the head's output
+    ``(z' - z) W_O`` plus, in sequential blocks, the resulting change of the MLP output,
+    recomputed on those positions alone. ``run_groups_reference`` checks this against full runs.
+    """
+    layer = op.hook.layer
+    pos = list(op.positions)
+    out = base_cache[hooks.resid_post(layer)].clone()
+    base = base_cache[op.hook.name]
+    if op.hook.name == hooks.mlp_out(layer):
+        delta = op.value if op.add else op.value - base[:, pos]
+        out[:, pos] += delta
+        return out
+    z = base[:, pos, op.head]
+    delta_z = op.value if op.add else op.value - z
+    delta = delta_z @ model.W_O[layer, op.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
+    if model.cfg.parallel_attn_mlp:
+        out[:, pos] += delta
+        return out
+    block = model.blocks[layer]
+    mid = base_cache[hooks.resid_mid(layer)][:, pos] + delta
+    mlp_new = block.apply_mlp(block.ln2(mid))
+    out[:, pos] = mid + mlp_new
+    return out
 
 
 @torch.no_grad()
@@ -85,18 +135,24 @@ def run_groups(
     stop = _stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)
     by_start: dict[int, list[int]] = {}
+    skip: dict[int, bool] = {}
     for i, g in enumerate(groups):
-        by_start.setdefault(start_layer(g), []).append(i)
+        skip[i] = skippable(model, g, metric)
+        by_start.setdefault(start_layer(g) + int(skip[i]), []).append(i)
     per_chunk = max(1, rows_per_forward // batch)
     for start, idx in sorted(by_start.items()):
-        if stop is not None and start >= stop:  # nothing the metric reads can change
-            base_val = float(metric(RunView({h.name: base_cache[h.name] for h in needs}, None, p0)))
+        if stop is not None and start >= stop:  # no forward needed: the metric reads only earlier hooks
             for i in idx:
-                out[i] = base_val
+                acts = {h.name: base_cache[h.name] for h in needs}
+                if skip[i]:
+                    patched = skip_block(model, base_cache, groups[i][0])
+                    acts = {k: (patched if k == hooks.resid_post(start - 1) else v) for k, v in acts.items()}
+                out[i] = float(metric(RunView(acts, None, p0)))
             continue
         for c in range(0, len(idx), per_chunk):
             chunk = idx[c : c + per_chunk]
-            values = _run_chunk(model, base_cache, [groups[i] for i in chunk], metric, p0, start, stop, batch)
+            values = _run_chunk(model, base_cache, [groups[i] for i in chunk], metric, p0, start, stop, batch,
+                                [skip[i] for i in chunk])
             for i, v in zip(chunk, values):
                 out[i] = v
     return [float(v) for v in out]  # type: ignore[arg-type]
@@ -104,13 +160,24 @@ def run_groups(
 
 def _run_chunk(
     model: Any, base_cache: dict[str, Tensor], groups: Sequence[Sequence[PatchOp]], metric: PatchMetric,
-    p0: int, start: int, stop: Optional[int], batch: int,
+    p0: int, start: int, stop: Optional[int], batch: int, skipped: Sequence[bool],
 ) -> list[float]:
     n = len(groups)
-    resid = base_cache[hooks.resid_pre(start)].repeat(n, 1, 1)  # (n*B, T, d)
+    if start < model.cfg.n_layers:
+        resid = base_cache[hooks.resid_pre(start)].repeat(n, 1, 1)  # (n*B, T, d)
+    else:  # only the final norm and unembedding are left
+        resid = base_cache[hooks.resid_post(start - 1)].repeat(n, 1, 1)
     by_hook: dict[str, list[tuple[slice, PatchOp]]] = {}
+    early: dict[str, Tensor] = {}  # hooks below `start` that differ per group (the skipped block's output)
     for i, g in enumerate(groups):
         rows = slice(i * batch, (i + 1) * batch)
+        if skipped[i]:
+            resid[rows] = skip_block(model, base_cache, g[0])
+            name = hooks.resid_post(start - 1)
+            if name not in early:
+                early[name] = base_cache[name].repeat(n, 1, 1)
+            early[name][rows] = resid[rows]
+            continue
         for op in g:
             if op.hook.layer < 0:  # embeddings: fold into the block-0 input
                 base_act = base_cache[op.hook.name]
@@ -131,6 +198,8 @@ def _run_chunk(
             def grab(act: Tensor, hook: Any, name: str = h.name) -> None:
                 captured[name] = act
             fwd_hooks.append((h.name, grab))
+        elif h.name in early:
+            captured[h.name] = early[h.name]
         else:
             captured[h.name] = base_cache[h.name].repeat(n, *([1] * (base_cache[h.name].ndim - 1)))
     with model.hooks(fwd_hooks=fwd_hooks):

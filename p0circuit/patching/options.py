@@ -20,4 +20,3 @@ def receiver_hooks(model: Any) -> Iterator[Any]:
     finally:
         model.set_use_split_qkv_input(old_split)
         model.set_use_hook_mlp_in(old_mlp_in)
-        model.reset_hooks()

@@ -13,17 +13,14 @@ reference is the same as for activation patching.
 
 from typing import Any, Optional, Sequence, Union
 
-import torch
 from torch import Tensor
 
 from p0circuit.patching.activation import node_op
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, is_valid_edge, receiver_site, sender_hook, sender_output
-from p0circuit.patching.engine import PatchOp, run_groups, run_groups_reference
-from p0circuit.patching.metrics import PatchMetric
+from p0circuit.patching.engine import PatchOp
 from p0circuit.patching.options import receiver_hooks
-from p0circuit.patching.result import PatchResult, normalize
-from p0circuit.patching.runs import Runs, rows_per, setup
+from p0circuit.patching.result import PatchResult
+from p0circuit.patching.runs import Runs, corrupted_metric, make_result, patch_each, setup
 from p0circuit.patching.sites import candidate_nodes, positions_of
 from p0circuit.errors import BadInputError
 from p0circuit.types import REST, Edge, Kind
@@ -54,10 +51,10 @@ def edge_op(runs: Runs, edge: Edge, direction: str, named: Sequence[int]) -> Pat
 
 def path_patch(
     model: Any,
-    tokens: Tensor,
+    tokens: Any,  # validated by check_tokens
     edges: Optional[Sequence[Union[Edge, str]]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    corruption: Any = "shift",  # a registry name or a corruption; validated by get_corruption
+    metric: Any = None,  # validated by check_metric with a clear message
     *,
     direction: str = "noise",
     min_signal: float = 0.05,
@@ -81,24 +78,7 @@ def path_patch(
     src_nodes = sorted({e.src for e in edge_list})
     with receiver_hooks(model):
         ops = [edge_op(runs, e, direction, named) for e in edge_list]
-        if prep.ablation is None:
-            corrupted = runs.metric_of(runs.corr, runs.corr_logits, prep.offset)  # type: ignore[arg-type]
-        else:
-            full = [node_op(runs, n, "noise", named) for n in src_nodes]
-            corrupted = run_groups(model, runs.clean, [full], metric, 0, rows_per(rows_per_forward, tokens))[0]
-        base_cache = runs.clean if direction == "noise" else runs.corr
-        base_tokens = prep.clean_tokens if direction == "noise" else prep.corrupt_tokens
-        p0 = 0 if direction == "noise" else prep.offset
-        groups = [[op] for op in ops]
-        if reference:
-            values = run_groups_reference(model, base_tokens, groups, metric, p0)
-        else:
-            values = run_groups(model, base_cache, groups, metric, p0, rows_per(rows_per_forward, tokens))
+        corrupted = corrupted_metric(runs, [node_op(runs, n, "noise", named) for n in src_nodes], rows_per_forward)
+        values = patch_each(runs, ops, direction, rows_per_forward, reference)
     raw = {e.name: v for e, v in zip(edge_list, values)}
-    norm, signal, msg = normalize(runs.clean_metric, corrupted, raw, direction, min_signal)
-    return PatchResult(
-        method="path", corruption=prep.name, metric=metric.name, direction=direction,
-        clean_metric=runs.clean_metric, corrupted_metric=corrupted, raw=raw, normalized=norm, signal=signal,
-        message=msg, settings={"corruption_params": dict(prep.params), "n_prompts": int(tokens.shape[0]),
-                               "seq_len": int(tokens.shape[1])},
-    )
+    return make_result("path", runs, raw, corrupted, direction, min_signal)

@@ -1,12 +1,12 @@
 """Clean and corrupted runs of one patching job, cached once and shared by every method."""
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, ConfigError
-from p0circuit.patching.corruptions import Corruption, Prepared, get_corruption
+from p0circuit.errors import ConfigError
+from p0circuit.patching.corruptions import Prepared, get_corruption
 from p0circuit.patching.engine import base_hooks, cache_run
 from p0circuit.patching.metrics import PatchMetric, RunView, default_metric
 from p0circuit.tokens import check_tokens
@@ -48,7 +48,7 @@ def rows_per(rows_per_forward: Optional[int], tokens: Tensor) -> int:
 
 
 def setup(
-    model: Any, tokens: Tensor, corruption: Union[str, Corruption], metric: Optional[PatchMetric], direction: str
+    model: Any, tokens: Any, corruption: Any, metric: Any, direction: str
 ) -> tuple[Tensor, PatchMetric, Prepared]:
     """Validate the common arguments of every patching method."""
     check_model(model)
@@ -64,3 +64,46 @@ def setup(
             "run; use direction='noise' or corruption 'shift'/'resample'"
         )
     return tokens, metric, prep
+
+
+def corrupted_metric(runs: Runs, full: Sequence[Any], rows_per_forward: Optional[int]) -> float:
+    """Metric of the fully corrupted reference: the corrupted run, or the clean run with every
+    op of ``full`` (each candidate ablated) applied at once."""
+    from p0circuit.patching.engine import run_groups
+
+    prep = runs.prep
+    if prep.ablation is None:
+        return runs.metric_of(runs.corr, runs.corr_logits, prep.offset)  # type: ignore[arg-type]
+    return run_groups(runs.model, runs.clean, [list(full)], runs.metric, 0, rows_per(rows_per_forward, prep.clean_tokens))[0]
+
+
+def patch_each(runs: Runs, ops: Sequence[Any], direction: str, rows_per_forward: Optional[int], reference: bool) -> list[float]:
+    """Metric of the base run (clean for ``noise``, corrupted for ``denoise``) with each op alone."""
+    from p0circuit.patching.engine import run_groups, run_groups_reference
+
+    prep = runs.prep
+    groups = [[op] for op in ops]
+    if direction == "noise":
+        base_cache, base_tokens, p0 = runs.clean, prep.clean_tokens, 0
+    else:
+        base_cache, base_tokens, p0 = runs.corr, prep.corrupt_tokens, prep.offset  # type: ignore[assignment]
+    if reference:
+        return run_groups_reference(runs.model, base_tokens, groups, runs.metric, p0)
+    return run_groups(runs.model, base_cache, groups, runs.metric, p0, rows_per(rows_per_forward, prep.clean_tokens))
+
+
+def make_result(
+    method: str, runs: Runs, raw: dict[str, float], corrupted: float, direction: str, min_signal: float,
+    **settings: Any,
+) -> Any:
+    """Normalize ``raw`` and wrap everything in a :class:`PatchResult`."""
+    from p0circuit.patching.result import PatchResult, normalize
+
+    prep, tokens = runs.prep, runs.prep.clean_tokens
+    norm, signal, msg = normalize(runs.clean_metric, corrupted, raw, direction, min_signal)
+    return PatchResult(
+        method=method, corruption=prep.name, metric=runs.metric.name, direction=direction,
+        clean_metric=runs.clean_metric, corrupted_metric=corrupted, raw=raw, normalized=norm, signal=signal,
+        message=msg, settings={**settings, "corruption_params": dict(prep.params), "n_prompts": int(tokens.shape[0]),
+                               "seq_len": int(tokens.shape[1])},
+    )

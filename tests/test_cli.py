@@ -1,0 +1,19 @@
+import json
+
+from p0circuit.cli import main
+
+
+def test_discover_on_the_plant(tmp_path, capsys):
+    status = main(["discover", "--out", str(tmp_path), "--n-prompts", "8", "--seq-len", "16"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "node_precision=1.000, node_recall=1.000, node_auroc=1.000" in out
+    assert "edge_precision=1.000, edge_recall=1.000, edge_auroc=1.000" in out
+    saved = json.loads((tmp_path / "circuit_path.json").read_text())
+    assert "M1@0->A2.H0@0.k" in saved["edges"]
+    assert (tmp_path / "circuit_activation.dot").exists() and (tmp_path / "sink_report.json").exists()
+
+
+def test_discover_bad_checkpoint(tmp_path, capsys):
+    assert main(["discover", "--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert "p0circuit: error: checkpoint directory" in capsys.readouterr().err

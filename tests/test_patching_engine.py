@@ -1,0 +1,130 @@
+"""The fast patching path equals the slow reference, and equals TransformerLens where they overlap."""
+
+import pytest
+import torch
+from transformer_lens import patching as tl_patching
+
+import p0circuit as p0
+from p0circuit import ModelSpec, Node, Kind
+from p0circuit.patching import PosMean, Resample, Shift, Zero
+
+from conftest import random_tokens
+
+TOL = 1e-5
+
+
+def _max_diff(a, b):
+    assert a.raw.keys() == b.raw.keys()
+    return max(abs(a.raw[k] - b.raw[k]) for k in a.raw)
+
+
+@pytest.fixture(scope="module")
+def generic():
+    """A random model that is not the plant: LayerNorm, gated MLP, learned positions."""
+    return ModelSpec(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=50, n_ctx=24,
+                     pos="learned", norm="ln", mlp="gated", seed=1).build()
+
+
+def logit_diff(logits):
+    return (logits[:, -1, 3] - logits[:, -1, 4]).mean()
+
+
+@pytest.mark.parametrize("corruption", [Shift(2), PosMean(), Zero(), Resample()])
+def test_activation_fast_equals_reference_planted(planted, corruption):
+    toks = random_tokens(6, 20, 32, seed=3)
+    nodes = p0.patching.candidate_nodes(planted.model, embed=True, resid=True)
+    metric = p0.NormRatio(1)
+    fast = p0.activation_patch(planted.model, toks, nodes, corruption, metric, rows_per_forward=13)
+    slow = p0.activation_patch(planted.model, toks, nodes, corruption, metric, reference=True)
+    assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
+
+
+@pytest.mark.parametrize("direction", ["noise", "denoise"])
+def test_activation_fast_equals_reference_generic(generic, direction):
+    toks = random_tokens(4, 12, 50, seed=4)
+    metric = p0.LogitMetric(logit_diff)
+    nodes = p0.patching.candidate_nodes(generic, positions=(0, 1), embed=True)
+    fast = p0.activation_patch(generic, toks, nodes, Shift(3), metric, direction=direction, min_signal=0)
+    slow = p0.activation_patch(generic, toks, nodes, Shift(3), metric, direction=direction, min_signal=0, reference=True)
+    assert _max_diff(fast, slow) <= TOL
+
+
+@pytest.mark.parametrize("corruption", [Shift(1), PosMean()])
+def test_path_fast_equals_reference(planted, corruption):
+    toks = random_tokens(4, 16, 32, seed=5)
+    metric = p0.AttnToP0(heads=list(planted.sink_heads))
+    fast = p0.path_patch(planted.model, toks, corruption=corruption, metric=metric, rows_per_forward=40)
+    slow = p0.path_patch(planted.model, toks, corruption=corruption, metric=metric, reference=True)
+    assert _max_diff(fast, slow) <= TOL
+
+
+def test_path_fast_equals_reference_generic(generic):
+    toks = random_tokens(3, 10, 50, seed=6)
+    metric = p0.LogitMetric(logit_diff)
+    fast = p0.path_patch(generic, toks, corruption=Shift(2), metric=metric, direction="denoise", min_signal=0)
+    slow = p0.path_patch(generic, toks, corruption=Shift(2), metric=metric, direction="denoise", min_signal=0,
+                         reference=True)
+    assert _max_diff(fast, slow) <= TOL
+
+
+@pytest.mark.parametrize("model_name", ["planted", "generic"])
+def test_equal_to_transformer_lens_patching(planted, generic, model_name):
+    """Per-position head and MLP outputs, denoising a resampled prompt, as get_act_patch_* does."""
+    model = planted.model if model_name == "planted" else generic
+    vocab = model.cfg.d_vocab
+    clean = random_tokens(3, 8, vocab, seed=7)
+    corrupt = random_tokens(3, 8, vocab, seed=8)
+    _, clean_cache = model.run_with_cache(clean)
+    tl_heads = tl_patching.get_act_patch_attn_head_out_by_pos(model, corrupt, clean_cache, logit_diff)
+    tl_mlps = tl_patching.get_act_patch_mlp_out(model, corrupt, clean_cache, logit_diff)
+    L, T, H = model.cfg.n_layers, clean.shape[1], model.cfg.n_heads
+    nodes = [Node(Kind.HEAD, l, h, p) for l in range(L) for p in range(T) for h in range(H)]
+    nodes += [Node(Kind.MLP, l, pos=p) for l in range(L) for p in range(T)]
+    ours = p0.activation_patch(model, clean, nodes, Resample(tokens=corrupt), p0.LogitMetric(logit_diff),
+                               direction="denoise", min_signal=0)
+    for l in range(L):
+        for p in range(T):
+            assert abs(ours.raw[f"M{l}@{p}"] - float(tl_mlps[l, p])) <= TOL
+            for h in range(H):
+                assert abs(ours.raw[f"A{l}.H{h}@{p}"] - float(tl_heads[l, p, h])) <= TOL
+
+
+def test_hooks_never_leak(planted):
+    """After an exception inside a patching run the model has no hooks and its flags are restored."""
+    def boom(acts, p0_index):
+        raise RuntimeError("metric failed")
+
+    metric = p0.CacheMetric(boom, [(1, p0.hooks.resid_post(1))], label="boom")
+    toks = random_tokens(2, 8, 32, seed=1)
+    for fn in (p0.activation_patch, p0.path_patch, p0.attribution_patch):
+        with pytest.raises(RuntimeError, match="metric failed"):
+            fn(planted.model, toks, corruption="shift", metric=metric)
+        assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in planted.model.hook_dict.values())
+        assert not planted.model.cfg.use_split_qkv_input and not planted.model.cfg.use_hook_mlp_in
+    before = planted.model(toks)
+    assert torch.equal(before, planted.model(toks))
+
+
+def test_patched_forwards_skip_the_unchanged_prefix(planted):
+    """Patches of layer-2 outputs never re-run blocks 0-2 (block 2's output is updated in place at
+    the patched positions): only the clean and corrupted cache runs do; block 3 runs once per node."""
+    calls = {0: 0, 2: 0, 3: 0}
+
+    def count(layer):
+        def hook(act, hook):
+            calls[layer] += act.shape[0]
+        return hook
+
+    model = planted.model
+    for layer in calls:
+        model.add_hook(p0.hooks.resid_pre(layer), count(layer), is_permanent=True)
+    try:
+        toks = random_tokens(4, 12, 32, seed=9)
+        nodes = [f"A2.H{h}@{p}" for h in range(2) for p in (0, "rest")] + ["M2@0", "M2@rest"]
+        fast = p0.activation_patch(model, toks, nodes, "shift", p0.NormRatio(3), rows_per_forward=24)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert calls[0] == 2 * 4 and calls[2] == 2 * 4  # the clean and the shifted run, 4 prompts each
+    assert calls[3] == 2 * 4 + 6 * 4  # plus one copy of the prompts per patched node
+    slow = p0.activation_patch(model, toks, nodes, "shift", p0.NormRatio(3), reference=True)
+    assert _max_diff(fast, slow) <= TOL * 20

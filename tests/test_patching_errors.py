@@ -1,0 +1,100 @@
+"""Bad input to the patching engine gets a clear error that says what to do."""
+
+import pytest
+import torch
+
+import p0circuit as p0
+from p0circuit import BadInputError, ConfigError, MissingHookError
+from p0circuit.patching import Resample, Shift
+
+from conftest import random_tokens
+
+
+@pytest.fixture(scope="module")
+def toks():
+    return random_tokens(3, 10, 32, seed=2)
+
+
+def test_unalignable_shapes(planted, toks):
+    with pytest.raises(BadInputError, match=r"cannot be aligned position by position.*use shift"):
+        p0.activation_patch(planted.model, toks, corruption=Resample(tokens=toks[:, :5]))
+
+
+def test_shift_beyond_context(planted):
+    long = random_tokens(2, 64, 32, seed=0)
+    with pytest.raises(BadInputError, match="use prompts of at most 62 tokens"):
+        p0.activation_patch(planted.model, long, corruption=Shift(2))
+
+
+@pytest.mark.parametrize(
+    "nodes,err,msg",
+    [
+        (["A0.X@0"], BadInputError, "unknown node name 'A0.X@0'"),
+        (["A9.H0@0"], BadInputError, "names layer 9, but the model has layers 0..3"),
+        (["A0.H5@0"], BadInputError, "names head 5"),
+        (["M0@40"], BadInputError, "names position 40, but prompts have length 10"),
+        (["PE@0"], MissingHookError, "no additive position embedding"),
+        ([], BadInputError, "no candidate nodes given"),
+        (["M0@0", "M0@0"], BadInputError, "duplicate nodes"),
+    ],
+)
+def test_bad_nodes(planted, toks, nodes, err, msg):
+    with pytest.raises(err, match=msg):
+        p0.activation_patch(planted.model, toks, nodes, "shift", p0.NormRatio(1))
+
+
+def test_non_scalar_metric(planted, toks):
+    metric = p0.LogitMetric(lambda logits: logits[:, -1, 0], label="per_prompt")
+    with pytest.raises(BadInputError, match="'per_prompt' returned a tensor of shape \\(3,\\).*must return one number"):
+        p0.activation_patch(planted.model, toks, ["M0@0"], "shift", metric)
+
+
+def test_metric_hook_missing(planted, toks):
+    metric = p0.CacheMetric(lambda a, p: a["x"].mean(), [(0, "blocks.0.hook_nonexistent")], label="bad")
+    with pytest.raises(MissingHookError, match="no hook 'blocks.0.hook_nonexistent' that metric 'bad' reads"):
+        p0.activation_patch(planted.model, toks, ["M0@0"], "shift", metric)
+
+
+@pytest.mark.parametrize(
+    "metric,msg",
+    [
+        (p0.NormRatio(7), "NormRatio: layer 7 is outside 0..3"),
+        (p0.AttnToP0(), "AttnToP0 needs heads="),
+        (p0.AttnToP0(heads=[(2, 9)]), "head 9 is outside 0..1"),
+        ("attention", "metric must be a p0circuit.patching PatchMetric"),
+    ],
+)
+def test_bad_metrics(planted, toks, metric, msg):
+    with pytest.raises(BadInputError, match=msg):
+        p0.activation_patch(planted.model, toks, ["M0@0"], "shift", metric)
+
+
+def test_bad_options(planted, toks):
+    with pytest.raises(ConfigError, match=r"unknown corruption 'shuffle'; choose one of \['pos_mean', 'resample', 'shift', 'zero'\]"):
+        p0.activation_patch(planted.model, toks, corruption="shuffle")
+    with pytest.raises(ConfigError, match="unknown method 'acdc'; choose one of"):
+        p0.discover(planted.model, toks, method="acdc")
+    with pytest.raises(ConfigError, match="direction='denoise' needs a corrupted run"):
+        p0.activation_patch(planted.model, toks, corruption="pos_mean", direction="denoise")
+    with pytest.raises(ConfigError, match="direction must be 'noise' or 'denoise'"):
+        p0.activation_patch(planted.model, toks, direction="sideways")
+    with pytest.raises(ConfigError, match="shift needs k >= 1"):
+        p0.activation_patch(planted.model, toks, corruption=Shift(0))
+
+
+def test_bad_edges(planted, toks):
+    with pytest.raises(BadInputError, match="have no direct path"):
+        p0.path_patch(planted.model, toks, ["M2@0->M1@0.mlp_in"], "shift", p0.NormRatio(1))
+    with pytest.raises(BadInputError, match="have no direct path"):
+        p0.path_patch(planted.model, toks, ["M0@0->A1.H0@rest.k"], "shift", p0.NormRatio(1))
+    with pytest.raises(BadInputError, match="unknown edge name"):
+        p0.path_patch(planted.model, toks, ["M0@0=>M1@0"], "shift", p0.NormRatio(1))
+
+
+def test_bad_model_and_tokens(planted):
+    with pytest.raises(BadInputError, match="expected a transformer_lens HookedTransformer"):
+        p0.activation_patch(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(BadInputError, match="sequence length 1"):
+        p0.activation_patch(planted.model, torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(BadInputError, match="out of the vocabulary"):
+        p0.activation_patch(planted.model, torch.full((2, 5), 40))
