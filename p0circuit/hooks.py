@@ -57,6 +57,12 @@ def head_vector(layer: int, which: str) -> str:
     return f"blocks.{layer}.attn.hook_{which}"
 
 
+def position_axis(name: str) -> int:
+    """Axis of a hook's activation that runs over (query) positions: 2 for attention patterns and
+    scores ``[batch, head, query, key]``, 1 for everything else."""
+    return 2 if name.endswith(("attn.hook_pattern", "attn.hook_attn_scores")) else 1
+
+
 def mlp_in(layer: int) -> str:
     """Input of the MLP of block ``layer`` before its norm (needs ``use_hook_mlp_in``)."""
     return f"blocks.{layer}.hook_mlp_in"

@@ -128,3 +128,25 @@ def test_patched_forwards_skip_the_unchanged_prefix(planted):
     assert calls[3] == 2 * 4 + 6 * 4  # plus one copy of the prompts per patched node
     slow = p0.activation_patch(model, toks, nodes, "shift", p0.NormRatio(3), reference=True)
     assert _max_diff(fast, slow) <= TOL * 20
+
+
+def test_positions_before_the_patch_are_not_recomputed(planted):
+    """A patch at position 5 runs later blocks on positions 5.. only (the prefix comes from cached keys/values)."""
+    tokens_seen = []
+
+    def count(act, hook):
+        tokens_seen.append(act.shape[0] * act.shape[1])
+
+    model = planted.model
+    model.add_hook(p0.hooks.resid_pre(3), count, is_permanent=True)
+    try:
+        toks = random_tokens(4, 12, 32, seed=9)
+        nodes = ["A2.H0@5", "A2.H1@5", "M2@5"]
+        metric = p0.LogitMetric(lambda logits: logits[:, -1, 0].mean())
+        other = Resample(tokens=random_tokens(4, 12, 32, seed=10))
+        fast = p0.activation_patch(model, toks, nodes, other, metric, direction="denoise", min_signal=0)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert tokens_seen == [4 * 12, 4 * 12, 3 * 4 * (12 - 5)]  # clean run, corrupted run, one suffix forward
+    slow = p0.activation_patch(model, toks, nodes, other, metric, direction="denoise", min_signal=0, reference=True)
+    assert _max_diff(fast, slow) <= TOL

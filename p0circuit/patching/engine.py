@@ -1,15 +1,23 @@
 """The batched patching engine shared by activation and path patching.
 
 A *patch group* is a list of :class:`PatchOp` applied together to one copy of the base run;
-one metric value comes back per group. The fast path (:func:`run_groups`) stacks many groups
-along the batch dimension and starts each forward at the earliest patched block from the base
-run's cached residual stream (``start_at_layer``), so the unchanged prefix is never recomputed;
-hooks of earlier blocks that the metric reads come from the same cache. The slow, obvious path
+one metric value comes back per group. The fast path (:func:`run_groups`) avoids recomputing
+anything a patch cannot change:
+
+* blocks before the patched one: each forward starts from the base run's cached residual stream
+  (``start_at_layer``); a single head-output or MLP-output patch updates its own block's output
+  in place at the patched positions (:func:`skip_block`), so the forward starts one block later;
+* positions before the first patched one: under the causal mask they are unchanged in every
+  layer, so only the suffix is run, attending to the prefix's cached keys and values through a
+  frozen TransformerLens key-value cache; what the metric reads is reassembled to full length;
+* many groups are stacked along the batch dimension in one forward.
+
+Hooks of earlier blocks that the metric reads come from the same cache. The slow, obvious path
 (:func:`run_groups_reference`) runs one full forward per group with ordinary hooks; the tests
 check that both agree.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -18,6 +26,7 @@ from torch import Tensor
 from p0circuit import hooks
 from p0circuit.hooks import HookRef
 from p0circuit.patching.metrics import PatchMetric, RunView
+from p0circuit.patching.options import attached
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef]) -> 
     names = {hooks.resid_pre(l) for l in range(n_layers)}
     names |= {hooks.resid_post(l) for l in range(n_layers)} | {hooks.mlp_out(l) for l in range(n_layers)}
     names |= {hooks.resid_mid(l) for l in range(n_layers)}
+    names |= {hooks.head_vector(l, w) for l in range(n_layers) for w in ("k", "v")}
     names |= {h.name for h in metric.needs(n_layers)}
     names |= {h.name for h in extra}
     return names
@@ -119,6 +129,37 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     return out
 
 
+def _skip_blocks(model: Any, base_cache: dict[str, Tensor], items: Sequence[tuple[int, PatchOp]], resid: Tensor,
+                 batch: int) -> None:
+    """:func:`skip_block` for many groups of one chunk, writing into ``resid`` (rows of group i).
+
+    Head-output ops at the same positions share one MLP call over all their rows."""
+    heads = [(i, op) for i, op in items if op.head is not None]
+    same_pos = len({op.positions for _, op in heads}) == 1
+    if not heads or not same_pos or model.cfg.parallel_attn_mlp:
+        for i, op in items:
+            resid[i * batch:(i + 1) * batch] = skip_block(model, base_cache, op)
+        return
+    for i, op in items:
+        if op.head is None:
+            resid[i * batch:(i + 1) * batch] = skip_block(model, base_cache, op)
+    layer = heads[0][1].hook.layer
+    pos = list(heads[0][1].positions)
+    base_z = base_cache[hooks.head_z(layer)][:, pos]  # (B, P, H, d_head)
+    deltas = []
+    for _, op in heads:
+        dz = op.value if op.add else op.value - base_z[:, :, op.head]
+        deltas.append(dz @ model.W_O[layer, op.head])  # (B, P, d_head) x (d_head, d) -> (B, P, d)
+    mid = base_cache[hooks.resid_mid(layer)][:, pos].repeat(len(heads), 1, 1) + torch.cat(deltas)  # (k*B, P, d)
+    block = model.blocks[layer]
+    new = mid + block.apply_mlp(block.ln2(mid))
+    post = base_cache[hooks.resid_post(layer)]
+    for k, (i, _) in enumerate(heads):
+        rows = slice(i * batch, (i + 1) * batch)
+        resid[rows] = post
+        resid[rows, pos] = new[k * batch:(k + 1) * batch]
+
+
 @torch.no_grad()
 def run_groups(
     model: Any,
@@ -127,20 +168,26 @@ def run_groups(
     metric: PatchMetric,
     p0: int,
     rows_per_forward: int,
+    base_logits: Optional[Tensor] = None,
 ) -> list[float]:
-    """Metric value of the base run with each group applied (fast path)."""
+    """Metric value of the base run with each group applied (fast path).
+
+    ``base_logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards.
+    """
     n_layers = model.cfg.n_layers
     batch = base_cache[hooks.resid_pre(0)].shape[0]
     needs = metric.needs(n_layers)
     stop = _stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)
-    by_start: dict[int, list[int]] = {}
+    by_start: dict[tuple[int, int], list[int]] = {}
     skip: dict[int, bool] = {}
+    suffix_ok = _suffix_ok(model, metric, base_logits, base_cache)
     for i, g in enumerate(groups):
         skip[i] = skippable(model, g, metric)
-        by_start.setdefault(start_layer(g) + int(skip[i]), []).append(i)
+        first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
+        by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
     per_chunk = max(1, rows_per_forward // batch)
-    for start, idx in sorted(by_start.items()):
+    for (start, first), idx in sorted(by_start.items()):
         if stop is not None and start >= stop:  # no forward needed: the metric reads only earlier hooks
             for i in idx:
                 acts = {h.name: base_cache[h.name] for h in needs}
@@ -152,7 +199,7 @@ def run_groups(
         for c in range(0, len(idx), per_chunk):
             chunk = idx[c : c + per_chunk]
             values = _run_chunk(model, base_cache, [groups[i] for i in chunk], metric, p0, start, stop, batch,
-                                [skip[i] for i in chunk])
+                                [skip[i] for i in chunk], first, base_logits)
             for i, v in zip(chunk, values):
                 out[i] = v
     return [float(v) for v in out]  # type: ignore[arg-type]
@@ -160,23 +207,28 @@ def run_groups(
 
 def _run_chunk(
     model: Any, base_cache: dict[str, Tensor], groups: Sequence[Sequence[PatchOp]], metric: PatchMetric,
-    p0: int, start: int, stop: Optional[int], batch: int, skipped: Sequence[bool],
+    p0: int, start: int, stop: Optional[int], batch: int, skipped: Sequence[bool], first: int = 0,
+    base_logits: Optional[Tensor] = None,
 ) -> list[float]:
     n = len(groups)
+    if start >= model.cfg.n_layers:
+        first = 0  # nothing but the unembedding runs: no suffix forward needed
     if start < model.cfg.n_layers:
         resid = base_cache[hooks.resid_pre(start)].repeat(n, 1, 1)  # (n*B, T, d)
     else:  # only the final norm and unembedding are left
         resid = base_cache[hooks.resid_post(start - 1)].repeat(n, 1, 1)
     by_hook: dict[str, list[tuple[slice, PatchOp]]] = {}
     early: dict[str, Tensor] = {}  # hooks below `start` that differ per group (the skipped block's output)
+    skip_ops = [(i, g[0]) for i, g in enumerate(groups) if skipped[i]]
+    if skip_ops:
+        _skip_blocks(model, base_cache, skip_ops, resid, batch)
+        name = hooks.resid_post(start - 1)
+        early[name] = base_cache[name].repeat(n, 1, 1)
+        for i, _ in skip_ops:
+            early[name][i * batch:(i + 1) * batch] = resid[i * batch:(i + 1) * batch]
     for i, g in enumerate(groups):
         rows = slice(i * batch, (i + 1) * batch)
         if skipped[i]:
-            resid[rows] = skip_block(model, base_cache, g[0])
-            name = hooks.resid_post(start - 1)
-            if name not in early:
-                early[name] = base_cache[name].repeat(n, 1, 1)
-            early[name][rows] = resid[rows]
             continue
         for op in g:
             if op.hook.layer < 0:  # embeddings: fold into the block-0 input
@@ -185,6 +237,9 @@ def _run_chunk(
                 resid[rows, list(op.positions)] += delta
             else:
                 by_hook.setdefault(op.hook.name, []).append((rows, op))
+    if first:
+        by_hook = {k: [(r, replace(op, positions=tuple(p - first for p in op.positions))) for r, op in v]
+                   for k, v in by_hook.items()}
     captured: dict[str, Tensor] = {}
     fwd_hooks: list[tuple[str, Callable]] = []
     for name, ops in by_hook.items():
@@ -202,14 +257,52 @@ def _run_chunk(
             captured[h.name] = early[h.name]
         else:
             captured[h.name] = base_cache[h.name].repeat(n, *([1] * (base_cache[h.name].ndim - 1)))
-    with model.hooks(fwd_hooks=fwd_hooks):
-        logits = model(resid, start_at_layer=start, stop_at_layer=stop)
+    kv = _prefix_cache(model, base_cache, start, first, n) if first else None
+    with attached(model, fwd_hooks):
+        logits = model(resid[:, first:], start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv)
+    if first:
+        for h in metric.needs(model.cfg.n_layers):
+            if h.layer >= start:
+                captured[h.name] = _reassemble(base_cache[h.name], captured[h.name], first, n, hooks.position_axis(h.name))
+        if metric.needs_logits:
+            logits = _reassemble(base_logits, logits, first, n, 1)  # type: ignore[arg-type]
     values = []
     for i in range(n):
         rows = slice(i * batch, (i + 1) * batch)
         view = RunView({k: v[rows] for k, v in captured.items()}, logits[rows] if metric.needs_logits else None, p0)
         values.append(float(metric(view)))
     return values
+
+
+def _suffix_ok(model: Any, metric: PatchMetric, base_logits: Optional[Tensor], base_cache: dict[str, Tensor]) -> bool:
+    if metric.needs_logits and base_logits is None:
+        return False
+    if model.cfg.positional_embedding_type not in ("rotary", "standard"):
+        return False
+    return all(hooks.head_vector(l, w) in base_cache for l in range(model.cfg.n_layers) for w in ("k", "v"))
+
+
+def _prefix_cache(model: Any, base_cache: dict[str, Tensor], start: int, first: int, n: int) -> Any:
+    """A frozen key-value cache holding the base run's keys and values of positions < ``first``."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+    from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+
+    entries = []
+    for layer in range(model.cfg.n_layers):
+        k = base_cache[hooks.head_vector(layer, "k")]
+        v = base_cache[hooks.head_vector(layer, "v")]
+        if layer < start:  # not run: an empty placeholder
+            k, v = k[:, :0], v[:, :0]
+        entries.append(TransformerLensKeyValueCacheEntry(
+            k[:, :first].repeat(n, 1, 1, 1), v[:, :first].repeat(n, 1, 1, 1), frozen=True))
+    mask = torch.ones(k.shape[0] * n, first, dtype=torch.int, device=k.device)
+    return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
+
+
+def _reassemble(base: Tensor, suffix: Tensor, first: int, n: int, axis: int) -> Tensor:
+    """Full-length activations: the base run's positions < ``first``, then the suffix run's."""
+    prefix = base.narrow(axis, 0, first).repeat(n, *([1] * (base.ndim - 1)))
+    return torch.cat([prefix, suffix], dim=axis)
 
 
 @torch.no_grad()

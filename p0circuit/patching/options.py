@@ -6,7 +6,7 @@ config, so they are switched on inside a ``with`` block and restored on exit, ex
 """
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 
 @contextmanager
@@ -20,3 +20,26 @@ def receiver_hooks(model: Any) -> Iterator[Any]:
     finally:
         model.set_use_split_qkv_input(old_split)
         model.set_use_hook_mlp_in(old_mlp_in)
+
+
+@contextmanager
+def attached(model: Any, fwd_hooks: Sequence[tuple[str, Callable]]) -> Iterator[None]:
+    """Attach ``(hook name, fn(act, hook))`` pairs for the duration of the block, then remove them.
+
+    Only the handles added here are removed (TransformerLens' ``model.hooks()`` resets every hook
+    point on exit, which costs more than a small patched forward). Hooks run in the given order.
+    """
+    handles = []
+    try:
+        for name, fn in fwd_hooks:
+            point = model.hook_dict[name]
+
+            def call(module: Any, inputs: Any, output: Any, fn: Callable = fn, point: Any = point) -> Any:
+                result = fn(output, hook=point)
+                return output if result is None else result
+
+            handles.append(point.register_forward_hook(call))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -81,7 +81,7 @@ def normalize(
     """Normalized effects, whether there is signal, and a message when there is not."""
     gap = clean - corrupted
     scale = max(abs(clean), abs(corrupted), 1e-12)
-    if abs(gap) < min_signal * scale:
+    if abs(gap) < min_signal * scale or gap == 0:
         msg = (
             f"clean ({clean:.6g}) and corrupted ({corrupted:.6g}) metrics differ by {abs(gap):.3g}, less "
             f"than min_signal={min_signal} of their scale: this corruption does not change the metric, "

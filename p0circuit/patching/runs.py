@@ -84,12 +84,13 @@ def patch_each(runs: Runs, ops: Sequence[Any], direction: str, rows_per_forward:
     prep = runs.prep
     groups = [[op] for op in ops]
     if direction == "noise":
-        base_cache, base_tokens, p0 = runs.clean, prep.clean_tokens, 0
+        base_cache, base_tokens, base_logits, p0 = runs.clean, prep.clean_tokens, runs.clean_logits, 0
     else:
-        base_cache, base_tokens, p0 = runs.corr, prep.corrupt_tokens, prep.offset  # type: ignore[assignment]
+        base_cache, base_tokens, base_logits, p0 = runs.corr, prep.corrupt_tokens, runs.corr_logits, prep.offset  # type: ignore[assignment]
     if reference:
         return run_groups_reference(runs.model, base_tokens, groups, runs.metric, p0)
-    return run_groups(runs.model, base_cache, groups, runs.metric, p0, rows_per(rows_per_forward, prep.clean_tokens))
+    return run_groups(runs.model, base_cache, groups, runs.metric, p0, rows_per(rows_per_forward, prep.clean_tokens),
+                      base_logits)
 
 
 def make_result(
