@@ -99,3 +99,41 @@ def test_load_pretrained_offline_points_to_local_loader(tmp_path, monkeypatch):
         load_pretrained("pythia-14m", prepend_bos=False, checkpoint_index=3)
     with pytest.raises(CheckpointError, match="is a local path; use load_checkpoint"):
         load_pretrained(str(tmp_path), prepend_bos=False)
+
+
+PYTHIA_SCRIPT = r"""
+import json, sys, torch
+import p0circuit as p0
+from transformers import AutoModelForCausalLM
+model = p0.load_pretrained("pythia-14m", prepend_bos=False, checkpoint_index=3)
+hf = AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True)
+tokens = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    diff = (hf(tokens).logits - model(tokens)).abs().max().item()
+print(json.dumps({"label": model.cfg.checkpoint_value, "diff": diff, "bos": model.cfg.default_prepend_bos}))
+"""
+
+
+def test_pythia_checkpoint_index_path_offline(tmp_path):
+    """The hub path (Pythia checkpoint_index) runs for real against a Hugging Face cache laid out on
+    local disk: checkpoint_index 3 is revision 'step4' (TransformerLens' Pythia labels 0, 1, 2, 4, ...)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    src = make_checkpoint("pythia", tmp_path / "src")
+    repo = tmp_path / "hf" / "hub" / "models--EleutherAI--pythia-14m"
+    commit = "0" * 40
+    shutil.copytree(src, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    for ref in ("main", "step4"):
+        (repo / "refs" / ref).write_text(commit)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", PYTHIA_SCRIPT, str(src)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["label"] == 4 and result["bos"] is False
+    assert result["diff"] <= 1e-4  # unprocessed weights: the same logits as the HF model

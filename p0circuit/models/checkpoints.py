@@ -272,24 +272,23 @@ def load_pretrained(
     prepend_bos: bool,
     checkpoint_index: Optional[int] = None,
     device: str = "cpu",
+    process_weights: bool = False,
     **kwargs: Any,
 ) -> HookedTransformer:
-    """Load a model by hub name with ``HookedTransformer.from_pretrained`` (needs a hub or cache).
+    """Load a model by hub name with TransformerLens (needs a hub, or the Hugging Face cache).
 
     ``prepend_bos`` is required: it becomes the model's default for text input. For Pythia,
-    ``checkpoint_index`` picks one of the public training checkpoints. With no hub reachable this
-    raises :class:`CheckpointError` pointing at :func:`load_checkpoint` for local directories.
+    ``checkpoint_index`` picks one of the public training checkpoints (TransformerLens maps it to
+    the hub revision ``step<N>``). Weights are loaded *unprocessed* by default
+    (``from_pretrained_no_processing``): folding and centering change the residual stream's norms,
+    which are what sink metrics measure. With no hub and no cached copy this raises
+    :class:`CheckpointError` pointing at :func:`load_checkpoint` for local directories.
     """
     if Path(name).exists():
         raise CheckpointError(f"{name!r} is a local path; use load_checkpoint({name!r}) for directories on disk")
+    loader = HookedTransformer.from_pretrained if process_weights else HookedTransformer.from_pretrained_no_processing
     try:
-        return HookedTransformer.from_pretrained(
-            name,
-            checkpoint_index=checkpoint_index,
-            default_prepend_bos=prepend_bos,
-            device=device,
-            **kwargs,
-        )
+        return loader(name, checkpoint_index=checkpoint_index, default_prepend_bos=prepend_bos, device=device, **kwargs)
     except (OSError, ValueError) as e:
         raise CheckpointError(
             f"could not load {name!r} from the hub ({type(e).__name__}: {str(e)[:300]}). Without "
