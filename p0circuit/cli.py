@@ -1,4 +1,4 @@
-"""Command line: ``p0circuit discover`` (more subcommands come with the sweep tools).
+"""Command line: ``p0circuit discover`` and ``p0circuit survey`` (sweeps come with the sweep tools).
 
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
@@ -66,6 +66,27 @@ def _discover(args: argparse.Namespace) -> int:
     return status
 
 
+def _survey(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    import p0circuit as p0
+    from p0circuit.experiments import default_models, survey
+
+    models = {} if args.no_defaults else default_models(seed=args.seed)
+    for path in args.checkpoint or []:
+        models[path] = ("checkpoint", p0.load_checkpoint(path))
+    for name in args.hub or []:
+        models[name] = ("hub", p0.load_pretrained(name, prepend_bos=False))
+    frame = survey(models, n_prompts=args.n_prompts, seq_len=args.seq_len, seed=args.seed)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(frame)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "survey.csv")
+    print(f"wrote {out / 'survey.csv'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
@@ -81,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="runs/discover")
     d.set_defaults(func=_discover)
+    s = sub.add_parser("survey", help="P0 sink and identification signal across architectures")
+    s.add_argument("--checkpoint", nargs="*", help="local Hugging Face checkpoint directories to add")
+    s.add_argument("--hub", nargs="*", help="hub names to add (needs a hub or the HF cache), e.g. pythia-14m")
+    s.add_argument("--no-defaults", action="store_true", help="skip the built-in tiny and planted models")
+    s.add_argument("--n-prompts", type=int, default=16)
+    s.add_argument("--seq-len", type=int, default=32)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", default="runs/survey")
+    s.set_defaults(func=_survey)
     return parser
 
 

@@ -17,3 +17,17 @@ def test_discover_on_the_plant(tmp_path, capsys):
 def test_discover_bad_checkpoint(tmp_path, capsys):
     assert main(["discover", "--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
     assert "p0circuit: error: checkpoint directory" in capsys.readouterr().err
+
+
+def test_survey_with_a_local_checkpoint(tmp_path, capsys):
+    from checkpoint_factory import make_checkpoint
+
+    path = make_checkpoint("llama", tmp_path / "ck")
+    assert main(["survey", "--checkpoint", str(path), "--out", str(tmp_path), "--n-prompts", "4"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "survey.csv", index_col="model")
+    assert len(frame) == 11  # 10 built-in models + the checkpoint
+    assert frame.loc["planted learned", "identified_by"] == "position embedding"
+    assert frame.loc[str(path), "kind"] == "checkpoint" and frame.loc[str(path), "positions"] == "rope"

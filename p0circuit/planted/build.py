@@ -49,6 +49,10 @@ averages ``d`` uniformly (``1/(t+1)`` of it at position t), and ``M{a+1}`` has a
 (triangle) on that average that is non-zero only at ``1/2``, i.e. at position 1, where it writes
 the sink vector.
 
+``key="bos"``: the detector reads the identity of token ``bos_id`` instead of the uniform head,
+so the sink forms wherever that token stands (at position 0 when prompts start with it) and
+vanishes when it is removed: the counterpart of the position-keyed plant for BOS ablation.
+
 *When the plant cannot hold.* Without absolute positions, a position whose whole prefix is one
 repeated token (``x_0 = ... = x_t``) has exactly the same residual stream as position 0 in every
 layer of *any* such model: each attention output there is a convex combination of identical
@@ -122,8 +126,19 @@ class PlantSpec:
     """Detector threshold on the frequency of one token in the prefix."""
     seed: int = 0
     """Seed for the random content vectors."""
+    key: str = "position"
+    """What the detector keys on: ``position`` (the mechanism above) or ``bos``: the detector
+    fires on token ``bos_id`` wherever it is, as a model whose sink depends on a BOS token would."""
+    bos_id: int = 0
+    """The BOS token of ``key="bos"``."""
 
     def __post_init__(self) -> None:
+        if self.key not in ("position", "bos"):
+            raise ConfigError(f"PlantSpec.key={self.key!r}; choose 'position' or 'bos'")
+        if self.key == "bos" and (self.pos == "learned" or self.sink_pos != 0):
+            raise ConfigError("PlantSpec.key='bos' needs pos 'rope' or 'nope' and sink_pos=0")
+        if not 0 <= self.bos_id < self.d_vocab:
+            raise ConfigError(f"PlantSpec.bos_id must lie in 0..{self.d_vocab - 1}")
         if self.pos not in ("rope", "nope", "learned"):
             raise ConfigError(f"PlantSpec.pos={self.pos!r}; choose 'rope', 'nope' or 'learned'")
         if self.sink_pos not in (0, 1):
@@ -326,7 +341,12 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
                     W_out[n, lay[f"mlpc{layer}"].start:lay[f"mlpc{layer}"].stop] = vec * r2_rest / (0.5 * TOK)
                 neurons[f"content{layer}"] = (layer, tuple(range(V, 2 * V)))
             if layer == a:  # detector
-                if learned:
+                if spec.key == "bos":
+                    W_in[lay["tok"][spec.bos_id], 0] = 1.0
+                    W_in[B, 0] = -0.5 * TOK / bias
+                    W_out[0, lay.one("det")] = D_VAL * r2_p0 / (0.5 * TOK)
+                    neurons["detector"] = (layer, (0,))
+                elif learned:
                     W_in[lay.one("flag"), 0] = 1.0
                     W_in[B, 0] = -0.5 * FLAG / bias
                     W_out[0, lay.one("det")] = D_VAL * r2_sink / (0.5 * FLAG)
@@ -375,7 +395,11 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
 def _ground_truth(spec: PlantSpec, sink_heads: tuple[tuple[int, int], ...]) -> Circuit:
     a, sp = spec.circuit_layer, spec.sink_pos
     mlp_a, mlp_b = Node(Kind.MLP, a, pos=sp), Node(Kind.MLP, a + 1, pos=sp)
-    if spec.pos == "learned":
+    if spec.key == "bos":
+        src = Node(Kind.EMBED, pos=0)
+        nodes = [src, mlp_a, mlp_b]
+        edges = [Edge(src, mlp_a, Input.MLP), Edge(mlp_a, mlp_b, Input.MLP)]
+    elif spec.pos == "learned":
         src = Node(Kind.POS_EMBED, pos=sp)
         nodes = [src, mlp_a, mlp_b]
         edges = [Edge(src, mlp_a, Input.MLP), Edge(mlp_a, mlp_b, Input.MLP)]
