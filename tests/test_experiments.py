@@ -106,6 +106,8 @@ def test_stabilization_and_direction(planted, tmp_path):
     assert (direction.loc[1:, "cos_h0"] > 0.99).all()
     assert (direction.loc[1:, "cos_h_other"] < direction.loc[1:, "cos_h0"]).all()  # from the amplifier on
     ex.plot_stabilization(frame, tmp_path / "stab.png")
+    ex.plot_direction(direction, tmp_path / "direction.png")
+    assert (tmp_path / "direction.png").exists()
     with pytest.raises(BadInputError, match="at least 2 prompts"):
         ex.direction_by_layer(planted.model, toks[:1])
 
@@ -119,6 +121,18 @@ def test_survey(tmp_path):
     assert frame.loc["nope", "attn_signal"] > 1.05 and pd.isna(frame.loc["nope", "norm_onset"])
     assert 1.0 < frame.loc["nope", "norm_ratio_L0"] < 2.0
     assert set(frame.loc[["rope", "nope", "learned"], "positions"]) == {"rope", "nope", "learned"}
+    ex.plot_survey(frame, tmp_path / "survey.png")
+    assert (tmp_path / "survey.png").stat().st_size > 1000
+
+
+def test_bos_ablation_on_a_local_checkpoint(tmp_path):
+    from checkpoint_factory import make_checkpoint
+
+    model = p0.load_checkpoint(make_checkpoint("llama", tmp_path))
+    tokens = p0.to_tokens(model, ["w5 w6 w7 w8 w9 w10", "w11 w12 w13 w14 w15 w16"], prepend_bos=False)
+    result = ex.bos_ablation(model, tokens)  # the tokenizer's BOS (id 0)
+    assert result.with_bos.seq_len == 7 and result.without_bos.seq_len == 6
+    assert list(result.to_frame().index) == [0, 1]
 
 
 def test_repeated_token_spread():

@@ -11,12 +11,17 @@ from p0circuit.experiments.cone import (
     fit_cone,
     measure_attention_output,
 )
-from p0circuit.experiments.perturb import PERTURBATIONS, PerturbationResults, perturbations, repeated_token_spread
-from p0circuit.experiments.stability import direction_by_layer, plot_stabilization, stabilization
-from p0circuit.experiments.survey import FAMILIES, default_models, survey
+from p0circuit.experiments.perturb import (
+    PERTURBATIONS,
+    PerturbationResults,
+    perturbations,
+    repeated_token_spread,
+)
+from p0circuit.experiments.stability import direction_by_layer, plot_direction, plot_stabilization, stabilization
+from p0circuit.experiments.survey import FAMILIES, default_models, plot_survey, survey
 
 __all__ = [
     "FAMILIES", "PERTURBATIONS", "BosAblation", "ConeCurve", "ConeFit", "PerturbationResults", "bos_ablation",
     "cone_expected_sq_norm", "cone_monte_carlo", "default_models", "direction_by_layer", "fit_cone",
-    "measure_attention_output", "perturbations", "plot_stabilization", "repeated_token_spread", "stabilization", "survey",
+    "measure_attention_output", "perturbations", "plot_direction", "plot_stabilization", "plot_survey", "repeated_token_spread", "stabilization", "survey",
 ]

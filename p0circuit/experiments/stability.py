@@ -70,3 +70,13 @@ def plot_stabilization(frame: pd.DataFrame, path: Optional[Union[str, Path]] = N
     ax.set(xlabel="layer", ylabel="1 - cos(h, h + d)", yscale="log", title="direction change under a fixed update")
     ax.legend()
     return finish(fig, path)
+
+
+def plot_direction(frame: pd.DataFrame, path: Optional[Union[str, Path]] = None) -> Any:
+    """Cosine of h_0 (and of a later position) across prompts, per layer."""
+    fig, (ax,) = new_figure(1)
+    ax.plot(frame.index, frame["cos_h0"], marker="o", label="h_0")
+    ax.plot(frame.index, frame["cos_h_other"], marker="o", label="later position")
+    ax.set(xlabel="layer", ylabel="mean pairwise cosine across prompts", title="direction stability", ylim=(0, 1.05))
+    ax.legend()
+    return finish(fig, path)

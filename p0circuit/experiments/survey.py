@@ -94,3 +94,17 @@ def survey(
         row.update({f"norm_ratio_L{l}": v for l, v in enumerate(report.norm_ratio_resid)})
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
+
+
+def plot_survey(frame: pd.DataFrame, path: Optional[Any] = None) -> Any:
+    """P0 norm ratio per layer for every surveyed model (log scale)."""
+    from p0circuit.experiments.plotting import finish, new_figure
+
+    cols = [c for c in frame.columns if c.startswith("norm_ratio_L")]
+    fig, (ax,) = new_figure(1, width=7)
+    for name, row in frame.iterrows():
+        values = [row[c] for c in cols if not pd.isna(row[c])]
+        ax.plot(range(len(values)), values, marker="o", label=f"{name} ({row['kind']})")
+    ax.set(xlabel="layer", ylabel="||h_0|| / mean ||h_t||", yscale="log", title="P0 norm ratio across architectures")
+    ax.legend(fontsize=7)
+    return finish(fig, path)
