@@ -1,4 +1,4 @@
-"""Command line: ``p0circuit discover`` and ``p0circuit survey`` (sweeps come with the sweep tools).
+"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``.
 
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
@@ -87,6 +87,25 @@ def _survey(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from p0circuit.sweep import SweepConfig, run_sweep, summary_table
+    from p0circuit.sweep.runner import done_keys
+
+    config = SweepConfig.load(args.config)
+    out = Path(args.out or Path("runs") / Path(args.config).stem)
+    cells = config.cells()
+    if args.dry_run:
+        done = done_keys(out)
+        for cell in cells:
+            print(f"{cell.key}  {'done' if cell.key in done else 'todo'}  {cell.label()}")
+        print(f"{len(cells)} cells, {sum(c.key in done for c in cells)} already done in {out}")
+        return 0
+    records = run_sweep(config, out, workers=args.workers, max_cells=args.max_cells, progress=not args.quiet)
+    print(summary_table(records))
+    print(f"{len(records)} of {len(cells)} cells done; results in {out}/results.jsonl")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
@@ -111,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="runs/survey")
     s.set_defaults(func=_survey)
+    w = sub.add_parser("sweep", help="run a patching sweep described in a TOML file (resumable)")
+    w.add_argument("config", help="TOML file with a [sweep] table")
+    w.add_argument("--out", help="results directory (default runs/<config name>)")
+    w.add_argument("--dry-run", action="store_true", help="list the cells and whether they are done")
+    w.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    w.add_argument("--max-cells", type=int, help="stop after this many new cells")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
+    w.set_defaults(func=_sweep)
     return parser
 
 

@@ -1,0 +1,173 @@
+"""Sweep configuration: a TOML file describing a grid over models, prompt sets, corruptions,
+methods and metrics. Every key is validated; errors name the key and the valid choices.
+
+Example::
+
+    [sweep]
+    models = ["planted:rope", "planted:nope", "checkpoint:/data/my-model"]
+    prompts = ["regular"]                 # random | regular (no repeated first token)
+    corruptions = ["shift", "pos_mean", "resample"]
+    methods = ["activation", "path"]
+    metrics = ["sink_heads"]              # sink_heads | attn_to_p0 | norm_ratio:<layer>
+    n_prompts = 16
+    seq_len = 32
+    seed = 0
+    threshold = 0.1
+"""
+
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union
+
+from p0circuit.errors import ConfigError
+
+PLANTS = ("rope", "nope", "learned", "layer2")
+PROMPT_SETS = ("random", "regular")
+CORRUPTIONS = ("shift", "pos_mean", "resample", "zero")
+METHODS = ("activation", "path", "attribution")
+
+
+def _check_list(name: str, values: Any) -> list[str]:
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        raise ConfigError(f"sweep.{name} must be a non-empty list of strings, got {values!r}")
+    return values
+
+
+def _check_choices(name: str, values: list[str], choices: tuple[str, ...]) -> None:
+    bad = [v for v in values if v not in choices]
+    if bad:
+        raise ConfigError(f"sweep.{name}: {bad} not valid; choose from {list(choices)}")
+
+
+def check_model(value: str) -> None:
+    """``planted:<variant>`` or ``checkpoint:<path>``."""
+    kind, _, arg = value.partition(":")
+    if kind == "planted" and arg in PLANTS:
+        return
+    if kind == "checkpoint" and arg:
+        return
+    raise ConfigError(
+        f"sweep.models: {value!r} not valid; use 'planted:<variant>' with variant in {list(PLANTS)}, "
+        "or 'checkpoint:<directory>'"
+    )
+
+
+def check_metric(value: str) -> None:
+    """``sink_heads``, ``attn_to_p0`` or ``norm_ratio:<layer>``."""
+    if value in ("sink_heads", "attn_to_p0"):
+        return
+    kind, _, arg = value.partition(":")
+    if kind == "norm_ratio" and arg.isdigit():
+        return
+    raise ConfigError(f"sweep.metrics: {value!r} not valid; use 'sink_heads', 'attn_to_p0' or 'norm_ratio:<layer>'")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A grid of patching runs."""
+
+    models: list[str] = field(default_factory=lambda: ["planted:rope"])
+    """``planted:<variant>`` or ``checkpoint:<dir>`` entries."""
+    prompts: list[str] = field(default_factory=lambda: ["regular"])
+    """Prompt sets: ``random`` (uniform ids) or ``regular`` (random, first two tokens differ)."""
+    corruptions: list[str] = field(default_factory=lambda: ["shift"])
+    """Corruption names."""
+    methods: list[str] = field(default_factory=lambda: ["activation"])
+    """Patching methods."""
+    metrics: list[str] = field(default_factory=lambda: ["sink_heads"])
+    """``sink_heads`` (planted models), ``attn_to_p0`` (layers >= 2) or ``norm_ratio:<layer>``."""
+    n_prompts: int = 16
+    """Prompts per cell."""
+    seq_len: int = 32
+    """Tokens per prompt."""
+    seed: int = 0
+    """Seed of the prompts and corruptions."""
+    threshold: float = 0.1
+    """Normalized-effect threshold of the circuits."""
+
+    def __post_init__(self) -> None:
+        for name in ("models", "prompts", "corruptions", "methods", "metrics"):
+            object.__setattr__(self, name, _check_list(name, getattr(self, name)))
+        for m in self.models:
+            check_model(m)
+        for m in self.metrics:
+            check_metric(m)
+        _check_choices("prompts", self.prompts, PROMPT_SETS)
+        _check_choices("corruptions", self.corruptions, CORRUPTIONS)
+        _check_choices("methods", self.methods, METHODS)
+        for name in ("n_prompts", "seq_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                raise ConfigError(f"sweep.{name} must be an integer >= 2, got {v!r}")
+        if not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
+            raise ConfigError(f"sweep.threshold must be a number in [0, 1], got {self.threshold!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SweepConfig":
+        """From the ``[sweep]`` table; unknown keys are named with the valid ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown sweep key(s) {unknown}; valid keys: {sorted(known)}")
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "SweepConfig":
+        """Read a TOML file with a ``[sweep]`` table."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"sweep config {str(path)!r} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}") from None
+        extra = sorted(set(data) - {"sweep"})
+        if "sweep" not in data or extra:
+            raise ConfigError(f"{path} must hold exactly one [sweep] table (found {sorted(data)})")
+        return cls.from_dict(data["sweep"])
+
+    def cells(self) -> list["Cell"]:
+        """Every cell of the grid, in a stable order."""
+        grid = itertools.product(self.models, self.prompts, self.corruptions, self.methods, self.metrics)
+        return [Cell(*combo, n_prompts=self.n_prompts, seq_len=self.seq_len, seed=self.seed,
+                     threshold=self.threshold) for combo in grid]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    model: str
+    """Model entry."""
+    prompts: str
+    """Prompt set."""
+    corruption: str
+    """Corruption name."""
+    method: str
+    """Patching method."""
+    metric: str
+    """Metric entry."""
+    n_prompts: int
+    """Prompts."""
+    seq_len: int
+    """Tokens per prompt."""
+    seed: int
+    """Seed."""
+    threshold: float
+    """Circuit threshold."""
+
+    @property
+    def key(self) -> str:
+        """Stable identifier: a hash of every field."""
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def label(self) -> str:
+        """Short human-readable description."""
+        return f"{self.model} | {self.prompts} | {self.corruption} | {self.method} | {self.metric}"

@@ -1,0 +1,140 @@
+"""Running a sweep: one result file per cell, written atomically, so an interrupted sweep resumes
+where it stopped and loses nothing.
+
+Each finished cell is written to ``DIR/cells/<key>.json`` through a temporary file and
+``os.replace`` (a reader never sees half a file; a killed run leaves at most a stray ``.tmp``).
+``DIR/results.jsonl`` is rebuilt from the cell files after every cell, again atomically, so it
+never holds a duplicate or a partial line. On restart, cells whose file exists are skipped.
+"""
+
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from p0circuit.sweep.config import Cell, SweepConfig
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that it appears whole or not at all."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _model(entry: str) -> tuple[Any, Any]:
+    import p0circuit as p0
+    from p0circuit.cli import PLANTS
+
+    kind, _, arg = entry.partition(":")
+    if kind == "planted":
+        return p0.build_planted(**PLANTS[arg]), None
+    return None, p0.load_checkpoint(arg)
+
+
+def _metric(entry: str, plant: Any, model: Any) -> Any:
+    import p0circuit as p0
+    from p0circuit.errors import ConfigError
+    from p0circuit.patching.metrics import default_metric
+
+    if entry == "sink_heads":
+        if plant is None:
+            raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' for checkpoints")
+        return p0.AttnToP0(heads=list(plant.sink_heads))
+    if entry == "attn_to_p0":
+        return default_metric(model.cfg.n_layers)
+    return p0.NormRatio(int(entry.partition(":")[2]))
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    """Compute one cell and return its JSON-able record."""
+    import p0circuit as p0
+
+    start = time.perf_counter()
+    plant, model = _model(cell.model)
+    if plant is not None:
+        model = plant.model
+    gen = torch.Generator().manual_seed(cell.seed)
+    length = min(cell.seq_len, model.cfg.n_ctx - 1)
+    tokens = torch.randint(0, model.cfg.d_vocab, (cell.n_prompts, length), generator=gen)
+    if cell.prompts == "regular":
+        tokens = tokens[p0.p0_like_positions(tokens)[:, 1:].sum(1) == 0]
+    circuit = p0.discover(model, tokens, method=cell.method, corruption=cell.corruption,
+                          metric=_metric(cell.metric, plant, model), threshold=cell.threshold)
+    record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "circuit": circuit.to_dict(),
+                              "signal": circuit.settings.get("signal"),
+                              "interpretation": circuit.settings.get("interpretation"),
+                              "seconds": time.perf_counter() - start}
+    if plant is not None:
+        record["scores"] = p0.compare(circuit, plant.truth)
+    return record
+
+
+def done_keys(out: Path) -> set[str]:
+    """Keys of the cells already written under ``out``."""
+    cells = out / "cells"
+    return {p.stem for p in cells.glob("*.json")} if cells.is_dir() else set()
+
+
+def rebuild_index(out: Path) -> list[dict[str, Any]]:
+    """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records."""
+    records = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    write_atomic(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def run_sweep(
+    config: SweepConfig, out: Path, workers: int = 1, max_cells: Optional[int] = None,
+    progress: bool = True, on_done: Optional[Callable[[dict[str, Any]], None]] = None,
+) -> list[dict[str, Any]]:
+    """Run every cell not yet done (at most ``max_cells``), writing each as it finishes."""
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cells").mkdir(exist_ok=True)
+    write_atomic(out / "config.json", json.dumps(config.__dict__, indent=2))
+    done = done_keys(out)
+    todo = [c for c in config.cells() if c.key not in done]
+    if max_cells is not None:
+        todo = todo[:max_cells]
+    bar = tqdm(total=len(todo), desc="sweep", unit="cell", disable=not progress)
+
+    def finish(record: dict[str, Any]) -> None:
+        write_atomic(out / "cells" / f"{record['key']}.json", json.dumps(record, indent=1))
+        rebuild_index(out)
+        bar.update(1)
+        if on_done is not None:
+            on_done(record)
+
+    try:
+        if workers <= 1:
+            for cell in todo:
+                finish(run_cell(cell))
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = [pool.submit(run_cell, c) for c in todo]
+                for fut in as_completed(futures):
+                    finish(fut.result())
+    finally:
+        bar.close()
+    return rebuild_index(out)
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """One line per cell: the grid coordinates, the signal, the circuit size and any scores."""
+    lines = [f"{'model':18s} {'prompts':8s} {'corruption':10s} {'method':11s} {'metric':12s} signal  nodes edges  scores"]
+    for r in sorted(records, key=lambda r: Cell(**r["cell"]).label()):
+        c = r["cell"]
+        scores = r.get("scores") or {}
+        key = "edge" if c["method"] == "path" else "node"
+        shown = " ".join(f"{k.split('_', 1)[1]}={v:.2f}" for k, v in scores.items() if k.startswith(key))
+        lines.append(f"{c['model']:18s} {c['prompts']:8s} {c['corruption']:10s} {c['method']:11s} {c['metric']:12s} "
+                     f"{str(r['signal']):6s} {len(r['circuit']['nodes']):5d} {len(r['circuit']['edges']):5d}  {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""Sweeps: validated TOML configs, atomic per-cell results, resume after interruption."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from p0circuit import ConfigError
+from p0circuit.cli import main
+from p0circuit.sweep import SweepConfig, run_sweep
+
+CONFIG = """
+[sweep]
+models = ["planted:rope", "planted:nope"]
+corruptions = ["shift", "resample"]
+methods = ["activation"]
+n_prompts = 6
+seq_len = 12
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.mark.parametrize(
+    "table,msg",
+    [
+        ('modles = ["planted:rope"]', r"unknown sweep key\(s\) \['modles'\]; valid keys: \["),
+        ('corruptions = ["shuffle"]', r"sweep.corruptions: \['shuffle'\] not valid; choose from \['shift'"),
+        ('methods = ["acdc"]', r"sweep.methods: \['acdc'\] not valid; choose from"),
+        ('models = ["planted:alibi"]', "use 'planted:<variant>' with variant in"),
+        ('metrics = ["norm_ratio:x"]', "use 'sink_heads', 'attn_to_p0' or 'norm_ratio:<layer>'"),
+        ("n_prompts = 1", "sweep.n_prompts must be an integer >= 2"),
+        ("threshold = 3", r"sweep.threshold must be a number in \[0, 1\]"),
+        ("models = []", "sweep.models must be a non-empty list"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, table, msg):
+    path = tmp_path / "bad.toml"
+    path.write_text("[sweep]\n" + table + "\n")
+    with pytest.raises(ConfigError, match=msg):
+        SweepConfig.load(path)
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        SweepConfig.load(tmp_path / "none.toml")
+    (tmp_path / "x.toml").write_text("[sweep\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        SweepConfig.load(tmp_path / "x.toml")
+    (tmp_path / "y.toml").write_text("[other]\na = 1\n")
+    with pytest.raises(ConfigError, match=r"exactly one \[sweep\] table"):
+        SweepConfig.load(tmp_path / "y.toml")
+    assert main(["sweep", str(tmp_path / "y.toml"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_dry_run_lists_cells(config_file, tmp_path, capsys):
+    assert main(["sweep", str(config_file), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("todo") == 4 and "4 cells, 0 already done" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_loses_and_repeats_nothing(config_file, tmp_path):
+    config = SweepConfig.load(config_file)
+    out = tmp_path / "out"
+    computed = []
+    run_sweep(config, out, max_cells=1, progress=False, on_done=lambda r: computed.append(r["key"]))
+    first = (out / "cells" / f"{computed[0]}.json").stat().st_mtime_ns
+    records = run_sweep(config, out, progress=False, on_done=lambda r: computed.append(r["key"]))
+    assert len(computed) == 4 and len(set(computed)) == 4  # each cell computed exactly once
+    assert (out / "cells" / f"{computed[0]}.json").stat().st_mtime_ns == first
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and len({json.loads(l)["key"] for l in lines}) == 4
+    by_corruption = {r["cell"]["corruption"]: r for r in records if r["cell"]["model"] == "planted:rope"}
+    assert by_corruption["shift"]["scores"]["node_auroc"] == 1.0
+    assert by_corruption["resample"]["signal"] is False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_killed_sweep_resumes(config_file, tmp_path, sig):
+    """Kill a sweep after its first cell: on restart every cell is there once, none half-written."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "p0circuit.cli", "sweep", str(config_file), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((out / "cells").glob("*.json")):
+        time.sleep(0.05)
+    assert list((out / "cells").glob("*.json")), "no cell finished in time"
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    partial = {json.loads(p.read_text())["key"] for p in (out / "cells").glob("*.json")}  # every file parses
+    assert 1 <= len(partial) < 4  # interrupted before the end
+    index = out / "results.jsonl"  # the kill may land between a cell file and the index: both are whole
+    if index.exists():
+        assert {json.loads(l)["key"] for l in index.read_text().splitlines()} <= partial
+    assert main(["sweep", str(config_file), "--out", str(out), "--quiet"]) == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and len({json.loads(l)["key"] for l in lines}) == 4
+    assert partial <= {json.loads(l)["key"] for l in lines}
