@@ -1,4 +1,4 @@
-"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``.
+"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``.
 
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
@@ -106,6 +106,14 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from p0circuit.report import write_report
+
+    path = write_report(args.directory, attention=not args.no_attention)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
@@ -138,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-cells", type=int, help="stop after this many new cells")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=_sweep)
+    r = sub.add_parser("report", help="write DIR/report.html for a sweep (self-contained, no network)")
+    r.add_argument("directory", help="a sweep's results directory")
+    r.add_argument("--no-attention", action="store_true", help="leave out the attention-pattern view")
+    r.set_defaults(func=_report)
     return parser
 
 

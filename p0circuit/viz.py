@@ -5,6 +5,7 @@ network (``internet_on()`` opens http://google.com) whenever a notebook displays
 always uses the self-contained form (``local_src``): nothing is fetched and nothing is probed.
 """
 
+import re
 from typing import Any, Optional, Sequence
 
 import circuitsvis as cv
@@ -34,7 +35,9 @@ def attention_html(
     rendered = cv.attention.attention_patterns(
         tokens=list(labels), attention=pattern
     )
-    return rendered.local_src
+    # circuitsvis writes its mount point as a self-closing <div .../>, which HTML parses as an
+    # open div: the component would then replace everything after it on a page. Close it.
+    return re.sub(r"^(\s*<div [^>]*?)\s*/>", r"\1></div>", rendered.local_src, count=1)
 
 
 def show_attention(model: Any, tokens: Tensor, layer: int, prompt: int = 0) -> Any:

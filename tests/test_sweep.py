@@ -107,3 +107,10 @@ def test_killed_sweep_resumes(config_file, tmp_path, sig):
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4 and len({json.loads(l)["key"] for l in lines}) == 4
     assert partial <= {json.loads(l)["key"] for l in lines}
+
+
+def test_shipped_demo_config_is_valid():
+    from pathlib import Path
+
+    config = SweepConfig.load(Path(__file__).parent.parent / "configs" / "demo.toml")
+    assert len(config.cells()) == 18

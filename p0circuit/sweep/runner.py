@@ -68,9 +68,11 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         tokens = tokens[p0.p0_like_positions(tokens)[:, 1:].sum(1) == 0]
     circuit = p0.discover(model, tokens, method=cell.method, corruption=cell.corruption,
                           metric=_metric(cell.metric, plant, model), threshold=cell.threshold)
+    report = p0.sink_report(model, tokens)
     record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "circuit": circuit.to_dict(),
                               "signal": circuit.settings.get("signal"),
                               "interpretation": circuit.settings.get("interpretation"),
+                              "sink_report": {k: v for k, v in report.to_dict().items() if k != "massive"},
                               "seconds": time.perf_counter() - start}
     if plant is not None:
         record["scores"] = p0.compare(circuit, plant.truth)
