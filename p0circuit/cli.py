@@ -1,4 +1,4 @@
-"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``.
+"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``, ``p0circuit track DIR``.
 
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
@@ -114,6 +114,23 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _track(args: argparse.Namespace) -> int:
+    from p0circuit.tracking import checkpoint_series, plot_tracking, track
+
+    series = checkpoint_series(args.directory)
+    vocab = min(m.cfg.d_vocab for _, m in series)
+    length = min(args.seq_len, min(m.cfg.n_ctx for _, m in series))
+    tokens = torch.randint(0, vocab, (args.n_prompts, length), generator=torch.Generator().manual_seed(args.seed))
+    frame = track(series, tokens)
+    print(frame.to_string())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "tracking.csv")
+    plot_tracking(frame, out / "tracking.png")
+    print(f"wrote {out / 'tracking.csv'} and {out / 'tracking.png'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
@@ -150,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("directory", help="a sweep's results directory")
     r.add_argument("--no-attention", action="store_true", help="leave out the attention-pattern view")
     r.set_defaults(func=_report)
+    t = sub.add_parser("track", help="stage of the P0 circuit across checkpoints in DIR/step_<N>/")
+    t.add_argument("directory")
+    t.add_argument("--n-prompts", type=int, default=16)
+    t.add_argument("--seq-len", type=int, default=32)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", default="runs/track")
+    t.set_defaults(func=_track)
     return parser
 
 

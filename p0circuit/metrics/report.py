@@ -66,6 +66,8 @@ class SinkReport:
     """Key position with the highest mean attention (alpha_k) among the first ones."""
     sink_position_scores: list[float] = field(default_factory=list)
     """Mean alpha_k for each candidate position k."""
+    sink_position_max_alpha: float = 0.0
+    """Strongest head's alpha_k at ``sink_position`` (mean over prompts)."""
 
     @property
     def n_layers(self) -> int:
@@ -185,6 +187,7 @@ def report_from_cache(
         head_onset_layer=int(head_hits[0]) if len(head_hits) else None,
         sink_position=sink_pos,
         sink_position_scores=scores.tolist(),
+        sink_position_max_alpha=float(attention_to_position(patterns, sink_pos).mean(0).max()),
     )
 
 
