@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
 import pandas as pd
-import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError, CheckpointError
