@@ -12,7 +12,7 @@ label follows from documented rules (:func:`stage`):
   (norm onset >= 2): the circuit still sits in middle layers.
 
 Checkpoint series come from a local directory (:func:`checkpoint_series`, sub-directories
-``step_<N>`` holding Hugging Face checkpoints), from Pythia's public checkpoints for users with a
+``step_<N>`` written by :func:`p0circuit.training.train` or holding Hugging Face checkpoints), from Pythia's public checkpoints for users with a
 hub (:func:`pythia_series`), or from any list of ``(step, model)`` pairs.
 """
 
@@ -65,8 +65,10 @@ def track(
 
 
 def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
-    """``(step, model)`` for every ``step_<N>`` sub-directory (a Hugging Face checkpoint), by step."""
+    """``(step, model)`` for every ``step_<N>`` sub-directory, by step: a p0circuit training
+    checkpoint (``spec.json``) or a Hugging Face checkpoint (``config.json``)."""
     from p0circuit.models import load_checkpoint
+    from p0circuit.training import load_trained
 
     root = Path(directory)
     if not root.is_dir():
@@ -78,7 +80,8 @@ def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
             found.append((int(m.group(1)), sub))
     if not found:
         raise CheckpointError(f"{str(root)!r} holds no step_<N> checkpoint directories")
-    return [(step, load_checkpoint(path)) for step, path in sorted(found)]
+    return [(step, load_trained(path) if (path / "spec.json").exists() else load_checkpoint(path))
+            for step, path in sorted(found)]
 
 
 def pythia_series(name: str, indices: Iterable[int], **kwargs: Any) -> Iterable[tuple[int, Any]]:
