@@ -1,4 +1,4 @@
-"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``, ``p0circuit track DIR``.
+"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``, ``p0circuit train``, ``p0circuit track DIR``.
 
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
@@ -131,6 +131,32 @@ def _track(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from p0circuit.models import ModelSpec
+    from p0circuit.training import BigramBackcopy, MarkovSource, TextSource, TrainConfig, train
+
+    kind, _, arg = args.data.partition(":")
+    if kind == "text":
+        source = TextSource(arg, seed=args.seed, bos=256 if args.bos else None)
+        vocab = source.vocab
+    elif kind in ("markov", "backcopy"):
+        vocab = args.vocab + (1 if args.bos else 0)
+        bos = args.vocab if args.bos else None
+        source = (MarkovSource(args.vocab, seed=args.seed, bos=bos) if kind == "markov"
+                  else BigramBackcopy(args.vocab, seed=args.seed, bos=bos))
+    else:
+        from p0circuit.errors import ConfigError
+
+        raise ConfigError(f"--data {args.data!r}: use 'markov', 'backcopy' or 'text:<path>'")
+    spec = ModelSpec(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
+                     d_mlp=4 * args.d_model, d_vocab=vocab, n_ctx=max(args.seq_len, 64), pos=args.pos, seed=args.seed)
+    config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                         warmup=args.warmup, weight_decay=args.weight_decay, seed=args.seed)
+    train(spec, source, config, args.out, progress=not args.quiet)
+    print(f"checkpoints in {args.out}/step_<N>/ (p0circuit track {args.out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
@@ -174,6 +200,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default="runs/track")
     t.set_defaults(func=_track)
+    tr = sub.add_parser("train", help="train a small model with log-spaced, resumable checkpoints")
+    tr.add_argument("--data", default="backcopy", help="markov | backcopy | text:<path> (default backcopy)")
+    tr.add_argument("--vocab", type=int, default=64, help="vocabulary of the synthetic sources")
+    tr.add_argument("--bos", action="store_true", help="start every sequence with a BOS token (default: no BOS)")
+    tr.add_argument("--pos", default="rope", choices=["rope", "nope", "learned"])
+    tr.add_argument("--layers", type=int, default=3)
+    tr.add_argument("--d-model", type=int, default=64)
+    tr.add_argument("--heads", type=int, default=4)
+    tr.add_argument("--d-head", type=int, default=16)
+    tr.add_argument("--steps", type=int, default=1000)
+    tr.add_argument("--batch-size", type=int, default=32)
+    tr.add_argument("--seq-len", type=int, default=64)
+    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--warmup", type=int, default=100)
+    tr.add_argument("--weight-decay", type=float, default=0.1)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--quiet", action="store_true")
+    tr.add_argument("--out", default="runs/train")
+    tr.set_defaults(func=_train)
     return parser
 
 

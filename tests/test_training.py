@@ -79,3 +79,17 @@ def test_training_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="the data use 257 token ids but the model has d_vocab=33"):
         train(SPEC, TextSource(str(tmp_path / "x.txt"), bos=256), TrainConfig(steps=2, seq_len=8), tmp_path,
               progress=False)
+
+
+def test_train_and_track_commands(tmp_path, capsys):
+    from p0circuit.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--data", "markov", "--vocab", "16", "--layers", "2", "--d-model", "16", "--heads", "2",
+            "--d-head", "8", "--steps", "6", "--batch-size", "4", "--seq-len", "12", "--warmup", "2",
+            "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    assert (out / "step_6" / "model.safetensors").exists()
+    assert main(["track", str(out), "--out", str(tmp_path / "t"), "--n-prompts", "4", "--seq-len", "12"]) == 0
+    assert main(["train", "--data", "wiki", "--out", str(out)]) == 2
+    assert "use 'markov', 'backcopy' or 'text:<path>'" in capsys.readouterr().err
