@@ -100,7 +100,8 @@ def _sweep(args: argparse.Namespace) -> int:
             print(f"{cell.key}  {'done' if cell.key in done else 'todo'}  {cell.label()}")
         print(f"{len(cells)} cells, {sum(c.key in done for c in cells)} already done in {out}")
         return 0
-    records = run_sweep(config, out, workers=args.workers, max_cells=args.max_cells, progress=not args.quiet)
+    records = run_sweep(config, out, workers=args.workers, max_cells=args.max_cells, progress=not args.quiet,
+                        executor=args.executor)
     print(summary_table(records))
     print(f"{len(records)} of {len(cells)} cells done; results in {out}/results.jsonl")
     return 0
@@ -185,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("config", help="TOML file with a [sweep] table")
     w.add_argument("--out", help="results directory (default runs/<config name>)")
     w.add_argument("--dry-run", action="store_true", help="list the cells and whether they are done")
-    w.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    w.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    w.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local processes (default) or Ray (a local cluster, or RAY_ADDRESS)")
     w.add_argument("--max-cells", type=int, help="stop after this many new cells")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     w.set_defaults(func=_sweep)

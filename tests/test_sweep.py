@@ -114,3 +114,21 @@ def test_shipped_demo_config_is_valid():
 
     config = SweepConfig.load(Path(__file__).parent.parent / "configs" / "demo.toml")
     assert len(config.cells()) == 18
+
+
+@pytest.mark.ray
+def test_sweep_on_a_local_ray_cluster(config_file, tmp_path):
+    """Opt in with `pytest -m ray` after `pip install -e '.[ray]'`: same atomic, resumable results."""
+    pytest.importorskip("ray")
+    config = SweepConfig.load(config_file)
+    out = tmp_path / "out"
+    run_sweep(config, out, max_cells=2, progress=False, executor="ray", workers=2)
+    assert len(list((out / "cells").glob("*.json"))) == 2
+    records = run_sweep(config, out, progress=False, executor="ray", workers=2)
+    assert len(records) == 4 and len({r["key"] for r in records}) == 4
+    assert len((out / "results.jsonl").read_text().splitlines()) == 4
+
+
+def test_unknown_executor(config_file, tmp_path):
+    with pytest.raises(ConfigError, match="executor must be 'local' or 'ray'"):
+        run_sweep(SweepConfig.load(config_file), tmp_path, executor="slurm")

@@ -92,11 +92,44 @@ def rebuild_index(out: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _ray_results(todo: list[Cell], workers: int) -> Any:
+    """Yield records as Ray tasks finish (a local cluster, or the one in ``RAY_ADDRESS``)."""
+    try:
+        import ray
+    except ImportError:
+        from p0circuit.errors import ConfigError
+
+        raise ConfigError("--executor ray needs Ray: pip install 'p0circuit[ray]' (or pip install ray)") from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        address = os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, num_cpus=None if address else max(1, workers), include_dashboard=False,
+                 log_to_driver=False)
+    try:
+        remote = ray.remote(run_cell)
+        pending = [remote.remote(c) for c in todo]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def run_sweep(
     config: SweepConfig, out: Path, workers: int = 1, max_cells: Optional[int] = None,
-    progress: bool = True, on_done: Optional[Callable[[dict[str, Any]], None]] = None,
+    progress: bool = True, on_done: Optional[Callable[[dict[str, Any]], None]] = None, executor: str = "local",
 ) -> list[dict[str, Any]]:
-    """Run every cell not yet done (at most ``max_cells``), writing each as it finishes."""
+    """Run every cell not yet done (at most ``max_cells``), writing each as it finishes.
+
+    ``executor``: ``local`` (in this process with ``workers=1``, else a local process pool) or
+    ``ray`` (Ray tasks; the driver still writes every result, so atomicity and resume are the same).
+    """
+    if executor not in ("local", "ray"):
+        from p0circuit.errors import ConfigError
+
+        raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +149,10 @@ def run_sweep(
             on_done(record)
 
     try:
-        if workers <= 1:
+        if executor == "ray":
+            for record in _ray_results(todo, workers):
+                finish(record)
+        elif workers <= 1:
             for cell in todo:
                 finish(run_cell(cell))
         else:
