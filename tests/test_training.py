@@ -93,3 +93,10 @@ def test_train_and_track_commands(tmp_path, capsys):
     assert main(["track", str(out), "--out", str(tmp_path / "t"), "--n-prompts", "4", "--seq-len", "12"]) == 0
     assert main(["train", "--data", "wiki", "--out", str(out)]) == 2
     assert "use 'markov', 'backcopy' or 'text:<path>'" in capsys.readouterr().err
+
+
+def test_hf_dataset_source_offline_error():
+    from p0circuit.training import hf_dataset_source
+
+    with pytest.raises(BadInputError, match="without network access use TextSource"):
+        hf_dataset_source("definitely/not-a-cached-dataset", limit=2)

@@ -15,6 +15,7 @@ vocabulary range or be chosen deliberately); when None, rows start with data. Th
 always explicit.
 """
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -27,6 +28,23 @@ from p0circuit.errors import BadInputError, ConfigError
 
 def _gen(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+@functools.lru_cache(maxsize=16)
+def _transitions(vocab: int, k: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.zeros(vocab, vocab)
+    for i in range(vocab):
+        succ = torch.randperm(vocab, generator=g)[:k]
+        w = torch.rand(k, generator=g) + 0.1
+        probs[i, succ] = w / w.sum()
+    return probs
+
+
+def _sample(cdf: Tensor, prev: Tensor, u: Tensor) -> Tensor:
+    """Next tokens by inverse-CDF sampling: the first index whose cumulative probability exceeds u."""
+    rows = cdf[prev]  # (n, vocab)
+    return torch.searchsorted(rows, (u * rows[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)
 
 
 def _with_bos(rows: Tensor, bos: Optional[int]) -> Tensor:
@@ -54,22 +72,17 @@ class MarkovSource:
 
     def transitions(self) -> Tensor:
         """Row-stochastic ``[vocab, vocab]`` matrix with ``k`` non-zeros per row."""
-        g = torch.Generator().manual_seed(self.seed)
-        probs = torch.zeros(self.vocab, self.vocab)
-        for i in range(self.vocab):
-            succ = torch.randperm(self.vocab, generator=g)[: self.k]
-            w = torch.rand(self.k, generator=g) + 0.1
-            probs[i, succ] = w / w.sum()
-        return probs
+        return _transitions(self.vocab, self.k, self.seed).clone()
 
     def batch(self, step: int, n: int, length: int) -> Tensor:
         """``[n, length]`` tokens for training step ``step``."""
         g = _gen(self.seed, step)
-        probs = self.transitions()
+        cdf = _transitions(self.vocab, self.k, self.seed).cumsum(1)
         rows = torch.empty(n, length, dtype=torch.long)
         rows[:, 0] = torch.randint(0, self.vocab, (n,), generator=g)
+        u = torch.rand(n, length, generator=g)
         for t in range(1, length):
-            rows[:, t] = torch.multinomial(probs[rows[:, t - 1]], 1, generator=g).squeeze(1)
+            rows[:, t] = _sample(cdf, rows[:, t - 1], u[:, t])
         return _with_bos(rows, self.bos)
 
 
@@ -94,13 +107,13 @@ class BigramBackcopy:
 
     def batch(self, step: int, n: int, length: int) -> Tensor:
         """``[n, length]`` tokens for training step ``step``."""
-        chain = MarkovSource(self.vocab, self.k, self.seed)
-        probs = chain.transitions()
+        cdf = _transitions(self.vocab, self.k, self.seed).cumsum(1)
         g = _gen(self.seed, step)
         rows = torch.empty(n, length, dtype=torch.long)
         rows[:, 0] = torch.randint(self.n_triggers, self.vocab, (n,), generator=g)
+        u = torch.rand(n, length, generator=g)
         for t in range(1, length):
-            nxt = torch.multinomial(probs[rows[:, t - 1]], 1, generator=g).squeeze(1)
+            nxt = _sample(cdf, rows[:, t - 1], u[:, t])
             if t >= 2:
                 copy = rows[:, t - 1] < self.n_triggers
                 nxt = torch.where(copy, rows[:, t - 2], nxt)
