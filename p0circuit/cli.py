@@ -30,6 +30,14 @@ def _discover(args: argparse.Namespace) -> int:
         model = p0.load_checkpoint(args.checkpoint)
         metric = default_metric(model.cfg.n_layers)
         label = f"checkpoint {args.checkpoint}"
+    elif args.spec:
+        from p0circuit.experiments.survey import FAMILIES
+
+        if args.spec not in FAMILIES:
+            raise p0.ConfigError(f"unknown spec {args.spec!r}; choose from {sorted(FAMILIES)}")
+        model = p0.ModelSpec(seed=args.seed, **FAMILIES[args.spec]).build()
+        metric = default_metric(model.cfg.n_layers)
+        label = f"untrained {args.spec} model (ModelSpec)"
     else:
         pm = p0.build_planted(**PLANTS[args.plant])
         model, truth, metric = pm.model, pm.truth, p0.AttnToP0(heads=list(pm.sink_heads))
@@ -165,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(PLANTS), default="rope", help="planted variant (default rope)")
     d.add_argument("--checkpoint", help="a local Hugging Face checkpoint directory instead of a plant")
+    d.add_argument("--spec", help="a model family by name, freshly initialized (see p0circuit survey), e.g. nope")
     d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=["activation", "path", "attribution"])
     d.add_argument("--corruption", default="shift", choices=["shift", "pos_mean", "resample", "zero"])
     d.add_argument("--threshold", type=float, default=0.1)

@@ -132,3 +132,14 @@ def test_sweep_on_a_local_ray_cluster(config_file, tmp_path):
 def test_unknown_executor(config_file, tmp_path):
     with pytest.raises(ConfigError, match="executor must be 'local' or 'ray'"):
         run_sweep(SweepConfig.load(config_file), tmp_path, executor="slurm")
+
+
+def test_spec_models_in_sweeps_and_discover(tmp_path, capsys):
+    config = SweepConfig(models=["spec:nope"], metrics=["attn_to_p0"], n_prompts=4, seq_len=8)
+    records = run_sweep(config, tmp_path / "s", progress=False)
+    assert records[0]["cell"]["model"] == "spec:nope" and "sink_report" in records[0]
+    with pytest.raises(ConfigError, match="'spec:<family>' with family in"):
+        SweepConfig(models=["spec:mamba"])
+    assert main(["discover", "--spec", "nope", "--out", str(tmp_path / "d"), "--n-prompts", "4",
+                 "--seq-len", "8", "--methods", "activation"]) == 0
+    assert "untrained nope model" in capsys.readouterr().out

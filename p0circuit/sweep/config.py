@@ -46,15 +46,19 @@ def _check_choices(name: str, values: list[str], choices: tuple[str, ...]) -> No
 
 
 def check_model(value: str) -> None:
-    """``planted:<variant>`` or ``checkpoint:<path>``."""
+    """``planted:<variant>``, ``spec:<family>`` (freshly initialized) or ``checkpoint:<path>``."""
     kind, _, arg = value.partition(":")
     if kind == "planted" and arg in PLANTS:
         return
     if kind == "checkpoint" and arg:
         return
+    from p0circuit.experiments.survey import FAMILIES
+
+    if kind == "spec" and arg in FAMILIES:
+        return
     raise ConfigError(
         f"sweep.models: {value!r} not valid; use 'planted:<variant>' with variant in {list(PLANTS)}, "
-        "or 'checkpoint:<directory>'"
+        f"'spec:<family>' with family in {sorted(FAMILIES)}, or 'checkpoint:<directory>'"
     )
 
 

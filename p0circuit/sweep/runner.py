@@ -36,6 +36,10 @@ def _model(entry: str) -> tuple[Any, Any]:
     kind, _, arg = entry.partition(":")
     if kind == "planted":
         return p0.build_planted(**PLANTS[arg]), None
+    if kind == "spec":
+        from p0circuit.experiments.survey import FAMILIES
+
+        return None, p0.ModelSpec(**FAMILIES[arg]).build()
     return None, p0.load_checkpoint(arg)
 
 
