@@ -31,3 +31,14 @@ class NonFiniteError(P0CircuitError, FloatingPointError):
 
 class CheckpointError(P0CircuitError, OSError):
     """A local checkpoint directory that cannot be loaded."""
+
+
+def from_known_keys(cls: type, data: dict, what: str) -> object:
+    """``cls(**data)`` for a dataclass, naming unknown keys and the valid ones first."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} key(s) {unknown}; valid keys: {sorted(known)}")
+    return cls(**data)

@@ -8,13 +8,13 @@ NoPE is not a TransformerLens option: a NoPE model is built with learned absolut
 table ``W_pos`` is zeroed and frozen, so no positional signal reaches the residual stream.
 """
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from p0circuit.errors import ConfigError
+from p0circuit.errors import ConfigError, from_known_keys
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos": ("rope", "nope", "learned"),
@@ -83,11 +83,7 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
         """Build from a plain dict, naming unknown keys and the valid ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown ModelSpec key(s) {unknown}; valid keys: {sorted(known)}")
-        return cls(**d)
+        return from_known_keys(cls, d, "ModelSpec")  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict; :meth:`from_dict` inverts it."""

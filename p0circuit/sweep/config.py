@@ -19,11 +19,11 @@ import hashlib
 import itertools
 import json
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from p0circuit.errors import ConfigError
+from p0circuit.errors import ConfigError, from_known_keys
 
 PLANTS = ("rope", "nope", "learned", "layer2")
 PROMPT_SETS = ("random", "regular")
@@ -115,11 +115,7 @@ class SweepConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepConfig":
         """From the ``[sweep]`` table; unknown keys are named with the valid ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown sweep key(s) {unknown}; valid keys: {sorted(known)}")
-        return cls(**d)
+        return from_known_keys(cls, d, "sweep")  # type: ignore[return-value]
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "SweepConfig":
