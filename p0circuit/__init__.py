@@ -27,7 +27,7 @@ from p0circuit.patching import (
     path_patch,
 )
 from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
-from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions
+from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
 from p0circuit.tokens import check_tokens, to_tokens
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
@@ -38,5 +38,5 @@ __all__ = [
     "BadInputError", "CheckpointError", "Circuit", "ConfigError", "Edge", "Input", "Kind",
     "MissingHookError", "ModelSpec", "Node", "NonFiniteError", "P0CircuitError", "PlantSpec",
     "PlantedModel", "SinkReport", "build_planted", "check_tokens", "load_checkpoint",
-    "load_pretrained", "p0_like_positions", "positional_kind", "sink_report", "to_tokens",
+    "load_pretrained", "p0_like_positions", "positional_kind", "regular_prompts", "sink_report", "to_tokens",
 ]

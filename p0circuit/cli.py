@@ -15,9 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-PLANTS = {
-    "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
-}
+from p0circuit.planted import VARIANTS
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -39,13 +37,13 @@ def _discover(args: argparse.Namespace) -> int:
         metric = default_metric(model.cfg.n_layers)
         label = f"untrained {args.spec} model (ModelSpec)"
     else:
-        pm = p0.build_planted(**PLANTS[args.plant])
+        pm = p0.build_planted(**VARIANTS[args.plant])
         model, truth, metric = pm.model, pm.truth, p0.AttnToP0(heads=list(pm.sink_heads))
         label = f"planted model ({args.plant})"
     gen = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(0, model.cfg.d_vocab, (args.n_prompts, args.seq_len), generator=gen)
     if truth is not None:  # the plant's documented edge case: keep prompts where only P0 looks like a start
-        tokens = tokens[p0.p0_like_positions(tokens)[:, 1:].sum(1) == 0]
+        tokens = p0.regular_prompts(tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"p0circuit discover: {label}, {tokens.shape[0]} random prompts x {tokens.shape[1]} tokens, no BOS")
@@ -171,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
-    d.add_argument("--plant", choices=sorted(PLANTS), default="rope", help="planted variant (default rope)")
+    d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
     d.add_argument("--checkpoint", help="a local Hugging Face checkpoint directory instead of a plant")
     d.add_argument("--spec", help="a model family by name, freshly initialized (see p0circuit survey), e.g. nope")
     d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=["activation", "path", "attribution"])

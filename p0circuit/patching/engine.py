@@ -222,10 +222,9 @@ def _run_chunk(
     skip_ops = [(i, g[0]) for i, g in enumerate(groups) if skipped[i]]
     if skip_ops:
         _skip_blocks(model, base_cache, skip_ops, resid, batch)
-        name = hooks.resid_post(start - 1)
-        early[name] = base_cache[name].repeat(n, 1, 1)
-        for i, _ in skip_ops:
-            early[name][i * batch:(i + 1) * batch] = resid[i * batch:(i + 1) * batch]
+        # block start-1's output, per group: the patched rows just written, the base run elsewhere
+        if any(h.name == hooks.resid_post(start - 1) for h in metric.needs(model.cfg.n_layers)):
+            early[hooks.resid_post(start - 1)] = resid.clone()
     for i, g in enumerate(groups):
         rows = slice(i * batch, (i + 1) * batch)
         if skipped[i]:

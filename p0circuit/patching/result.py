@@ -2,7 +2,7 @@
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from p0circuit.types import Circuit, Edge, Node
 
@@ -58,7 +58,7 @@ class PatchResult:
                     "corrupted_metric": self.corrupted_metric, "signal": self.signal, "message": self.message}
         if self.method == "path":
             edges = tuple(Edge.parse(n) for n in keep)
-            nodes = tuple({e.src for e in edges} | {_receiver_node(e) for e in edges})
+            nodes = tuple({e.src for e in edges} | {e.dst for e in edges})
             return Circuit(nodes=nodes, edges=edges, edge_effects=dict(self.normalized), settings=settings)
         return Circuit(nodes=tuple(Node.parse(n) for n in keep), node_effects=dict(self.normalized), settings=settings)
 
@@ -70,9 +70,6 @@ class PatchResult:
         rows = sorted(self.normalized.items(), key=lambda kv: -abs(kv[1]))
         return head + "\n" + "\n".join(f"  {n:32s} {v:+.3f}" for n, v in rows[:20])
 
-
-def _receiver_node(edge: Edge) -> Node:
-    return edge.dst
 
 
 def normalize(
@@ -93,7 +90,3 @@ def normalize(
         return {k: (clean - v) / gap for k, v in raw.items()}, True, ""
     return {k: (v - corrupted) / gap for k, v in raw.items()}, True, ""
 
-
-def optional_float(x: Optional[float]) -> float:
-    """NaN for None."""
-    return math.nan if x is None else float(x)

@@ -1,5 +1,12 @@
 """Planted models: transformers whose P0-sink circuit is written into the weights by hand."""
 
-from p0circuit.planted.build import PlantedModel, PlantSpec, build_planted, p0_like_positions
+from p0circuit.planted.build import (
+    VARIANTS,
+    PlantedModel,
+    PlantSpec,
+    build_planted,
+    p0_like_positions,
+    regular_prompts,
+)
 
-__all__ = ["PlantSpec", "PlantedModel", "build_planted", "p0_like_positions"]
+__all__ = ["VARIANTS", "PlantSpec", "PlantedModel", "build_planted", "p0_like_positions", "regular_prompts"]

@@ -202,6 +202,17 @@ def p0_like_positions(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> 
     return freq.max(-1).values > theta
 
 
+def regular_prompts(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Int[Tensor, "batch pos"]:
+    """The prompts on which only position 0 is flagged by :func:`p0_like_positions`."""
+    return tokens[p0_like_positions(tokens, theta)[:, 1:].sum(1) == 0]
+
+
+VARIANTS: dict[str, dict[str, object]] = {
+    "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
+}
+"""Named planted variants (command line and sweep configs): name -> :class:`PlantSpec` overrides."""
+
+
 def _probe_tokens(spec: PlantSpec, gen: torch.Generator) -> Tensor:
     toks = torch.randint(0, spec.d_vocab, (64, spec.n_ctx), generator=gen)
     same = toks[:, 1] == toks[:, 0]
@@ -222,8 +233,7 @@ def _median(
 
 def _min_norm_ratio(model: HookedTransformer, toks: Tensor, layer: int, sp: int, theta: float) -> float:
     """Smallest ||h_sp|| / mean_{t != sp} ||h_t|| after ``layer`` over the probe's regular prompts."""
-    keep = p0_like_positions(toks, theta)[:, 1:].sum(1) == 0
-    _, cache = model.run_with_cache(toks[keep], names_filter=hooks.resid_post(layer))
+    _, cache = model.run_with_cache(regular_prompts(toks, theta), names_filter=hooks.resid_post(layer))
     norms = cache[hooks.resid_post(layer)].norm(dim=-1)
     others = torch.cat([norms[:, :sp], norms[:, sp + 1:]], 1).mean(1)
     return float((norms[:, sp] / others).min())

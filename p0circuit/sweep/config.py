@@ -25,7 +25,9 @@ from typing import Any, Union
 
 from p0circuit.errors import ConfigError, from_known_keys
 
-PLANTS = ("rope", "nope", "learned", "layer2")
+from p0circuit.planted import VARIANTS as _VARIANTS
+
+PLANTS = tuple(_VARIANTS)
 PROMPT_SETS = ("random", "regular")
 CORRUPTIONS = ("shift", "pos_mean", "resample", "zero")
 METHODS = ("activation", "path", "attribution")

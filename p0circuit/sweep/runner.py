@@ -3,8 +3,9 @@ where it stopped and loses nothing.
 
 Each finished cell is written to ``DIR/cells/<key>.json`` through a temporary file and
 ``os.replace`` (a reader never sees half a file; a killed run leaves at most a stray ``.tmp``).
-``DIR/results.jsonl`` is rebuilt from the cell files after every cell, again atomically, so it
-never holds a duplicate or a partial line. On restart, cells whose file exists are skipped.
+``DIR/results.jsonl`` is rewritten after every cell from the records in memory (the finished
+cells are read once at the start), again atomically, so it never holds a duplicate or a partial
+line. On restart, cells whose file exists are skipped.
 """
 
 import json
@@ -31,11 +32,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 def _model(entry: str) -> tuple[Any, Any]:
     import p0circuit as p0
-    from p0circuit.cli import PLANTS
-
     kind, _, arg = entry.partition(":")
     if kind == "planted":
-        return p0.build_planted(**PLANTS[arg]), None
+        return p0.build_planted(**p0.planted.VARIANTS[arg]), None
     if kind == "spec":
         from p0circuit.experiments.survey import FAMILIES
 
@@ -69,7 +68,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     length = min(cell.seq_len, model.cfg.n_ctx - 1)
     tokens = torch.randint(0, model.cfg.d_vocab, (cell.n_prompts, length), generator=gen)
     if cell.prompts == "regular":
-        tokens = tokens[p0.p0_like_positions(tokens)[:, 1:].sum(1) == 0]
+        tokens = p0.regular_prompts(tokens)
     circuit = p0.discover(model, tokens, method=cell.method, corruption=cell.corruption,
                           metric=_metric(cell.metric, plant, model), threshold=cell.threshold)
     report = p0.sink_report(model, tokens)
@@ -145,9 +144,12 @@ def run_sweep(
         todo = todo[:max_cells]
     bar = tqdm(total=len(todo), desc="sweep", unit="cell", disable=not progress)
 
+    records = {r["key"]: r for r in rebuild_index(out)}  # read the finished cells once
+
     def finish(record: dict[str, Any]) -> None:
         write_atomic(out / "cells" / f"{record['key']}.json", json.dumps(record, indent=1))
-        rebuild_index(out)
+        records[record["key"]] = record
+        write_atomic(out / "results.jsonl", "".join(json.dumps(records[k]) + "\n" for k in sorted(records)))
         bar.update(1)
         if on_done is not None:
             on_done(record)
