@@ -24,6 +24,7 @@ from p0circuit.patching import (
     PatchResult,
     activation_patch,
     attribution_patch,
+    check_attribution,
     path_patch,
 )
 from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
@@ -33,7 +34,7 @@ from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
     "METHODS", "AttnToP0", "CacheMetric", "LogitMetric", "NormRatio", "PatchResult", "activation_patch",
-    "attribution_patch", "auroc", "compare", "disagreements", "discover", "interpret", "path_patch", "prune",
+    "attribution_patch", "check_attribution", "auroc", "compare", "disagreements", "discover", "interpret", "path_patch", "prune",
     "to_dot", "to_networkx", "to_svg",
     "BadInputError", "CheckpointError", "Circuit", "ConfigError", "Edge", "Input", "Kind",
     "MissingHookError", "ModelSpec", "Node", "NonFiniteError", "P0CircuitError", "PlantSpec",

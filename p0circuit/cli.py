@@ -158,7 +158,8 @@ def _train(args: argparse.Namespace) -> int:
     spec = ModelSpec(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, d_head=args.d_head,
                      d_mlp=4 * args.d_model, d_vocab=vocab, n_ctx=max(args.seq_len, 64), pos=args.pos, seed=args.seed)
     config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-                         warmup=args.warmup, weight_decay=args.weight_decay, seed=args.seed)
+                         warmup=args.warmup, weight_decay=args.weight_decay, seed=args.seed,
+                         n_checkpoints=args.checkpoints)
     train(spec, source, config, args.out, progress=not args.quiet)
     print(f"checkpoints in {args.out}/step_<N>/ (p0circuit track {args.out})")
     return 0
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--warmup", type=int, default=100)
     tr.add_argument("--weight-decay", type=float, default=0.1)
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--checkpoints", type=int, default=12, help="number of log-spaced checkpoints (default 12)")
     tr.add_argument("--quiet", action="store_true")
     tr.add_argument("--out", default="runs/train")
     tr.set_defaults(func=_train)
@@ -242,6 +244,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except P0CircuitError as e:
         print(f"p0circuit: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("p0circuit: interrupted; finished cells and checkpoints are kept, run the same command to resume",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,13 +4,13 @@ Methods are registered by name in :data:`METHODS`, all with the signature
 ``(model, tokens, corruption=..., metric=..., **options) -> PatchResult``.
 """
 
-import math
 from typing import Any, Callable
 
 from torch import Tensor
 
 from p0circuit.errors import ConfigError
 from p0circuit.patching import activation_patch, attribution_patch, path_patch
+from p0circuit.patching.numerics import differences
 from p0circuit.patching.result import PatchResult
 from p0circuit.types import Circuit, Kind
 
@@ -78,10 +78,6 @@ def discover(
 
 
 def disagreements(approx: PatchResult, exact: PatchResult, tol: float = 0.2) -> dict[str, tuple[float, float]]:
-    """Names whose normalized effects differ by more than ``tol``: name -> (approx, exact)."""
-    out = {}
-    for name, e in exact.normalized.items():
-        a = approx.normalized.get(name, math.nan)
-        if math.isnan(a) != math.isnan(e) or (not math.isnan(a) and abs(a - e) > tol):
-            out[name] = (a, e)
-    return out
+    """Names whose normalized effects differ by more than ``tol``: name -> (approx, exact).
+    :func:`p0circuit.check_attribution` runs both methods (and a float64 check) for you."""
+    return differences(approx, exact, tol)

@@ -4,7 +4,7 @@ TransformerLens prepends BOS by default. The P0 sink is about what sits at posit
 p0circuit no entry point decides that silently: ``prepend_bos`` is a required keyword.
 """
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Int
@@ -12,6 +12,56 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError
+
+BOS_ATTR = "p0circuit_bos_id"
+"""Attribute set on models that have a BOS id but no tokenizer (BOS-keyed plants, models trained
+with a BOS token); :func:`bos_id` reads it before the tokenizer's."""
+
+
+def bos_id(model: HookedTransformer) -> Optional[int]:
+    """The model's BOS token id: the ``p0circuit_bos_id`` attribute, else the tokenizer's, else None."""
+    value = getattr(model, BOS_ATTR, None)
+    if value is None and getattr(model, "tokenizer", None) is not None:
+        value = model.tokenizer.bos_token_id
+    return None if value is None else int(value)
+
+
+def check_bos(model: HookedTransformer, tokens: Tensor, bos: Any, what: str = "tokens") -> None:
+    """Raise when ``tokens`` contradict the run's BOS choice ``bos`` (True, False, or None: no claim).
+
+    ``bos=False`` but some row starts with the BOS id: a sink measured there is a BOS sink, not a
+    position-0 sink. ``bos=True`` but a row does not start with it, or has it twice (a text that
+    already began with the BOS string). Without a known BOS id only the type of ``bos`` is checked.
+    """
+    if bos is None:
+        return
+    if not isinstance(bos, bool):
+        raise BadInputError(f"bos must be True, False or None (no claim), got {bos!r}")
+    bid = bos_id(model)
+    if bid is None:
+        return
+    first = tokens[:, 0] == bid
+    rows = first.nonzero().flatten().tolist()
+    if not bos and rows:
+        raise BadInputError(
+            f"{what}: this run says no BOS, but {len(rows)} of {tokens.shape[0]} rows start with the BOS id "
+            f"{bid} (rows {rows[:5]}); a sink there would be a BOS sink, not a position-0 one. Remove the "
+            "BOS token (text must not begin with the BOS string) or say bos=True / prepend_bos=True"
+        )
+    if bos:
+        missing = (~first).nonzero().flatten().tolist()
+        if missing:
+            raise BadInputError(
+                f"{what}: this run says BOS, but {len(missing)} of {tokens.shape[0]} rows do not start with the "
+                f"BOS id {bid} (rows {missing[:5]}); prepend it (to_tokens(..., prepend_bos=True)) or say bos=False"
+            )
+        if tokens.shape[1] > 1:
+            twice = (tokens[:, 1] == bid).nonzero().flatten().tolist()
+            if twice:
+                raise BadInputError(
+                    f"{what}: rows {twice[:5]} start with the BOS id {bid} twice (the text already began with "
+                    "the BOS string); remove it from the text or use prepend_bos=False"
+                )
 
 
 def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prepend_bos: Any) -> Tensor:
@@ -53,13 +103,19 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
     if lengths[0] == 0:
         raise BadInputError("a prompt tokenized to no tokens; every prompt needs at least one token")
     tokens = torch.tensor(ids, dtype=torch.long, device=model.cfg.device)
+    check_bos(model, tokens, prepend_bos, what="text")
     return tokens
 
 
 def check_tokens(
-    model: HookedTransformer, tokens: Any, *, min_len: int = 1, what: str = "tokens"
+    model: HookedTransformer, tokens: Any, *, min_len: int = 1, what: str = "tokens", bos: Any = None,
 ) -> Int[Tensor, "batch pos"]:
-    """Validate a token tensor for ``model`` and return it as ``[batch, pos]`` on its device."""
+    """Validate a token tensor for ``model`` and return it as ``[batch, pos]`` on its device.
+
+    ``bos``: the run's BOS choice (True / False), checked against the tokens by :func:`check_bos`;
+    None makes no claim. Tokens on another real device are moved to the model's; tokens on the
+    ``meta`` device (no data) are rejected.
+    """
     if not isinstance(tokens, Tensor):
         raise BadInputError(
             f"{what} must be a torch LongTensor [batch, pos], got {type(tokens).__name__}; "
@@ -67,6 +123,8 @@ def check_tokens(
         )
     if tokens.dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.bool):
         raise BadInputError(f"{what} must hold integer token ids, got dtype {tokens.dtype}; use .long()")
+    if tokens.device.type == "meta":
+        raise BadInputError(f"{what} are on the meta device and hold no data; create them on the CPU or the model's device")
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2:
@@ -87,4 +145,6 @@ def check_tokens(
             f"{what} holds ids out of the vocabulary: range [{lo}, {hi}] but d_vocab="
             f"{model.cfg.d_vocab} allows 0..{model.cfg.d_vocab - 1}; check the tokenizer matches the model"
         )
-    return tokens.long().to(model.cfg.device)
+    tokens = tokens.long().to(model.cfg.device)
+    check_bos(model, tokens, bos, what)
+    return tokens

@@ -45,11 +45,14 @@ def stage(report: SinkReport) -> tuple[str, str]:
 
 def track(
     series: Iterable[tuple[int, Any]], tokens: Tensor, norm_threshold: float = 5.0, eps: float = 0.3,
+    bos: Any = None,
 ) -> pd.DataFrame:
-    """One row per checkpoint (sorted by step): onsets, sink position, Sink_0, stage."""
+    """One row per checkpoint (sorted by step): onsets, sink position, Sink_0, stage.
+
+    ``bos``: the probe's BOS choice, checked against ``tokens`` for every checkpoint."""
     rows = []
     for step, model in series:
-        report = sink_report(model, tokens, eps=eps, norm_threshold=norm_threshold)
+        report = sink_report(model, tokens, eps=eps, norm_threshold=norm_threshold, bos=bos)
         label, rule = stage(report)
         rows.append({
             "step": int(step), "norm_onset": report.norm_onset_layer, "head_onset": report.head_onset_layer,

@@ -98,3 +98,19 @@ def test_bad_model_and_tokens(planted):
         p0.activation_patch(planted.model, torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(BadInputError, match="out of the vocabulary"):
         p0.activation_patch(planted.model, torch.full((2, 5), 40))
+
+
+def test_mismatched_clean_and_corrupted_batches(planted, toks):
+    other = random_tokens(5, 10, 32, seed=1)
+    with pytest.raises(BadInputError, match=r"clean tokens \(3, 10\) and corrupted tokens \(5, 10\) cannot be aligned"):
+        p0.activation_patch(planted.model, toks, corruption=Resample(tokens=other))
+
+
+def test_a_corruption_that_leaves_the_metric_unchanged_gives_no_number(planted, toks):
+    """Resampling with the clean prompts themselves: no signal, NaN effects, and a message that says why."""
+    result = p0.activation_patch(planted.model, toks, corruption=Resample(tokens=toks.clone()))
+    assert not result.signal
+    assert all(v != v for v in result.normalized.values())  # NaN, never a normalized 0/0
+    assert "this corruption does not change the metric" in result.message
+    circuit = p0.discover(planted.model, toks, corruption=Resample(tokens=toks.clone()))
+    assert circuit.nodes == () and circuit.settings["interpretation"].startswith("no signal")

@@ -1,4 +1,25 @@
-"""Reliability: bad input never escapes as a deep torch error, killed training loses nothing."""
+"""Reliability: bad input never escapes as a deep torch error, killed training loses nothing.
+
+The catalogue of bad inputs, each tested with its message (file: test):
+
+* empty / length-1 prompts, tokens out of range, wrong dtypes and shapes, 1-D promotion:
+  test_tokens.py: test_bad_tokens; here: test_any_token_tensor_is_measured_or_rejected_clearly
+  (hypothesis over shapes, dtypes, ranges); empty strings and text: test_tokens.py
+* BOS present where the run says no BOS, and the reverse (tensors and text beginning with the BOS
+  string; every entry point): test_tokens.py: test_text_that_begins_with_the_bos_string_is_caught,
+  test_token_tensors_are_checked_against_the_bos_choice, test_bos_claims_reach_every_entry_point
+* wrong devices and dtypes of the model (split over devices, meta weights, mixed dtypes, cfg.device
+  out of step), meta tokens: test_tokens.py: test_meta_tokens_and_split_or_mismatched_models_are_rejected
+* mismatched clean/corrupted batches, a corruption that leaves the metric unchanged, shifts beyond
+  the context: test_patching_errors.py
+* unknown node, edge and hook names, bad metrics and options: test_patching_errors.py; here:
+  test_any_node_name_parses_or_is_rejected_clearly (hypothesis)
+* NaN/inf activations, naming the first layer: test_metrics.py: test_report_names_first_nonfinite_layer
+* checkpoint directories with missing or corrupt files: test_checkpoints.py
+* sweep configs with typos and bad values: test_sweep.py: test_config_errors_name_the_key, test_config_file_errors
+* interruption: here (training) and test_sweep.py: test_killed_sweep_resumes (SIGINT, SIGKILL)
+* determinism: test_determinism.py; numerical care at P0: test_numerics.py
+"""
 
 import os
 import signal
@@ -51,29 +72,37 @@ def test_any_node_name_parses_or_is_rejected_clearly(name):
         assert p0.Node.parse(node.name) == node
 
 
-def test_killed_training_resumes_without_lost_steps(tmp_path):
-    """SIGKILL a training run after its first checkpoint; the resumed run ends bitwise equal to an
-    uninterrupted one and no checkpoint is half-written."""
+@pytest.mark.parametrize("sig,seed", [(signal.SIGKILL, 0), (signal.SIGINT, 1)])
+def test_killed_training_resumes_without_lost_steps(tmp_path, sig, seed):
+    """Kill a training run at a random point after its first checkpoint (SIGKILL, or SIGINT as from
+    Ctrl-C); the resumed run ends bitwise equal to an uninterrupted one, every checkpoint step is
+    there once, and no half-written checkpoint is left behind."""
+    import random
+
     args = ["train", "--data", "markov", "--vocab", "16", "--layers", "2", "--d-model", "32", "--heads", "2",
-            "--d-head", "16", "--steps", "120", "--batch-size", "16", "--seq-len", "32", "--warmup", "5", "--quiet"]
+            "--d-head", "16", "--steps", "120", "--batch-size", "16", "--seq-len", "32", "--warmup", "5",
+            "--checkpoints", "12", "--quiet"]
     from p0circuit.cli import main
 
-    assert main(args + ["--out", str(tmp_path / "straight")]) == 0
+    straight = tmp_path / "straight"
+    assert main(args + ["--out", str(straight)]) == 0
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "p0circuit.cli", *args, "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob("step_*")):
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.01)
+    time.sleep(random.Random(seed).uniform(0, 0.5))  # somewhere in the run, maybe inside a save
+    os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     done = sorted(int(p.name.split("_")[1]) for p in out.glob("step_*"))
-    assert done and done[-1] < 120  # killed before the end
+    assert done and done[-1] < 120, "the run ended before the kill; make it longer"
     for step in done:  # whatever was written is whole
         assert (out / f"step_{step}" / "model.safetensors").exists() and (out / f"step_{step}" / "trainer.pt").exists()
     assert main(args + ["--out", str(out)]) == 0
     from p0circuit.training import load_trained
 
-    a, b = load_trained(tmp_path / "straight" / "step_120"), load_trained(out / "step_120")
+    a, b = load_trained(straight / "step_120"), load_trained(out / "step_120")
     for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(p, q), name
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in straight.iterdir())  # no tmp left

@@ -41,3 +41,74 @@ def test_bad_tokens(model, tokens, msg):
 
 def test_good_tokens_pass_and_1d_is_promoted(model):
     assert check_tokens(model, torch.tensor([1, 2, 3])).shape == (1, 3)
+
+
+@pytest.fixture(scope="module")
+def worded():
+    """A spec model with the local word-level tokenizer (BOS id 0, words w3..w63)."""
+    from checkpoint_factory import make_tokenizer
+
+    m = ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=64, n_ctx=12).build()
+    m.tokenizer = make_tokenizer()
+    return m
+
+
+def test_text_that_begins_with_the_bos_string_is_caught(worded):
+    assert to_tokens(worded, "w3 w4", prepend_bos=True).tolist() == [[0, 3, 4]]
+    assert to_tokens(worded, "w3 w4", prepend_bos=False).tolist() == [[3, 4]]
+    with pytest.raises(BadInputError, match=r"says no BOS, but 1 of 2 rows start with the BOS id 0 \(rows \[1\]\)"):
+        to_tokens(worded, ["w5 w4", "<bos> w4"], prepend_bos=False)
+    with pytest.raises(BadInputError, match=r"rows \[0\] start with the BOS id 0 twice"):
+        to_tokens(worded, "<bos> w3", prepend_bos=True)
+
+
+def test_token_tensors_are_checked_against_the_bos_choice(worded):
+    with_bos, without = torch.tensor([[0, 5, 6], [0, 7, 8]]), torch.tensor([[5, 6, 7], [0, 7, 8]])
+    assert check_tokens(worded, with_bos, bos=True).equal(with_bos)
+    assert check_tokens(worded, without, bos=None).equal(without)  # no claim, no check
+    with pytest.raises(BadInputError, match="says no BOS, but 2 of 2 rows"):
+        check_tokens(worded, with_bos, bos=False)
+    with pytest.raises(BadInputError, match=r"says BOS, but 1 of 2 rows do not start with the BOS id 0 \(rows \[0\]\)"):
+        check_tokens(worded, without, bos=True)
+    with pytest.raises(BadInputError, match="bos must be True, False or None"):
+        check_tokens(worded, with_bos, bos="yes")
+
+
+def test_bos_claims_reach_every_entry_point(worded):
+    """sink_report, patching and discover all check the claim (and the BOS-keyed plant knows its BOS id)."""
+    import p0circuit as p0
+
+    toks = torch.tensor([[0, 5, 6, 9], [0, 7, 8, 9]])
+    with pytest.raises(BadInputError, match="says no BOS"):
+        p0.sink_report(worded, toks, bos=False)
+    assert p0.sink_report(worded, toks, bos=True).n_prompts == 2
+    plant = p0.build_planted(p0.PlantSpec(key="bos", bos_id=0))
+    starts = torch.tensor([[0, 5, 6, 7, 8], [0, 9, 10, 11, 12]])
+    for call in (lambda: p0.activation_patch(plant.model, starts, bos=False),
+                 lambda: p0.path_patch(plant.model, starts, bos=False),
+                 lambda: p0.attribution_patch(plant.model, starts, bos=False),
+                 lambda: p0.discover(plant.model, starts, bos=False)):
+        with pytest.raises(BadInputError, match="says no BOS, but 2 of 2 rows start with the BOS id 0"):
+            call()
+    assert p0.activation_patch(plant.model, starts, bos=True).signal
+
+
+def test_meta_tokens_and_split_or_mismatched_models_are_rejected():
+    import p0circuit as p0
+
+    tokens = torch.tensor([[1, 2, 3]])
+    m = ModelSpec(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=20, n_ctx=12).build()
+    with pytest.raises(BadInputError, match="on the meta device and hold no data"):
+        check_tokens(m, tokens.to("meta"))
+    m.blocks[1].to("meta")
+    for call in (lambda: p0.sink_report(m, tokens), lambda: p0.activation_patch(m, tokens)):
+        with pytest.raises(BadInputError, match=r"weights are on several devices \['cpu', 'meta'\]"):
+            call()
+    m = ModelSpec(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=20, n_ctx=12).build()
+    m.blocks[0].half()
+    with pytest.raises(BadInputError, match="weights mix dtypes"):
+        p0.sink_report(m, tokens)
+    m = ModelSpec(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=20, n_ctx=12).build()
+    m.cfg.device = "cuda"  # what a half-done move leaves behind
+    with pytest.raises(BadInputError, match="model.cfg.device is 'cuda' but the weights are on cpu"):
+        p0.activation_patch(m, tokens)

@@ -17,7 +17,7 @@ from torch import Tensor
 from p0circuit.errors import BadInputError
 from p0circuit.experiments.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
-from p0circuit.tokens import check_tokens
+from p0circuit.tokens import bos_id, check_tokens
 
 
 @dataclass
@@ -70,10 +70,9 @@ def bos_ablation(model: Any, tokens: Tensor, bos_token_id: Optional[int] = None,
     """Compare ``[BOS] + tokens`` with ``tokens`` (``tokens`` must not start with BOS already)."""
     tokens = check_tokens(model, tokens, min_len=2)
     if bos_token_id is None:
-        tok = getattr(model, "tokenizer", None)
-        bos_token_id = None if tok is None else tok.bos_token_id
+        bos_token_id = bos_id(model)
         if bos_token_id is None:
-            raise BadInputError("this model has no tokenizer with a BOS token: pass bos_token_id=...")
+            raise BadInputError("this model has no known BOS token (no tokenizer, no p0circuit_bos_id): pass bos_token_id=...")
     if bool((tokens[:, 0] == bos_token_id).any()):
         raise BadInputError(
             f"some prompts already start with BOS (id {bos_token_id}): pass the prompts without BOS, "

@@ -26,6 +26,7 @@ from p0circuit.metrics.attention import (
 )
 from p0circuit.metrics.norms import direction_stability, first_layer_at_least, massive_activations, norm_ratio
 from p0circuit.tokens import check_tokens
+from p0circuit.validation import check_devices
 
 
 @dataclass
@@ -193,9 +194,12 @@ def report_from_cache(
 
 def sink_report(
     model: Any, tokens: Tensor, *, eps: float = 0.3,
-    norm_threshold: float = 5.0, massive_ratio: float = 100.0,
+    norm_threshold: float = 5.0, massive_ratio: float = 100.0, bos: Any = None,
 ) -> SinkReport:
     """Measure the P0 sink of a ``HookedTransformer`` on ``tokens`` (``[batch, pos]``, pos >= 2).
+
+    ``bos``: the run's BOS choice, checked against ``tokens`` (see :func:`p0circuit.tokens.check_bos`);
+    None makes no claim. Norms are computed in float32 whatever the model's dtype.
 
     ``model`` and ``tokens`` are validated here with messages that say what to do, so their
     annotations are deliberately loose.
@@ -205,7 +209,8 @@ def sink_report(
             f"sink_report needs a transformer_lens HookedTransformer, got {type(model).__name__}; "
             "load checkpoints with p0circuit.models.load_checkpoint or build one with ModelSpec"
         )
-    tokens = check_tokens(model, tokens, min_len=2)
+    check_devices(model)
+    tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     needed = _needed(model.cfg.n_layers)
     missing = [n for n in needed if n not in model.hook_dict]
     if missing:

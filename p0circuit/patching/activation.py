@@ -50,6 +50,7 @@ def activation_patch(
     *,
     direction: str = "noise",
     min_signal: float = 0.05,
+    bos: Any = None,  # True / False / None; checked by check_bos
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
 ) -> PatchResult:
@@ -58,8 +59,11 @@ def activation_patch(
     ``nodes`` defaults to :func:`candidate_nodes` (every head and MLP at position 0 and "rest",
     plus the position embedding for learned positions). ``rows_per_forward`` bounds the batch of a
     patched forward (default 8 copies of the prompts). ``reference=True`` uses the slow path.
+    ``bos`` is the run's BOS choice, checked against ``tokens`` (the BOS id at position 0 of a
+    run that says no BOS is an error, and the reverse); None makes no claim. The same holds for
+    :func:`path_patch` and :func:`attribution_patch`.
     """
-    tokens, metric, prep = setup(model, tokens, corruption, metric, direction)
+    tokens, metric, prep = setup(model, tokens, corruption, metric, direction, bos)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     named = sorted({n.pos for n in node_list if n.pos != REST}) or [0]
     sites = [site_of(n, model) for n in node_list]

@@ -9,7 +9,8 @@ One forward and one backward pass on the base run give every node's and every ed
 The estimate of the patched metric is ``M_base + attribution``; it is normalized like the exact
 methods. It is a fast screen: the linearization is poor where the metric saturates (an attention
 of 0.9999 has almost no gradient) or where a ReLU/threshold switches, so compare with exact
-patching (:func:`p0circuit.compare_methods`) before trusting it.
+patching (:func:`p0circuit.check_attribution`, which also checks float32 against float64)
+before trusting it.
 """
 
 from typing import Any, Callable, Optional, Sequence
@@ -75,6 +76,7 @@ def attribution_patch(
     level: str = "node",
     direction: str = "noise",
     min_signal: float = 0.05,
+    bos: Any = None,  # True / False / None; checked by check_bos
     rows_per_forward: Optional[int] = None,
 ) -> PatchResult:
     """Gradient estimates of activation (``level="node"``) or path (``level="edge"``) patching."""
@@ -82,7 +84,7 @@ def attribution_patch(
 
     if level not in ("node", "edge"):
         raise ConfigError(f"level must be 'node' or 'edge', got {level!r}")
-    tokens, metric, prep = setup(model, tokens, corruption, metric, direction)
+    tokens, metric, prep = setup(model, tokens, corruption, metric, direction, bos)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     edge_list = parse_edges(edges if edges is not None else candidate_edges(model, node_list)) if level == "edge" else []
     named = sorted({n.pos for n in node_list if n.pos != REST}) or [0]

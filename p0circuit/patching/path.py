@@ -58,11 +58,12 @@ def path_patch(
     *,
     direction: str = "noise",
     min_signal: float = 0.05,
+    bos: Any = None,  # True / False / None; checked by check_bos
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
 ) -> PatchResult:
     """Patch each edge alone; ``edges`` defaults to every valid edge between candidate nodes."""
-    tokens, metric, prep = setup(model, tokens, corruption, metric, direction)
+    tokens, metric, prep = setup(model, tokens, corruption, metric, direction, bos)
     senders = candidate_nodes(model)
     edge_list = parse_edges(edges if edges is not None else candidate_edges(model, senders))
     parallel = bool(model.cfg.parallel_attn_mlp)

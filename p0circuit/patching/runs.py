@@ -48,11 +48,12 @@ def rows_per(rows_per_forward: Optional[int], tokens: Tensor) -> int:
 
 
 def setup(
-    model: Any, tokens: Any, corruption: Any, metric: Any, direction: str
+    model: Any, tokens: Any, corruption: Any, metric: Any, direction: str, bos: Any = None,
 ) -> tuple[Tensor, PatchMetric, Prepared]:
-    """Validate the common arguments of every patching method."""
+    """Validate the common arguments of every patching method (``bos``: the run's BOS choice,
+    checked against the clean tokens; None makes no claim)."""
     check_model(model)
-    tokens = check_tokens(model, tokens, min_len=2)
+    tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     metric = metric if metric is not None else default_metric(model.cfg.n_layers)
     check_metric(metric, model)
     if direction not in ("noise", "denoise"):

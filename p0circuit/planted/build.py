@@ -74,6 +74,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from p0circuit import hooks
 from p0circuit.errors import ConfigError
 from p0circuit.planted.layout import Layout
+from p0circuit.tokens import BOS_ATTR
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 BIAS = 8.0
@@ -399,6 +400,8 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
 
     sink_heads = tuple(lh for lh, r in roles.items() if r == "sink")
     truth = _ground_truth(spec, sink_heads)
+    if spec.key == "bos":
+        setattr(model, BOS_ATTR, spec.bos_id)
     return PlantedModel(model, truth, spec, lay, sink_heads, tuple(content), neurons)
 
 

@@ -9,6 +9,7 @@ line. On restart, cells whose file exists are skipped.
 """
 
 import json
+import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -59,6 +60,7 @@ def _metric(entry: str, plant: Any, model: Any) -> Any:
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell and return its JSON-able record."""
     import p0circuit as p0
+    from p0circuit.tokens import bos_id
 
     start = time.perf_counter()
     plant, model = _model(cell.model)
@@ -67,11 +69,15 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(cell.seed)
     length = min(cell.seq_len, model.cfg.n_ctx - 1)
     tokens = torch.randint(0, model.cfg.d_vocab, (cell.n_prompts, length), generator=gen)
+    bos = bos_id(model)
+    if bos is not None:  # sweeps run without BOS: never let a random prompt start with it
+        first = tokens[:, 0]
+        tokens[:, 0] = torch.where(first == bos, (first + 1) % model.cfg.d_vocab, first)
     if cell.prompts == "regular":
         tokens = p0.regular_prompts(tokens)
     circuit = p0.discover(model, tokens, method=cell.method, corruption=cell.corruption,
-                          metric=_metric(cell.metric, plant, model), threshold=cell.threshold)
-    report = p0.sink_report(model, tokens)
+                          metric=_metric(cell.metric, plant, model), threshold=cell.threshold, bos=False)
+    report = p0.sink_report(model, tokens, bos=False)
     record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "circuit": circuit.to_dict(),
                               "signal": circuit.settings.get("signal"),
                               "interpretation": circuit.settings.get("interpretation"),
@@ -162,7 +168,9 @@ def run_sweep(
             for cell in todo:
                 finish(run_cell(cell))
         else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
+            # spawn, not fork: a forked child of a process whose torch thread pool already ran
+            # deadlocks in its first parallel op (seen here: workers asleep forever)
+            with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = [pool.submit(run_cell, c) for c in todo]
                 for fut in as_completed(futures):
                     finish(fut.result())

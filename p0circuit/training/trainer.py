@@ -23,6 +23,7 @@ import torch
 
 from p0circuit.errors import CheckpointError, ConfigError
 from p0circuit.models.spec import ModelSpec
+from p0circuit.tokens import BOS_ATTR
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, spec: Mode
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-    meta = {"step": step, "loss": loss, "spec": spec.to_dict(), "train": asdict(config), "source": repr(source)}
+    meta = {"step": step, "loss": loss, "spec": spec.to_dict(), "train": asdict(config), "source": repr(source),
+            "bos": getattr(source, "bos", None)}
     (tmp / "spec.json").write_text(json.dumps(meta, indent=2))
     torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp / "trainer.pt")
     if final.exists():
@@ -120,6 +122,8 @@ def load_trained(path: Union[str, Path], device: str = "cpu") -> Any:
     model = ModelSpec.from_dict(meta["spec"]).build(device)
     model.load_state_dict(load_file(str(path / "model.safetensors"), device=device))
     model.train_step = meta["step"]  # type: ignore[attr-defined]
+    if meta.get("bos") is not None:
+        setattr(model, BOS_ATTR, int(meta["bos"]))
     return model
 
 
@@ -136,6 +140,8 @@ def train(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".tmp_step_*"):  # a save cut short by a kill: never renamed, never read
+        shutil.rmtree(stale, ignore_errors=True)
     device = _device(config.device)
     if getattr(source, "vocab", spec.d_vocab) > spec.d_vocab:
         raise ConfigError(f"the data use {source.vocab} token ids but the model has d_vocab={spec.d_vocab}")
