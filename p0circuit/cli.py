@@ -124,11 +124,21 @@ def _report(args: argparse.Namespace) -> int:
 def _track(args: argparse.Namespace) -> int:
     from p0circuit.tracking import checkpoint_series, plot_tracking, track
 
+    from p0circuit.errors import BadInputError
+    from p0circuit.tokens import bos_id
+
     series = checkpoint_series(args.directory)
     vocab = min(m.cfg.d_vocab for _, m in series)
     length = min(args.seq_len, min(m.cfg.n_ctx for _, m in series))
     tokens = torch.randint(0, vocab, (args.n_prompts, length), generator=torch.Generator().manual_seed(args.seed))
-    frame = track(series, tokens)
+    ids = sorted({bos_id(m) for _, m in series} - {None})
+    if args.bos and len(ids) != 1:
+        raise BadInputError(f"--bos needs one known BOS id across the checkpoints, found {ids or 'none'}")
+    for i in ids:  # random probes never hold a BOS id by chance
+        tokens[tokens == i] = (i + 1) % vocab
+    if args.bos:
+        tokens[:, 0] = ids[0]
+    frame = track(series, tokens, bos=args.bos, locate=args.locate)
     print(frame.to_string())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--n-prompts", type=int, default=16)
     t.add_argument("--seq-len", type=int, default=32)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--bos", action="store_true", help="probe prompts start with the checkpoints' BOS id (default: no BOS)")
+    t.add_argument("--locate", default="auto", choices=["auto", "patching", "norm"],
+                   help="locate the circuit by patching (auto: where affordable) or from the norm profile")
     t.add_argument("--out", default="runs/track")
     t.set_defaults(func=_track)
     tr = sub.add_parser("train", help="train a small model with log-spaced, resumable checkpoints")

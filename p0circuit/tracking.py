@@ -1,19 +1,23 @@
 """Tracking where the P0 circuit sits across training checkpoints (science.md, claim 4).
 
-For each checkpoint the tracker measures the sink report and reads off the circuit's location
-from the norm profile: the first layer whose P0 norm ratio passes ``norm_threshold`` (where the
-amplification has happened), the first layer with a sinking head, and the sink position. A stage
-label follows from documented rules (:func:`stage`):
+For each checkpoint the tracker measures the sink report and locates the circuit: by activation
+patching where affordable (:func:`p0circuit.locate.locate`: the layers whose heads and MLPs
+causally produce the sink's norm, at P0 or at the sink position), from the norm profile otherwise
+(the first layer whose norm ratio passes ``norm_threshold``, where the amplification has happened).
+A stage label follows from documented rules (:func:`stage`):
 
-* ``converged``: the sink is at position 0 and the amplification is done within the first two
-  layers (norm onset <= 1): the paper's final stage;
-* ``transition``: a sink (a head with alpha_k > eps) exists at another position k (e.g. 1);
-* ``early``: no sink yet, or a P0 sink whose amplification happens only in later layers
-  (norm onset >= 2): the circuit still sits in middle layers.
+* ``transition``: a sink (a head with alpha_k > eps, or an amplified norm) exists at a position
+  k other than 0 (e.g. 1);
+* ``converged``: the sink is at position 0, a layer passes the norm threshold, and the circuit sits
+  within the first two layers: every located layer <= 1 (patching), or norm onset <= 1 (norm
+  profile): the paper's final stage;
+* ``early``: no sink yet, or a P0 sink whose circuit reaches into later layers (patching finds a
+  component in layer >= 2, or the norm onset is >= 2): the circuit still sits in middle layers.
 
 Checkpoint series come from a local directory (:func:`checkpoint_series`, sub-directories
-``step_<N>`` written by :func:`p0circuit.training.train` or holding Hugging Face checkpoints), from Pythia's public checkpoints for users with a
-hub (:func:`pythia_series`), or from any list of ``(step, model)`` pairs.
+``step_<N>`` written by :func:`p0circuit.training.train` or holding Hugging Face checkpoints), from
+Pythia's public checkpoints for users with a hub (:func:`pythia_series`), or from any list of
+``(step, model)`` pairs.
 """
 
 import re
@@ -23,41 +27,66 @@ from typing import Any, Iterable, Optional, Union
 import pandas as pd
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, CheckpointError
+from p0circuit.errors import BadInputError, CheckpointError, ConfigError
+from p0circuit.locate import MAX_NODES, Location, affordable, from_norm_profile
+from p0circuit.locate import locate as locate_circuit
 from p0circuit.experiments.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
 
 STAGES = ("early", "transition", "converged")
 
 
-def stage(report: SinkReport) -> tuple[str, str]:
-    """The stage label of one checkpoint and the rule that gave it."""
+def stage(report: SinkReport, location: Optional[Location] = None) -> tuple[str, str]:
+    """The stage label of one checkpoint and the rule that gave it (rules in the module docstring)."""
     has_sink = (report.norm_onset_layer is not None or report.head_onset_layer is not None
-                or report.sink_position_max_alpha > report.eps)
+                or report.sink_position_max_alpha > report.eps or (location is not None and bool(location.layers)))
     if has_sink and report.sink_position != 0:
         return "transition", f"sink at position {report.sink_position}, not 0"
-    if report.sink_position == 0 and report.norm_onset_layer is not None and report.norm_onset_layer <= 1:
-        return "converged", f"P0 sink amplified by layer {report.norm_onset_layer} (within the first two layers)"
     if report.norm_onset_layer is None:
         return "early", "no layer reaches the norm threshold"
+    if location is not None and location.by == "patching" and location.layers:
+        where = f"circuit in layers {location.label()} (patching: {', '.join(location.nodes)})"
+        if max(location.layers) <= 1:
+            return "converged", f"P0 sink with its {where}: within the first two layers"
+        return "early", f"P0 sink with its {where}: reaches middle layers"
+    if report.norm_onset_layer <= 1:
+        return "converged", f"P0 sink amplified by layer {report.norm_onset_layer} (within the first two layers)"
     return "early", f"P0 amplified only at layer {report.norm_onset_layer} (middle layers)"
+
+
+LOCATE = ("auto", "patching", "norm")
 
 
 def track(
     series: Iterable[tuple[int, Any]], tokens: Tensor, norm_threshold: float = 5.0, eps: float = 0.3,
-    bos: Any = None,
+    bos: Any = None, locate: str = "auto", max_nodes: int = MAX_NODES, threshold: float = 0.3,
 ) -> pd.DataFrame:
-    """One row per checkpoint (sorted by step): onsets, sink position, Sink_0, stage.
+    """One row per checkpoint (sorted by step): onsets, sink position, Sink_0, circuit layers, stage.
 
-    ``bos``: the probe's BOS choice, checked against ``tokens`` for every checkpoint."""
+    ``locate``: ``auto`` (patching when :func:`~p0circuit.locate.affordable` with ``max_nodes``,
+    the norm profile otherwise), ``patching`` or ``norm``. ``threshold``: normalized effect a node
+    needs to count as part of the circuit. ``bos``: the probe's BOS choice, checked against
+    ``tokens`` for every checkpoint.
+    """
+    if locate not in LOCATE:
+        raise ConfigError(f"locate must be one of {LOCATE}, got {locate!r}")
     rows = []
     for step, model in series:
         report = sink_report(model, tokens, eps=eps, norm_threshold=norm_threshold, bos=bos)
-        label, rule = stage(report)
+        patch = locate == "patching" or (locate == "auto" and affordable(model, max_nodes))
+        if patch:
+            where = locate_circuit(model, tokens, report=report, threshold=threshold, bos=bos,
+                                   norm_threshold=norm_threshold)
+        else:
+            where = from_norm_profile(report)
+        label, rule = stage(report, where)
         rows.append({
             "step": int(step), "norm_onset": report.norm_onset_layer, "head_onset": report.head_onset_layer,
             "sink_position": report.sink_position, "sink_rate": report.sink_rate,
-            "max_norm_ratio": max(report.norm_ratio_resid), "stage": label, "rule": rule,
+            "max_norm_ratio": max(report.norm_ratio_resid), "circuit_layers": where.label(),
+            "circuit_first": min(where.layers) if where.layers else None,
+            "circuit_last": max(where.layers) if where.layers else None,
+            "located_by": where.by, "circuit_nodes": " ".join(where.nodes), "stage": label, "rule": rule,
         })
     if not rows:
         raise BadInputError("the checkpoint series is empty")
@@ -100,11 +129,17 @@ def pythia_series(name: str, indices: Iterable[int], **kwargs: Any) -> Iterable[
 
 
 def plot_tracking(frame: pd.DataFrame, path: Optional[Union[str, Path]] = None) -> Any:
-    """Onset layers and sink position against training step, stages marked."""
+    """Onset layers, the located circuit's layers and the sink position against training step,
+    stages marked."""
     fig, (ax1, ax2) = new_figure(2)
     steps = list(frame.index)
     ax1.plot(steps, frame["norm_onset"], marker="o", label="norm onset layer")
     ax1.plot(steps, frame["head_onset"], marker="s", label="head onset layer")
+    located = frame[frame["circuit_first"].notna()] if "circuit_first" in frame else frame.iloc[:0]
+    if len(located):
+        ax1.vlines(list(located.index), located["circuit_first"].astype(float) - 0.2,
+                   located["circuit_last"].astype(float) + 0.2, linewidth=8, alpha=0.35, color="tab:green",
+                   label="circuit layers")
     ax1.set(xlabel="training step", ylabel="layer", title="where the circuit sits")
     ax1.legend(fontsize=8)
     ax2.plot(steps, frame["sink_position"], marker="o")

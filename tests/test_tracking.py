@@ -11,13 +11,15 @@ from conftest import random_tokens
 
 
 @pytest.fixture(scope="module")
-def series():
+def plants():
     """Step 10: circuit in middle layers; step 100: sink at position 1; step 1000: circuit at layers 0-1."""
-    return [
-        (1000, p0.build_planted(n_layers=6).model),
-        (10, p0.build_planted(n_layers=6, circuit_layer=2).model),
-        (100, p0.build_planted(n_layers=6, sink_pos=1).model),
-    ]
+    return {1000: p0.build_planted(n_layers=6), 10: p0.build_planted(n_layers=6, circuit_layer=2),
+            100: p0.build_planted(n_layers=6, sink_pos=1)}
+
+
+@pytest.fixture(scope="module")
+def series(plants):
+    return [(step, plant.model) for step, plant in plants.items()]
 
 
 def tokens():
@@ -25,14 +27,43 @@ def tokens():
     return toks[p0.p0_like_positions(toks)[:, 1:].sum(1) == 0]
 
 
-def test_stages_of_a_planted_series(series, tmp_path):
+def test_stages_of_a_planted_series(series, plants, tmp_path):
+    """Patching locates each plant's circuit exactly (its ground-truth nodes), and the stages follow."""
     frame = track(series, tokens())
     assert list(frame.index) == [10, 100, 1000]
     assert list(frame["stage"]) == ["early", "transition", "converged"]
+    assert list(frame["located_by"]) == ["patching"] * 3
+    assert list(frame["circuit_layers"]) == ["2-3", "0-1", "0-1"]
+    for step, plant in plants.items():
+        assert set(frame.loc[step, "circuit_nodes"].split()) == {n.name for n in plant.truth.nodes}, step
+    assert "patching" in frame.loc[10, "rule"] and "reaches middle layers" in frame.loc[10, "rule"]
     assert frame.loc[10, "norm_onset"] == 3 and frame.loc[1000, "norm_onset"] == 1
     assert frame.loc[100, "sink_position"] == 1 and frame.loc[1000, "sink_position"] == 0
     plot_tracking(frame, tmp_path / "track.png")
     assert (tmp_path / "track.png").stat().st_size > 1000
+
+
+def test_norm_profile_where_patching_is_not_affordable(series):
+    """The same series located from the norm profile only (a node budget below the models' size)."""
+    frame = track(series, tokens(), max_nodes=10)
+    assert list(frame["located_by"]) == ["norm profile", "none", "norm profile"]
+    assert list(frame["stage"]) == ["early", "transition", "converged"]
+    assert list(frame["circuit_layers"]) == ["3", "", "1"]
+    with pytest.raises(p0.ConfigError, match="locate must be one of"):
+        track(series, tokens(), locate="acdc")
+
+
+def test_locate_on_planted_variants(planted_models):
+    """locate() returns the planted nodes, their layers, and nothing for a model without a sink."""
+    from p0circuit.locate import locate
+
+    for variant in ("rope", "learned", "layer2"):
+        plant = planted_models(variant)
+        where = locate(plant.model, tokens())
+        assert set(where.nodes) == {n.name for n in plant.truth.nodes}, variant
+        assert where.by == "patching" and where.layers == tuple(sorted({n.layer for n in plant.truth.nodes} - {-1}))
+    untrained = p0.ModelSpec(pos="rope", n_layers=3, d_vocab=32).build()
+    assert locate(untrained, tokens()).by == "none"
 
 
 def test_untrained_model_is_early():

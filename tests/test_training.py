@@ -93,6 +93,24 @@ def test_train_and_track_commands(tmp_path, capsys):
     assert main(["track", str(out), "--out", str(tmp_path / "t"), "--n-prompts", "4", "--seq-len", "12"]) == 0
     assert main(["train", "--data", "wiki", "--out", str(out)]) == 2
     assert "use 'markov', 'backcopy' or 'text:<path>'" in capsys.readouterr().err
+    assert main(["track", str(out), "--bos", "--out", str(tmp_path / "t")]) == 2  # trained without BOS
+    assert "--bos needs one known BOS id" in capsys.readouterr().err
+
+
+def test_a_model_trained_with_bos_knows_its_bos_id(tmp_path, capsys):
+    """Checkpoints remember the BOS id; probes then start with it (--bos) or never do (default)."""
+    from p0circuit.cli import main
+    from p0circuit.tokens import bos_id
+
+    out = tmp_path / "run"
+    assert main(["train", "--data", "backcopy", "--vocab", "16", "--bos", "--layers", "1", "--d-model", "16",
+                 "--heads", "2", "--d-head", "8", "--steps", "4", "--batch-size", "4", "--seq-len", "12",
+                 "--warmup", "1", "--checkpoints", "2", "--quiet", "--out", str(out)]) == 0
+    assert bos_id(load_trained(out / "step_4")) == 16
+    for flag in ([], ["--bos"]):
+        assert main(["track", str(out), *flag, "--n-prompts", "64", "--seq-len", "8", "--out", str(tmp_path / "t")]) == 0
+    with pytest.raises(BadInputError, match="says no BOS"):
+        track(checkpoint_series(out), torch.full((2, 5), 16), bos=False)
 
 
 def test_hf_dataset_source_offline_error():

@@ -55,27 +55,34 @@ def _check_layer(layer: int, n_layers: int, what: str) -> None:
 
 @dataclass
 class NormRatio(PatchMetric):
-    """``||h_p0|| / mean_{t > p0} ||h_t||`` of ``resid_post`` at ``layer``, mean over prompts."""
+    """``||h_k|| / mean_{t != k} ||h_t||`` of ``resid_post`` at ``layer``, mean over prompts, for
+    the position ``k = pos`` (0: P0) counted from the run's P0, over the positions from P0 on."""
 
     layer: int
     """Block whose output is measured."""
+    pos: int = 0
+    """Position whose norm is compared (a sink at position 1 during the transition stage: 1)."""
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return f"norm_ratio@L{self.layer}"
+        return f"norm_ratio@L{self.layer}" + (f"@{self.pos}" if self.pos else "")
 
     def needs(self, n_layers: int) -> list[HookRef]:
         return [HookRef(self.layer, hooks.resid_post(self.layer))]
 
     def validate(self, n_layers: int, n_heads: int) -> None:
         _check_layer(self.layer, n_layers, "NormRatio")
+        if isinstance(self.pos, bool) or not isinstance(self.pos, int) or self.pos < 0:
+            raise BadInputError(f"NormRatio.pos must be a position >= 0, got {self.pos!r}")
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         h = view.acts[hooks.resid_post(self.layer)].float()
-        norms = h.norm(dim=-1)  # (B, T)
-        if norms.shape[1] <= view.p0 + 1:
-            raise BadInputError("NormRatio needs at least one position after P0; use longer prompts")
-        return (norms[:, view.p0] / norms[:, view.p0 + 1:].mean(-1)).mean()
+        norms = h.norm(dim=-1)[:, view.p0:]  # (B, T - p0): the run's own positions
+        k = self.pos
+        if norms.shape[1] < max(k + 1, 2):
+            raise BadInputError(f"NormRatio at position {k} needs prompts of at least {max(k + 1, 2)} tokens; use longer prompts")
+        others = torch.cat([norms[:, :k], norms[:, k + 1:]], dim=1)
+        return (norms[:, k] / others.mean(-1)).mean()
 
 
 @dataclass
