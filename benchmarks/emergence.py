@@ -42,6 +42,10 @@ RECIPES = {
     # positive control: BOS at position 0
     "control-bos": dict(wd=0.1, bos=True),
     "control-bos-1L1H": dict(wd=0.1, bos=True, layers=1, heads=1),  # the minimal BB setting
+    # short contexts: a dormant head that averages its context instead of sinking adds noise ~1/t
+    "control-bos-short-ctx": dict(wd=0.1, bos=True, seq=16, batch=256),
+    "control-bos-1L1H-short-ctx": dict(wd=0.1, bos=True, layers=1, heads=1, seq=16, batch=256),
+    "backcopy-1L1H-short-ctx": dict(wd=0.1, layers=1, heads=1, seq=16, batch=256),
     # the no-BOS recipes
     "markov": dict(data="markov", wd=0.1),
     "backcopy": dict(),

@@ -43,3 +43,14 @@ def test_attribution_check_flags_low_precision(planted):
     assert set(check.precision) and set(check.precision) <= {"A0.H0@0", "M0@0", "M1@0"}
     assert "bfloat16 - float64" in check.summary()
     assert half.cfg.dtype == torch.bfloat16  # the caller's model is left as it was
+
+
+def test_attribution_check_on_edges(planted):
+    """Edge level: EAP against path patching on the planted edges, without the float64 copy."""
+    toks = p0.regular_prompts(random_tokens(8, 16, 32, seed=3))
+    edges = [e.name for e in planted.truth.edges]
+    check = p0.check_attribution(planted.model, toks, "shift", p0.NormRatio(1), level="edge", edges=edges,
+                                 precision=False)
+    assert check.precise is None and check.precision == {}
+    assert set(check.exact.normalized) == set(edges) and set(check.linearization) <= set(edges)
+    assert "precision" not in check.summary()

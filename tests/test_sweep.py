@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -87,7 +88,8 @@ def test_resume_loses_and_repeats_nothing(config_file, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_killed_sweep_resumes(config_file, tmp_path, sig):
-    """Kill a sweep after its first cell: on restart every cell is there once, none half-written."""
+    """Kill a sweep at a random point after its first cell: on restart every cell is there once,
+    none half-written."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "p0circuit.cli", "sweep", str(config_file), "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -95,6 +97,7 @@ def test_killed_sweep_resumes(config_file, tmp_path, sig):
     while time.time() < deadline and not list((out / "cells").glob("*.json")):
         time.sleep(0.05)
     assert list((out / "cells").glob("*.json")), "no cell finished in time"
+    time.sleep(random.Random(int(sig)).uniform(0, 1.0))  # a random point inside a later cell
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     assert proc.returncode != 0
