@@ -22,6 +22,7 @@ and disjoint ``--recipes`` to use two cores).
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -45,6 +46,7 @@ RECIPES = {
     # short contexts: a dormant head that averages its context instead of sinking adds noise ~1/t
     "control-bos-short-ctx": dict(wd=0.1, bos=True, seq=16, batch=256),
     "control-bos-1L1H-short-ctx": dict(wd=0.1, bos=True, layers=1, heads=1, seq=16, batch=256),
+    "control-bos-1L1H-short-ctx-lr1e-2-wd1": dict(lr=1e-2, wd=1.0, bos=True, layers=1, heads=1, seq=16, batch=256),
     "backcopy-1L1H-short-ctx": dict(wd=0.1, layers=1, heads=1, seq=16, batch=256),
     # the no-BOS recipes
     "markov": dict(data="markov", wd=0.1),
@@ -111,12 +113,51 @@ def run(name, recipe, minutes):
     }
 
 
+def entropy_floor(recipe, n=256):
+    """The loss of a perfect predictor (mean conditional entropy over the predicted positions)."""
+    from p0circuit.training.data import _transitions
+
+    _, source, _ = setup({**BASE, **recipe}, 1)
+    probs = _transitions(VOCAB, 4, 0)
+    h = -(probs * probs.clamp_min(1e-12).log()).sum(1)  # entropy of the next token per token
+    rows = source.batch(10**7, n, recipe["seq"])
+    prev = rows[:, :-1]
+    ent = h[prev.clamp_max(VOCAB - 1)]
+    if recipe["data"] == "backcopy":
+        trig = prev < recipe["triggers"]
+        trig[:, 0] = False  # position 1 is never a copy
+        if recipe["bos"]:
+            trig[:, 1] = False  # the first data token follows BOS, the second is never a copy
+        ent = torch.where(trig, torch.zeros_like(ent), ent)
+    if recipe["bos"]:  # the first data token is drawn uniformly (from the non-trigger tokens for backcopy)
+        first = VOCAB - (recipe["triggers"] if recipe["data"] == "backcopy" else 0)
+        ent[:, 0] = math.log(first)
+    return float(ent.mean())
+
+
+def table(records):
+    """The results as a Markdown table (``--table``)."""
+    lines = ["| recipe | BOS | layers x heads | ctx | lr / wd | tokens | loss (floor) | Sink_0^0.3 | max alpha_0 (uniform) "
+             "| P0 norm ratio | stage |", "|" + "---|" * 11]
+    for r in records:
+        lines.append(
+            f"| {r['recipe']} | {'yes' if r['bos'] else 'no'} | {r['layers']}x{r.get('heads', 4)} {r['pos']} | {r['seq']} "
+            f"| {r['lr']:g} / {r['wd']:g} | {r['tokens'] / 1e6:.1f}M | {r['final_loss']:.3f} ({entropy_floor(r):.3f}) "
+            f"| {r['final_sink_rate']:.2f} | {r['final_max_alpha0']:.3f} ({r['uniform_alpha0']:.3f}) "
+            f"| {r['final_max_norm_ratio']:.2f} | {r['final_stage']} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=20.0, help="training budget per recipe")
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
+    ap.add_argument("--table", action="store_true", help="print the collected results as a Markdown table and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table([{**BASE, **json.loads(p.read_text())} for p in sorted((RESULTS / "emergence").glob("*.json"))]))
+        return 0
     torch.set_num_threads(args.threads)
     names = args.recipes.split(",")
     unknown = [n for n in names if n not in RECIPES]
