@@ -8,9 +8,12 @@ short timing run, so the cosine schedule ends where the budget does), then the t
 per checkpoint, Sink_0^0.3, the strongest head's attention to P0 and to the strongest sink
 position, the P0 norm ratio and the stage.
 
-One recipe is a *positive control*: the same task with a BOS token at position 0 (Guo et al. 2024
-see a sink form on BOS). If the control forms a sink and the no-BOS recipes do not, the negative
+Some recipes are *positive controls*: the same task with a BOS token at position 0 (Guo et al. 2024
+see a sink form on BOS). If a control forms a sink and the no-BOS recipes do not, the negative
 results say "identifying P0 without BOS is the hard part", not "the measurement is blind".
+Measured here (README, "Does a P0 sink form in tiny no-BOS models?"): the 1-layer, 1-head,
+context-16 control at lr 1e-2 / weight decay 1.0 formed an active-dormant sink in two seeds; no
+no-BOS recipe formed a P0 sink, including that recipe without BOS at the same token count.
 
 Results (negative ones included) go to stdout and ``benchmarks/results/emergence.json``; the
 checkpoints stay in ``benchmarks/results/emergence/<recipe>/`` for the tracker and notebooks.
@@ -48,6 +51,14 @@ RECIPES = {
     "control-bos-1L1H-short-ctx": dict(wd=0.1, bos=True, layers=1, heads=1, seq=16, batch=256),
     "control-bos-1L1H-short-ctx-lr1e-2-wd1": dict(lr=1e-2, wd=1.0, bos=True, layers=1, heads=1, seq=16, batch=256),
     "backcopy-1L1H-short-ctx": dict(wd=0.1, layers=1, heads=1, seq=16, batch=256),
+    # the recipe of the control that formed a sink, without BOS: RoPE, and learned positions
+    "backcopy-1L1H-short-ctx-lr1e-2-wd1": dict(lr=1e-2, wd=1.0, layers=1, heads=1, seq=16, batch=256),
+    "backcopy-1L1H-short-ctx-lr1e-2-wd1-learned": dict(lr=1e-2, wd=1.0, layers=1, heads=1, seq=16, batch=256,
+                                                      pos="learned"),
+    # a second run of both with the whole budget on a quiet machine, and the control with another seed
+    "backcopy-1L1H-short-ctx-lr1e-2-wd1-long": dict(lr=1e-2, wd=1.0, layers=1, heads=1, seq=16, batch=256),
+    "control-bos-1L1H-short-ctx-lr1e-2-wd1-seed1": dict(lr=1e-2, wd=1.0, bos=True, layers=1, heads=1, seq=16,
+                                                       batch=256, seed=1),
     # the no-BOS recipes
     "markov": dict(data="markov", wd=0.1),
     "backcopy": dict(),
@@ -61,7 +72,8 @@ VOCAB = 64
 RESULTS = Path(__file__).parent / "results"
 
 
-def setup(recipe, steps, seed=0):
+def setup(recipe, steps):
+    seed = recipe.get("seed", 0)
     bos = VOCAB if recipe["bos"] else None
     if recipe["data"] == "markov":
         source = MarkovSource(VOCAB, k=4, seed=seed, bos=bos)
@@ -118,7 +130,7 @@ def entropy_floor(recipe, n=256):
     from p0circuit.training.data import _transitions
 
     _, source, _ = setup({**BASE, **recipe}, 1)
-    probs = _transitions(VOCAB, 4, 0)
+    probs = _transitions(VOCAB, 4, recipe.get("seed", 0))
     h = -(probs * probs.clamp_min(1e-12).log()).sum(1)  # entropy of the next token per token
     rows = source.batch(10**7, n, recipe["seq"])
     prev = rows[:, :-1]
