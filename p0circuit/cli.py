@@ -122,10 +122,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _track(args: argparse.Namespace) -> int:
-    from p0circuit.tracking import checkpoint_series, plot_tracking, track
-
     from p0circuit.errors import BadInputError
-    from p0circuit.tokens import bos_id
+    from p0circuit.tokens import avoid_ids, bos_id
+    from p0circuit.tracking import checkpoint_series, plot_tracking, track
 
     series = checkpoint_series(args.directory)
     vocab = min(m.cfg.d_vocab for _, m in series)
@@ -134,8 +133,7 @@ def _track(args: argparse.Namespace) -> int:
     ids = sorted({bos_id(m) for _, m in series} - {None})
     if args.bos and len(ids) != 1:
         raise BadInputError(f"--bos needs one known BOS id across the checkpoints, found {ids or 'none'}")
-    for i in ids:  # random probes never hold a BOS id by chance
-        tokens[tokens == i] = (i + 1) % vocab
+    avoid_ids(tokens, ids, vocab)  # random probes never hold a BOS id by chance
     if args.bos:
         tokens[:, 0] = ids[0]
     frame = track(series, tokens, bos=args.bos, locate=args.locate)

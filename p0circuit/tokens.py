@@ -26,6 +26,13 @@ def bos_id(model: HookedTransformer) -> Optional[int]:
     return None if value is None else int(value)
 
 
+def avoid_ids(tokens: Tensor, ids: Sequence[int], vocab: int) -> Tensor:
+    """Replace every occurrence of ``ids`` (e.g. a BOS id) in random probe tokens by the next id, in place."""
+    for i in ids:
+        tokens[tokens == i] = (i + 1) % vocab
+    return tokens
+
+
 def check_bos(model: HookedTransformer, tokens: Tensor, bos: Any, what: str = "tokens") -> None:
     """Raise when ``tokens`` contradict the run's BOS choice ``bos`` (True, False, or None: no claim).
 

@@ -113,7 +113,7 @@ def attribution_patch(
                 g = grads[hook.name][:, pos]
                 if head is not None:
                     g = g[:, :, head]
-                scores[e.name] = float((delta * g).sum())
+                scores[e.name] = float((delta.detach() * g).sum())
         corrupted = corrupted_metric(runs, [node_op(runs, n, "noise", named) for n in node_list], rows_per_forward)
     raw = {k: base_value + v for k, v in scores.items()}
     return make_result("attribution", runs, raw, corrupted, direction, min_signal, level=level)

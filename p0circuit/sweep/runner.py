@@ -60,7 +60,7 @@ def _metric(entry: str, plant: Any, model: Any) -> Any:
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell and return its JSON-able record."""
     import p0circuit as p0
-    from p0circuit.tokens import bos_id
+    from p0circuit.tokens import avoid_ids, bos_id
 
     start = time.perf_counter()
     plant, model = _model(cell.model)
@@ -71,8 +71,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     tokens = torch.randint(0, model.cfg.d_vocab, (cell.n_prompts, length), generator=gen)
     bos = bos_id(model)
     if bos is not None:  # sweeps run without BOS: never let a random prompt start with it
-        first = tokens[:, 0]
-        tokens[:, 0] = torch.where(first == bos, (first + 1) % model.cfg.d_vocab, first)
+        avoid_ids(tokens[:, :1], [bos], model.cfg.d_vocab)
     if cell.prompts == "regular":
         tokens = p0.regular_prompts(tokens)
     circuit = p0.discover(model, tokens, method=cell.method, corruption=cell.corruption,
