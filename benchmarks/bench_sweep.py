@@ -65,7 +65,7 @@ def run_tl(model, clean, corrupt):
 
 
 def run_ours(model, clean, corrupt, nodes, rows=None):
-    return p0.activation_patch(model, clean, nodes, Resample(tokens=corrupt), p0.LogitMetric(logit_diff),
+    return p0.activation_patch(model, clean, nodes=nodes, corruption=Resample(tokens=corrupt), metric=p0.LogitMetric(logit_diff),
                                direction="denoise", min_signal=0, rows_per_forward=rows)
 
 

@@ -1,10 +1,13 @@
 """p0circuit: find, causally prove and track the P0-sink circuit in causal language models.
 
 The public surface: build or load a model (:class:`ModelSpec`, :func:`load_checkpoint`,
-:func:`build_planted`), tokenize with an explicit BOS choice (:func:`to_tokens`), and measure the
-sink (:func:`sink_report`). Circuits are :class:`Circuit` objects of :class:`Node` and :class:`Edge`.
+:func:`build_planted`, or any entry with :func:`load_model`), tokenize with an explicit BOS choice
+(:func:`to_tokens`) or draw probes (:func:`probe_tokens`), measure the sink (:func:`sink_report`),
+patch (:func:`activation_patch`, :func:`path_patch`, :func:`attribution_patch`, or :func:`discover`
+for a :class:`Circuit` of :class:`Node` and :class:`Edge`).
 """
 
+from p0circuit import _moved
 from p0circuit.errors import (
     BadInputError,
     CheckpointError,
@@ -13,31 +16,52 @@ from p0circuit.errors import (
     NonFiniteError,
     P0CircuitError,
 )
-from p0circuit.discover import METHODS, discover, disagreements, interpret
+from p0circuit.discover import discover, interpret
 from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.patching import (
+    CORRUPTIONS,
+    METHODS,
     AttnToP0,
     CacheMetric,
+    Corruption,
     LogitMetric,
+    Method,
     NormRatio,
+    PatchMetric,
     PatchResult,
+    PosMean,
+    Resample,
+    Shift,
+    Zero,
     activation_patch,
     attribution_patch,
+    candidate_edges,
+    candidate_nodes,
     check_attribution,
+    faithfulness_curve,
     path_patch,
 )
 from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
+from p0circuit.models.resolve import load_model
 from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
-from p0circuit.tokens import check_tokens, to_tokens
+from p0circuit.tokens import check_tokens, probe_tokens, to_tokens
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
-    "METHODS", "AttnToP0", "CacheMetric", "LogitMetric", "NormRatio", "PatchResult", "activation_patch",
-    "attribution_patch", "check_attribution", "auroc", "compare", "disagreements", "discover", "interpret", "path_patch", "prune",
-    "to_dot", "to_networkx", "to_svg",
-    "BadInputError", "CheckpointError", "Circuit", "ConfigError", "Edge", "Input", "Kind",
-    "MissingHookError", "ModelSpec", "Node", "NonFiniteError", "P0CircuitError", "PlantSpec",
-    "PlantedModel", "SinkReport", "build_planted", "check_tokens", "load_checkpoint",
-    "load_pretrained", "p0_like_positions", "positional_kind", "regular_prompts", "sink_report", "to_tokens",
+    "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "ConfigError",
+    "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
+    "NonFiniteError", "NormRatio", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
+    "PosMean", "Resample", "Shift", "SinkReport", "Zero", "activation_patch", "attribution_patch", "auroc",
+    "build_planted", "candidate_edges", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
+    "faithfulness_curve", "interpret", "load_checkpoint", "load_model", "load_pretrained", "p0_like_positions",
+    "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts", "sink_report", "to_dot",
+    "to_networkx", "to_svg", "to_tokens",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Names that were removed: a clear error that names the replacement."""
+    if name in _moved.NAMES:
+        raise AttributeError(f"p0circuit.{name} was removed; use {_moved.NAMES[name]}")
+    raise AttributeError(f"module 'p0circuit' has no attribute {name!r}")

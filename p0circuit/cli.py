@@ -7,82 +7,55 @@ when Graphviz is installed, SVG) and the report under ``runs/discover/``.
 """
 
 import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
 
+from p0circuit.models.spec import FAMILIES
+from p0circuit.patching import CORRUPTIONS, METHODS
+from p0circuit.patching.metrics import METRIC_ENTRIES
 from p0circuit.planted import VARIANTS
 
 
-def _discover(args: argparse.Namespace) -> int:
-    import p0circuit as p0
-    from p0circuit.patching.metrics import default_metric
-
-    torch.manual_seed(args.seed)
-    truth = None
+def _model_entry(args: argparse.Namespace) -> str:
     if args.checkpoint:
-        model = p0.load_checkpoint(args.checkpoint)
-        metric = default_metric(model.cfg.n_layers)
-        label = f"checkpoint {args.checkpoint}"
-    elif args.spec:
-        from p0circuit.experiments.survey import FAMILIES
+        return f"checkpoint:{args.checkpoint}"
+    if args.spec:
+        return f"spec:{args.spec}"
+    return f"planted:{args.plant}"
 
-        if args.spec not in FAMILIES:
-            raise p0.ConfigError(f"unknown spec {args.spec!r}; choose from {sorted(FAMILIES)}")
-        model = p0.ModelSpec(seed=args.seed, **FAMILIES[args.spec]).build()
-        metric = default_metric(model.cfg.n_layers)
-        label = f"untrained {args.spec} model (ModelSpec)"
-    else:
-        pm = p0.build_planted(**VARIANTS[args.plant])
-        model, truth, metric = pm.model, pm.truth, p0.AttnToP0(heads=list(pm.sink_heads))
-        label = f"planted model ({args.plant})"
-    gen = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, model.cfg.d_vocab, (args.n_prompts, args.seq_len), generator=gen)
-    if truth is not None:  # the plant's documented edge case: keep prompts where only P0 looks like a start
-        tokens = p0.regular_prompts(tokens)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"p0circuit discover: {label}, {tokens.shape[0]} random prompts x {tokens.shape[1]} tokens, no BOS")
-    report = p0.sink_report(model, tokens)
-    print(report)
-    (out / "sink_report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
-    status = 0
-    for method in args.methods:
-        circuit = p0.discover(model, tokens, method=method, corruption=args.corruption, metric=metric,
-                              threshold=args.threshold)
-        print(f"\n== {method} patching, corruption={args.corruption}, metric={metric.name}")
-        print(circuit)
-        print(circuit.settings["interpretation"])
-        (out / f"circuit_{method}.json").write_text(circuit.to_json(indent=2))
-        (out / f"circuit_{method}.dot").write_text(p0.to_dot(circuit))
-        if shutil.which("dot"):
-            (out / f"circuit_{method}.svg").write_text(p0.to_svg(circuit))
-        if truth is not None:
-            scores = p0.compare(circuit, truth)
-            key = "edge" if method == "path" else "node"
-            shown = {k: v for k, v in scores.items() if k.startswith(key)}
-            print("against the planted ground truth: " + ", ".join(f"{k}={v:.3f}" for k, v in shown.items()))
-            if scores[f"{key}_precision"] < 1 or scores[f"{key}_recall"] < 1:
-                status = 1
+
+def _discover(args: argparse.Namespace) -> int:
+    from p0circuit.discovery import run_discovery
+    from p0circuit.models.resolve import load_model
+    from p0circuit.patching.metrics import metric_from_entry
+    from p0circuit.tokens import probe_tokens
+
+    resolved = load_model(_model_entry(args), seed=args.seed)
+    tokens = probe_tokens(resolved.model, args.n_prompts, args.seq_len, seed=args.seed, regular=True)
+    metric = metric_from_entry(args.metric or ("sink_heads" if resolved.plant else "attn_to_p0"), resolved.model,
+                               resolved.sink_heads)
+    print(f"p0circuit discover: {resolved.label}, {tokens.shape[0]} regular random prompts x {tokens.shape[1]} "
+          "tokens, no BOS")
+    found = run_discovery(resolved, tokens, methods=args.methods, corruption=args.corruption, metric=metric,
+                          threshold=args.threshold)
+    print(found)
+    out = found.write(args.out)
     print(f"\nwrote {out}/")
-    return status
+    return 1 if resolved.truth is not None and not found.exact else 0
 
 
 def _survey(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    import p0circuit as p0
     from p0circuit.experiments import default_models, survey
+    from p0circuit.models.resolve import load_model
 
     models = {} if args.no_defaults else default_models(seed=args.seed)
-    for path in args.checkpoint or []:
-        models[path] = ("checkpoint", p0.load_checkpoint(path))
-    for name in args.hub or []:
-        models[name] = ("hub", p0.load_pretrained(name, prepend_bos=False))
+    for kind, names in (("checkpoint", args.checkpoint or []), ("hub", args.hub or [])):
+        for name in names:
+            models[name] = (kind, load_model(f"{kind}:{name}").model)
     frame = survey(models, n_prompts=args.n_prompts, seq_len=args.seq_len, seed=args.seed)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(frame)
@@ -123,19 +96,17 @@ def _report(args: argparse.Namespace) -> int:
 
 def _track(args: argparse.Namespace) -> int:
     from p0circuit.errors import BadInputError
-    from p0circuit.tokens import avoid_ids, bos_id
+    from p0circuit.tokens import avoid_ids, bos_id, probe_tokens
     from p0circuit.tracking import checkpoint_series, plot_tracking, track
 
     series = checkpoint_series(args.directory)
-    vocab = min(m.cfg.d_vocab for _, m in series)
-    length = min(args.seq_len, min(m.cfg.n_ctx for _, m in series))
-    tokens = torch.randint(0, vocab, (args.n_prompts, length), generator=torch.Generator().manual_seed(args.seed))
+    smallest = min((m for _, m in series), key=lambda m: (m.cfg.d_vocab, m.cfg.n_ctx))
     ids = sorted({bos_id(m) for _, m in series} - {None})
     if args.bos and len(ids) != 1:
         raise BadInputError(f"--bos needs one known BOS id across the checkpoints, found {ids or 'none'}")
-    avoid_ids(tokens, ids, vocab)  # random probes never hold a BOS id by chance
-    if args.bos:
-        tokens[:, 0] = ids[0]
+    length = min(args.seq_len, min(m.cfg.n_ctx for _, m in series))
+    tokens = probe_tokens(smallest, args.n_prompts, length, seed=args.seed, bos=args.bos)
+    avoid_ids(tokens[:, 1:] if args.bos else tokens, ids, smallest.cfg.d_vocab)  # no checkpoint's BOS id by chance
     frame = track(series, tokens, bos=args.bos, locate=args.locate)
     print(frame.to_string())
     out = Path(args.out)
@@ -179,10 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
-    d.add_argument("--checkpoint", help="a local Hugging Face checkpoint directory instead of a plant")
-    d.add_argument("--spec", help="a model family by name, freshly initialized (see p0circuit survey), e.g. nope")
-    d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=["activation", "path", "attribution"])
-    d.add_argument("--corruption", default="shift", choices=["shift", "pos_mean", "resample", "zero"])
+    d.add_argument("--checkpoint", help="a local checkpoint instead of a plant: a Hugging Face directory or a "
+                   "p0circuit training checkpoint (runs/train/step_N)")
+    d.add_argument("--spec", choices=sorted(FAMILIES), help="a model family by name, freshly initialized")
+    d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=sorted(METHODS))
+    d.add_argument("--corruption", default="shift", choices=sorted(CORRUPTIONS))
+    d.add_argument("--metric", help=f"one of {list(METRIC_ENTRIES)} (default: sink_heads on a plant, else attn_to_p0)")
     d.add_argument("--threshold", type=float, default=0.1)
     d.add_argument("--n-prompts", type=int, default=32)
     d.add_argument("--seq-len", type=int, default=32)

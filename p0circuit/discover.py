@@ -1,38 +1,27 @@
-"""One entry point: :func:`discover` runs a patching method and returns a :class:`Circuit`.
+"""One entry point: :func:`discover` runs a registered patching method and returns a :class:`Circuit`.
 
-Methods are registered by name in :data:`METHODS`, all with the signature
-``(model, tokens, corruption=..., metric=..., **options) -> PatchResult``.
+Methods are records in :data:`p0circuit.patching.METHODS` (name, function, level); the
+circuit's level (nodes or edges) comes from the result, and :func:`interpret` reads it in P0 terms.
 """
 
-from typing import Any, Callable
+import inspect
+from typing import Any, Optional, Sequence, Union
 
 from torch import Tensor
+from transformer_lens import HookedTransformer
 
-from p0circuit.errors import ConfigError
-from p0circuit.patching import activation_patch, attribution_patch, path_patch
-from p0circuit.patching.numerics import differences
-from p0circuit.patching.result import PatchResult
-from p0circuit.types import Circuit, Kind
-
-
-def _attribution_edges(model: Any, tokens: Tensor, **kw: Any) -> PatchResult:
-    return attribution_patch(model, tokens, level="edge", **kw)
+from p0circuit.errors import ConfigError, entry_point
+from p0circuit.patching import METHODS, Corruption, PatchMetric, PatchResult, get_method
+from p0circuit.types import Circuit, Edge, Kind, Node
 
 
-METHODS: dict[str, Callable[..., PatchResult]] = {
-    "activation": activation_patch,
-    "path": path_patch,
-    "attribution": attribution_patch,
-    "attribution_edges": _attribution_edges,
-}
-"""Registry: method name -> function returning a :class:`PatchResult`."""
-
-
-def interpret(circuit: Circuit) -> str:
+def interpret(result: PatchResult, threshold: float) -> str:
     """A one-line reading of a P0 circuit: what identifies P0 and which MLPs amplify it."""
-    if circuit.settings.get("signal") is False:
-        return "no signal: " + str(circuit.settings.get("message", ""))
-    nodes = circuit.nodes
+    if not result.signal:
+        return "no signal: " + result.message
+    keep = set(result.kept(threshold))
+    kept = [item for name, item in zip(result.names, result.parsed()) if name in keep]
+    nodes = sorted({n for item in kept for n in ((item.src, item.dst) if isinstance(item, Edge) else (item,))})
     if not nodes:
         return "no component passes the threshold"
     pe = [n for n in nodes if n.kind == Kind.POS_EMBED]
@@ -52,32 +41,46 @@ def interpret(circuit: Circuit) -> str:
     return f"P0 is identified by {ident}; MLPs in the circuit: {amp}"
 
 
+@entry_point
 def discover(
-    model: Any,
-    tokens: Any,  # validated by check_tokens
+    model: HookedTransformer,
+    tokens: Tensor,
+    *,
     method: str = "activation",
-    corruption: Any = "shift",  # a registry name or a corruption; validated by get_corruption
-    metric: Any = None,  # validated by check_metric with a clear message
+    corruption: Union[str, Corruption] = "shift",
+    metric: Optional[PatchMetric] = None,
     threshold: float = 0.1,
-    **options: Any,
+    nodes: Optional[Sequence[Union[Node, str]]] = None,
+    edges: Optional[Sequence[Union[Edge, str]]] = None,
+    direction: str = "noise",
+    min_signal: float = 0.05,
+    bos: Optional[bool] = None,
+    rows_per_forward: Optional[int] = None,
+    reference: bool = False,
 ) -> Circuit:
     """Run ``method`` and keep every node (or edge) with |normalized effect| >= ``threshold``.
 
-    The circuit carries every candidate's effect, the settings that produced it and an
-    ``interpretation`` line; without signal (e.g. ``resample`` on a position-only circuit) it is
-    empty and its settings say so.
+    The other arguments go to the method (see :func:`~p0circuit.activation_patch`); ``nodes``,
+    ``edges`` and ``reference`` only to a method that takes them. The circuit carries every
+    candidate's effect, the settings that produced it and an ``interpretation`` line; without
+    signal (e.g. ``resample`` on a position-only circuit) it is empty and its settings say so.
     """
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
-    result = METHODS[method](model, tokens, corruption=corruption, metric=metric, **options)
-    circuit = result.to_circuit(threshold)
-    settings = {**circuit.settings, "method": method, "interpretation": ""}
-    circuit = Circuit(circuit.nodes, circuit.edges, circuit.node_effects, circuit.edge_effects, settings)
-    settings["interpretation"] = interpret(circuit)
-    return circuit
+    record = get_method(method)
+    accepted = inspect.signature(record.fn).parameters
+    options: dict[str, Any] = {"direction": direction, "min_signal": min_signal, "bos": bos,
+                               "rows_per_forward": rows_per_forward}
+    for name, value in (("nodes", nodes), ("edges", edges), ("reference", reference or None)):
+        if value is None:
+            continue
+        if name not in accepted:
+            raise ConfigError(f"method {method!r} ({record.level}s) does not take {name}=; "
+                              f"methods that do: {_taking(name)}")
+        options[name] = value
+    result = record.fn(model, tokens, corruption=corruption, metric=metric, **options)
+    if result.level != record.level:
+        raise ConfigError(f"method {method!r} is registered as {record.level}-level but returned {result.level}s")
+    return result.to_circuit(threshold, method=method, interpretation=interpret(result, threshold))
 
 
-def disagreements(approx: PatchResult, exact: PatchResult, tol: float = 0.2) -> dict[str, tuple[float, float]]:
-    """Names whose normalized effects differ by more than ``tol``: name -> (approx, exact).
-    :func:`p0circuit.check_attribution` runs both methods (and a float64 check) for you."""
-    return differences(approx, exact, tol)
+def _taking(param: str) -> list[str]:
+    return sorted(m.name for m in METHODS.values() if param in inspect.signature(m.fn).parameters)

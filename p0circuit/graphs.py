@@ -35,7 +35,7 @@ def _keep(effects: Mapping[str, float], threshold: Optional[float], top_k: Optio
 def prune(circuit: Circuit, threshold: Optional[float] = None, top_k: Optional[int] = None) -> Circuit:
     """Keep edges (edge-level circuits) or nodes (node-level) by |effect| >= threshold or the top k."""
     settings = {**circuit.settings, "pruned": {"threshold": threshold, "top_k": top_k}}
-    if circuit.edge_effects:
+    if circuit.level == "edge":
         edges = tuple(Edge.parse(n) for n in _keep(circuit.edge_effects, threshold, top_k))
         nodes = tuple({e.src for e in edges} | {e.dst for e in edges})
         return Circuit(nodes, edges, circuit.node_effects, circuit.edge_effects, settings)

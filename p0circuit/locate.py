@@ -12,10 +12,17 @@ suffix forwards of the prompts; :func:`affordable` bounds the node count (defaul
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from p0circuit.metrics import SinkReport, sink_report
-from p0circuit.patching import NormRatio, activation_patch, candidate_nodes
+import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from p0circuit import hooks
+from p0circuit.errors import entry_point
+from p0circuit.metrics import SinkReport, norm_ratio, sink_report
+from p0circuit.patching import Corruption, NormRatio, activation_patch, candidate_nodes
+from p0circuit.tokens import check_tokens
 from p0circuit.types import Node
 
 MAX_NODES = 400
@@ -61,12 +68,6 @@ def from_norm_profile(report: SinkReport) -> Location:
 
 def onset_at(model: Any, tokens: Any, k: int, norm_threshold: float) -> Optional[int]:
     """First layer whose residual norm ratio at position ``k`` reaches ``norm_threshold``, or None."""
-    import torch
-
-    from p0circuit import hooks
-    from p0circuit.metrics import norm_ratio
-    from p0circuit.tokens import check_tokens
-
     tokens = check_tokens(model, tokens, min_len=k + 1)
     names = [hooks.resid_post(layer) for layer in range(model.cfg.n_layers)]
     with torch.no_grad():
@@ -77,9 +78,11 @@ def onset_at(model: Any, tokens: Any, k: int, norm_threshold: float) -> Optional
     return None
 
 
+@entry_point
 def locate(
-    model: Any, tokens: Any, *, report: Optional[SinkReport] = None, corruption: Any = "shift",
-    threshold: float = 0.3, bos: Any = None, norm_threshold: float = 5.0,
+    model: HookedTransformer, tokens: Tensor, *, report: Optional[SinkReport] = None,
+    corruption: Union[str, Corruption] = "shift", threshold: float = 0.3, bos: Optional[bool] = None,
+    norm_threshold: float = 5.0,
 ) -> Location:
     """Locate the circuit of the model's sink by activation patching (see the module docstring).
 
@@ -93,7 +96,7 @@ def locate(
         return Location((), "none", note=f"no layer amplifies position {k} past the norm threshold {norm_threshold}")
     metric = NormRatio(onset, pos=k)
     nodes = candidate_nodes(model, positions=range(k + 1))
-    result = activation_patch(model, tokens, nodes, corruption, metric, bos=bos)
+    result = activation_patch(model, tokens, nodes=nodes, corruption=corruption, metric=metric, bos=bos)
     if not result.signal:
         return Location((), "patching", metric=metric.name, effects=result.normalized, note=result.message)
     kept = [name for name, v in result.normalized.items() if abs(v) >= threshold]

@@ -14,18 +14,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
+import matplotlib.pyplot as plt
 
 from p0circuit.errors import BadInputError
-from p0circuit.experiments.plotting import finish, new_figure
+from p0circuit.graphs import to_dot, to_svg
+from p0circuit.io import write_atomic
+from p0circuit.models.resolve import load_model
+from p0circuit.plotting import finish, new_figure
+from p0circuit.sweep.runner import summary_table
+from p0circuit.tokens import probe_tokens
 from p0circuit.types import Circuit
+from p0circuit.viz import attention_html
 
 
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
@@ -50,22 +54,15 @@ def _norm_plots(records: list[dict[str, Any]]) -> str:
 
 
 def _attention(records: list[dict[str, Any]]) -> str:
-    from p0circuit.sweep.runner import _model
-    from p0circuit.viz import attention_html
-
     cell = records[0]["cell"]
-    plant, model = _model(cell["model"])
-    model = plant.model if plant is not None else model
+    model = load_model(cell["model"], seed=cell["seed"]).model
     layer = min(2, model.cfg.n_layers - 1)
-    gen = torch.Generator().manual_seed(cell["seed"])
-    tokens = torch.randint(0, model.cfg.d_vocab, (1, min(16, model.cfg.n_ctx)), generator=gen)
+    tokens = probe_tokens(model, 1, min(16, model.cfg.n_ctx), seed=cell["seed"])
     return (f"<p>Attention patterns of layer {layer} of <code>{html.escape(cell['model'])}</code> on one random "
             f"prompt:</p>" + attention_html(model, tokens, layer))
 
 
 def _graph(circuit: Circuit) -> str:
-    from p0circuit.graphs import to_dot, to_svg
-
     if not circuit.nodes:
         return "<p class='empty'>empty circuit</p>"
     if shutil.which("dot"):
@@ -76,8 +73,6 @@ def _graph(circuit: Circuit) -> str:
 
 def write_report(directory: Any, attention: bool = True) -> Path:
     """Write ``DIR/report.html`` from ``DIR/results.jsonl`` and return its path."""
-    from p0circuit.sweep.runner import summary_table
-
     out = Path(directory)
     index = out / "results.jsonl"
     if not index.is_file():
@@ -108,7 +103,5 @@ def write_report(directory: Any, attention: bool = True) -> Path:
             "overflow-x:auto} .plot{max-width:100%} .cell{border-top:1px solid #ccc}</style></head><body>"
             f"{body}</body></html>")
     path = out / "report.html"
-    from p0circuit.sweep.runner import write_atomic
-
     write_atomic(path, page)
     return path

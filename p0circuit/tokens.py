@@ -7,7 +7,7 @@ p0circuit no entry point decides that silently: ``prepend_bos`` is a required ke
 from typing import Any, Optional, Sequence, Union
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
@@ -31,6 +31,62 @@ def avoid_ids(tokens: Tensor, ids: Sequence[int], vocab: int) -> Tensor:
     for i in ids:
         tokens[tokens == i] = (i + 1) % vocab
     return tokens
+
+
+def p0_like_positions(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Bool[Tensor, "batch pos"]:
+    """Positions that look like a start: some token makes up more than ``theta`` of the prefix.
+
+    Position 0 is always flagged. Without absolute positions a position whose prefix is one repeated
+    token (``x_0 = ... = x_t``) is a copy of position 0 in every layer of any model, so nothing can
+    tell them apart; the planted model's detector flags exactly this set.
+    """
+    b, t = tokens.shape
+    onehot = torch.nn.functional.one_hot(tokens.long(), int(tokens.max()) + 1).float()
+    freq = onehot.cumsum(1) / torch.arange(1, t + 1, dtype=torch.float32, device=tokens.device)[None, :, None]
+    return freq.max(-1).values > theta
+
+
+def regular_prompts(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Int[Tensor, "batch pos"]:
+    """The rows of ``tokens`` that are *regular*: only position 0 is flagged by :func:`p0_like_positions`."""
+    return tokens[p0_like_positions(tokens, theta)[:, 1:].sum(1) == 0]
+
+
+def probe_tokens(
+    model: HookedTransformer, n: int, length: int, *, seed: Union[int, torch.Generator] = 0, regular: bool = False,
+    bos: bool = False,
+) -> Int[Tensor, "batch pos"]:
+    """``n`` random probe prompts of ``length`` uniform token ids, reproducible from ``seed``.
+
+    The model's BOS id never appears in them, except at position 0 with ``bos=True``. With
+    ``regular=True`` every row is regular (see :func:`regular_prompts`): a second token equal to the
+    first is moved to the next id, and the rare row with a longer run is drawn again, so ``n`` rows
+    always come back. These are random ids, not text: sweeps, the tracker, the survey, the report
+    and the planted model's calibration all draw their probes here.
+    """
+    vocab, bid = model.cfg.d_vocab, bos_id(model)
+    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([i for i in range(vocab) if i != bid])
+    if n < 1 or length < 1 or len(allowed) < 2:
+        raise BadInputError(f"probe prompts need n >= 1, length >= 1 and 2 usable ids; got n={n}, length={length}")
+
+    def draw(rows: int) -> Tensor:
+        t = allowed[torch.randint(0, len(allowed), (rows, length), generator=gen)]
+        if regular and length > 1:
+            same = t[:, 1] == t[:, 0]
+            t[same, 1] = allowed[(torch.searchsorted(allowed, t[same, 0]) + 1) % len(allowed)]
+        return t
+
+    tokens = draw(n)
+    while regular and length > 1:
+        flagged = p0_like_positions(tokens)[:, 1:].any(1).nonzero().flatten()
+        if not len(flagged):
+            break
+        tokens[flagged] = draw(len(flagged))
+    if bos:
+        if bid is None:
+            raise BadInputError("bos=True but this model has no BOS id (no tokenizer BOS, no p0circuit_bos_id)")
+        tokens = torch.cat([torch.full((n, 1), bid), tokens[:, : length - 1]], dim=1)
+    return tokens.to(model.cfg.device)
 
 
 def check_bos(model: HookedTransformer, tokens: Tensor, bos: Any, what: str = "tokens") -> None:

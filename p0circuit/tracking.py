@@ -1,4 +1,4 @@
-"""Tracking where the P0 circuit sits across training checkpoints (science.md, claim 4).
+"""Tracking where the P0 circuit sits across training checkpoints (docs/science.md, claim 4).
 
 For each checkpoint the tracker measures the sink report and locates the circuit: by activation
 patching where affordable (:func:`p0circuit.locate.locate`: the layers whose heads and MLPs
@@ -30,8 +30,10 @@ from torch import Tensor
 from p0circuit.errors import BadInputError, CheckpointError, ConfigError
 from p0circuit.locate import MAX_NODES, Location, affordable, from_norm_profile
 from p0circuit.locate import locate as locate_circuit
-from p0circuit.experiments.plotting import finish, new_figure
+from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
+from p0circuit.models.checkpoints import load_pretrained
+from p0circuit.models.resolve import load_any_checkpoint
 
 STAGES = ("early", "transition", "converged")
 
@@ -99,9 +101,6 @@ def track(
 def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
     """``(step, model)`` for every ``step_<N>`` sub-directory, by step: a p0circuit training
     checkpoint (``spec.json``) or a Hugging Face checkpoint (``config.json``)."""
-    from p0circuit.models import load_checkpoint
-    from p0circuit.training import load_trained
-
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"{str(root)!r} is not a directory of checkpoints")
@@ -112,8 +111,7 @@ def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
             found.append((int(m.group(1)), sub))
     if not found:
         raise CheckpointError(f"{str(root)!r} holds no step_<N> checkpoint directories")
-    return [(step, load_trained(path) if (path / "spec.json").exists() else load_checkpoint(path))
-            for step, path in sorted(found)]
+    return [(step, load_any_checkpoint(path)) for step, path in sorted(found)]
 
 
 def pythia_series(name: str, indices: Iterable[int], **kwargs: Any) -> Iterable[tuple[int, Any]]:
@@ -121,8 +119,6 @@ def pythia_series(name: str, indices: Iterable[int], **kwargs: Any) -> Iterable[
 
     Yields lazily, one model at a time, keyed by the training step TransformerLens reports.
     """
-    from p0circuit.models import load_pretrained
-
     for index in indices:
         model = load_pretrained(name, prepend_bos=False, checkpoint_index=index, **kwargs)
         yield int(model.cfg.checkpoint_value), model

@@ -200,6 +200,20 @@ class Circuit:
         object.__setattr__(self, "edges", tuple(sorted(set(self.edges))))
 
     @property
+    def level(self) -> str:
+        """``edge`` for a circuit found over edges, ``node`` over nodes: as recorded by the result
+        that produced it (``settings["level"]``); a hand-built circuit with edge effects is ``edge``."""
+        recorded = self.settings.get("level")
+        if recorded in ("node", "edge"):
+            return str(recorded)
+        return "edge" if self.edge_effects else "node"
+
+    @property
+    def interpretation(self) -> str:
+        """The one-line reading :func:`p0circuit.discover` records (empty for other circuits)."""
+        return str(self.settings.get("interpretation", ""))
+
+    @property
     def node_names(self) -> frozenset[str]:
         """Names of the circuit's nodes."""
         return frozenset(n.name for n in self.nodes)

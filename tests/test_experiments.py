@@ -117,7 +117,7 @@ def test_survey(tmp_path):
     assert frame.loc["planted learned", "identified_by"] == "position embedding"
     assert frame.loc["planted nope", "identified_by"] == "causal mask (layer-0 attention)"
     assert frame.loc["planted rope", "norm_onset"] == 1
-    # at initialization the causal asymmetry already exists without positions (science.md: 1.15-1.25)
+    # at initialization the causal asymmetry already exists without positions (docs/science.md: 1.15-1.25)
     assert frame.loc["nope", "attn_signal"] > 1.05 and pd.isna(frame.loc["nope", "norm_onset"])
     assert 1.0 < frame.loc["nope", "norm_ratio_L0"] < 2.0
     assert set(frame.loc[["rope", "nope", "learned"], "positions"]) == {"rope", "nope", "learned"}

@@ -6,7 +6,7 @@ import shutil
 
 import p0circuit as p0
 from p0circuit import Circuit, ConfigError, Edge, Node
-from p0circuit.faithfulness import faithfulness_curve
+from p0circuit import faithfulness_curve
 
 from conftest import random_tokens
 
@@ -53,7 +53,7 @@ def test_svg(planted):
 
 def test_discovered_circuit_round_trips(planted):
     toks = random_tokens(8, 24, 32, seed=0)
-    c = p0.discover(planted.model, toks, "path", "shift", p0.AttnToP0(heads=list(planted.sink_heads)))
+    c = p0.discover(planted.model, toks, method="path", corruption="shift", metric=p0.AttnToP0(heads=list(planted.sink_heads)))
     again = Circuit.from_json(c.to_json())
     assert again.edge_names == c.edge_names and again.edge_effects == c.edge_effects
     assert again.settings["corruption"] == "shift"
@@ -64,11 +64,11 @@ def test_faithfulness_curve(planted):
     toks = toks[p0.p0_like_positions(toks)[:, 1:].sum(1) == 0]
     metric = p0.AttnToP0(heads=list(planted.sink_heads))
     result = p0.path_patch(planted.model, toks, corruption="pos_mean", metric=metric)
-    curve = faithfulness_curve(planted.model, toks, result, "pos_mean", metric, fractions=(0.0, 0.01, 0.02, 1.0))
+    curve = faithfulness_curve(planted.model, toks, result=result, corruption="pos_mean", metric=metric, fractions=(0.0, 0.01, 0.02, 1.0))
     (f0, k0, v0), (_, k1, v1), (_, k2, v2), (_, _, v3) = curve
     assert k0 == 0 and v0 == pytest.approx(0.0, abs=1e-3)     # everything corrupted
     assert k1 == 3 and 0.3 < v1 < 0.7  # three of four planted edges: one sink head keeps its key
     assert k2 >= 4 and v2 == pytest.approx(1.0, abs=1e-3)      # the planted edges are sufficient
     assert v3 == pytest.approx(1.0)
     with pytest.raises(p0.BadInputError, match="pass the same ones"):
-        faithfulness_curve(planted.model, toks, result, "shift", metric)
+        faithfulness_curve(planted.model, toks, result=result, corruption="shift", metric=metric)

@@ -22,7 +22,7 @@ def test_norms_are_computed_in_float32_for_half_inputs():
 
 def test_attribution_check_on_the_planted_model(planted):
     toks = p0.regular_prompts(random_tokens(8, 16, 32, seed=3))
-    check = p0.check_attribution(planted.model, toks, "shift", p0.NormRatio(1))
+    check = p0.check_attribution(planted.model, toks, corruption="shift", metric=p0.NormRatio(1))
     assert check.p0_scale_ratio > 10  # the plant's P0 norm is >= 10x the others (PlantSpec.norm_ratio)
     assert check.precision == {}  # float32 attribution equals float64 within 1e-3
     diff = max(abs(check.approx.normalized[n] - check.precise.normalized[n]) for n in check.exact.normalized)
@@ -39,7 +39,7 @@ def test_attribution_check_flags_low_precision(planted):
     """The same model in bfloat16: the float64 comparison flags the circuit's P0 nodes."""
     half = copy.deepcopy(planted.model).to(torch.bfloat16, print_details=False)
     toks = p0.regular_prompts(random_tokens(8, 16, 32, seed=3))
-    check = p0.check_attribution(half, toks, "shift", p0.NormRatio(1), nodes=["A0.H0@0", "M0@0", "M1@0", "A2.H0@0"])
+    check = p0.check_attribution(half, toks, corruption="shift", metric=p0.NormRatio(1), nodes=["A0.H0@0", "M0@0", "M1@0", "A2.H0@0"])
     assert set(check.precision) and set(check.precision) <= {"A0.H0@0", "M0@0", "M1@0"}
     assert "bfloat16 - float64" in check.summary()
     assert half.cfg.dtype == torch.bfloat16  # the caller's model is left as it was
@@ -49,7 +49,7 @@ def test_attribution_check_on_edges(planted):
     """Edge level: EAP against path patching on the planted edges, without the float64 copy."""
     toks = p0.regular_prompts(random_tokens(8, 16, 32, seed=3))
     edges = [e.name for e in planted.truth.edges]
-    check = p0.check_attribution(planted.model, toks, "shift", p0.NormRatio(1), level="edge", edges=edges,
+    check = p0.check_attribution(planted.model, toks, corruption="shift", metric=p0.NormRatio(1), level="edge", edges=edges,
                                  precision=False)
     assert check.precise is None and check.precision == {}
     assert set(check.exact.normalized) == set(edges) and set(check.linearization) <= set(edges)

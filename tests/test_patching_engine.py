@@ -34,8 +34,8 @@ def test_activation_fast_equals_reference_planted(planted, corruption):
     toks = random_tokens(6, 20, 32, seed=3)
     nodes = p0.patching.candidate_nodes(planted.model, embed=True, resid=True)
     metric = p0.NormRatio(1)
-    fast = p0.activation_patch(planted.model, toks, nodes, corruption, metric, rows_per_forward=13)
-    slow = p0.activation_patch(planted.model, toks, nodes, corruption, metric, reference=True)
+    fast = p0.activation_patch(planted.model, toks, nodes=nodes, corruption=corruption, metric=metric, rows_per_forward=13)
+    slow = p0.activation_patch(planted.model, toks, nodes=nodes, corruption=corruption, metric=metric, reference=True)
     assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
 
 
@@ -44,8 +44,8 @@ def test_activation_fast_equals_reference_generic(generic, direction):
     toks = random_tokens(4, 12, 50, seed=4)
     metric = p0.LogitMetric(logit_diff)
     nodes = p0.patching.candidate_nodes(generic, positions=(0, 1), embed=True)
-    fast = p0.activation_patch(generic, toks, nodes, Shift(3), metric, direction=direction, min_signal=0)
-    slow = p0.activation_patch(generic, toks, nodes, Shift(3), metric, direction=direction, min_signal=0, reference=True)
+    fast = p0.activation_patch(generic, toks, nodes=nodes, corruption=Shift(3), metric=metric, direction=direction, min_signal=0)
+    slow = p0.activation_patch(generic, toks, nodes=nodes, corruption=Shift(3), metric=metric, direction=direction, min_signal=0, reference=True)
     assert _max_diff(fast, slow) <= TOL
 
 
@@ -80,7 +80,7 @@ def test_equal_to_transformer_lens_patching(planted, generic, model_name):
     L, T, H = model.cfg.n_layers, clean.shape[1], model.cfg.n_heads
     nodes = [Node(Kind.HEAD, l, h, p) for l in range(L) for p in range(T) for h in range(H)]
     nodes += [Node(Kind.MLP, l, pos=p) for l in range(L) for p in range(T)]
-    ours = p0.activation_patch(model, clean, nodes, Resample(tokens=corrupt), p0.LogitMetric(logit_diff),
+    ours = p0.activation_patch(model, clean, nodes=nodes, corruption=Resample(tokens=corrupt), metric=p0.LogitMetric(logit_diff),
                                direction="denoise", min_signal=0)
     for l in range(L):
         for p in range(T):
@@ -121,12 +121,12 @@ def test_patched_forwards_skip_the_unchanged_prefix(planted):
     try:
         toks = random_tokens(4, 12, 32, seed=9)
         nodes = [f"A2.H{h}@{p}" for h in range(2) for p in (0, "rest")] + ["M2@0", "M2@rest"]
-        fast = p0.activation_patch(model, toks, nodes, "shift", p0.NormRatio(3), rows_per_forward=24)
+        fast = p0.activation_patch(model, toks, nodes=nodes, corruption="shift", metric=p0.NormRatio(3), rows_per_forward=24)
     finally:
         model.reset_hooks(including_permanent=True)
     assert calls[0] == 2 * 4 and calls[2] == 2 * 4  # the clean and the shifted run, 4 prompts each
     assert calls[3] == 2 * 4 + 6 * 4  # plus one copy of the prompts per patched node
-    slow = p0.activation_patch(model, toks, nodes, "shift", p0.NormRatio(3), reference=True)
+    slow = p0.activation_patch(model, toks, nodes=nodes, corruption="shift", metric=p0.NormRatio(3), reference=True)
     assert _max_diff(fast, slow) <= TOL * 20
 
 
@@ -144,9 +144,9 @@ def test_positions_before_the_patch_are_not_recomputed(planted):
         nodes = ["A2.H0@5", "A2.H1@5", "M2@5"]
         metric = p0.LogitMetric(lambda logits: logits[:, -1, 0].mean())
         other = Resample(tokens=random_tokens(4, 12, 32, seed=10))
-        fast = p0.activation_patch(model, toks, nodes, other, metric, direction="denoise", min_signal=0)
+        fast = p0.activation_patch(model, toks, nodes=nodes, corruption=other, metric=metric, direction="denoise", min_signal=0)
     finally:
         model.reset_hooks(including_permanent=True)
     assert tokens_seen == [4 * 12, 4 * 12, 3 * 4 * (12 - 5)]  # clean run, corrupted run, one suffix forward
-    slow = p0.activation_patch(model, toks, nodes, other, metric, direction="denoise", min_signal=0, reference=True)
+    slow = p0.activation_patch(model, toks, nodes=nodes, corruption=other, metric=metric, direction="denoise", min_signal=0, reference=True)
     assert _max_diff(fast, slow) <= TOL

@@ -40,19 +40,19 @@ def test_shift_beyond_context(planted):
 )
 def test_bad_nodes(planted, toks, nodes, err, msg):
     with pytest.raises(err, match=msg):
-        p0.activation_patch(planted.model, toks, nodes, "shift", p0.NormRatio(1))
+        p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric=p0.NormRatio(1))
 
 
 def test_non_scalar_metric(planted, toks):
     metric = p0.LogitMetric(lambda logits: logits[:, -1, 0], label="per_prompt")
     with pytest.raises(BadInputError, match="'per_prompt' returned a tensor of shape \\(3,\\).*must return one number"):
-        p0.activation_patch(planted.model, toks, ["M0@0"], "shift", metric)
+        p0.activation_patch(planted.model, toks, nodes=["M0@0"], corruption="shift", metric=metric)
 
 
 def test_metric_hook_missing(planted, toks):
     metric = p0.CacheMetric(lambda a, p: a["x"].mean(), [(0, "blocks.0.hook_nonexistent")], label="bad")
     with pytest.raises(MissingHookError, match="no hook 'blocks.0.hook_nonexistent' that metric 'bad' reads"):
-        p0.activation_patch(planted.model, toks, ["M0@0"], "shift", metric)
+        p0.activation_patch(planted.model, toks, nodes=["M0@0"], corruption="shift", metric=metric)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_metric_hook_missing(planted, toks):
 )
 def test_bad_metrics(planted, toks, metric, msg):
     with pytest.raises(BadInputError, match=msg):
-        p0.activation_patch(planted.model, toks, ["M0@0"], "shift", metric)
+        p0.activation_patch(planted.model, toks, nodes=["M0@0"], corruption="shift", metric=metric)
 
 
 def test_bad_options(planted, toks):
@@ -84,11 +84,11 @@ def test_bad_options(planted, toks):
 
 def test_bad_edges(planted, toks):
     with pytest.raises(BadInputError, match="have no direct path"):
-        p0.path_patch(planted.model, toks, ["M2@0->M1@0.mlp_in"], "shift", p0.NormRatio(1))
+        p0.path_patch(planted.model, toks, edges=["M2@0->M1@0.mlp_in"], corruption="shift", metric=p0.NormRatio(1))
     with pytest.raises(BadInputError, match="have no direct path"):
-        p0.path_patch(planted.model, toks, ["M0@0->A1.H0@rest.k"], "shift", p0.NormRatio(1))
+        p0.path_patch(planted.model, toks, edges=["M0@0->A1.H0@rest.k"], corruption="shift", metric=p0.NormRatio(1))
     with pytest.raises(BadInputError, match="unknown edge name"):
-        p0.path_patch(planted.model, toks, ["M0@0=>M1@0"], "shift", p0.NormRatio(1))
+        p0.path_patch(planted.model, toks, edges=["M0@0=>M1@0"], corruption="shift", metric=p0.NormRatio(1))
 
 
 def test_bad_model_and_tokens(planted):

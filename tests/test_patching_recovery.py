@@ -7,6 +7,7 @@ the default plant's norm-ratio metric is checked too.
 import pytest
 
 import p0circuit as p0
+from p0circuit.patching.check import differences
 from p0circuit import Kind
 
 from conftest import random_tokens
@@ -25,7 +26,7 @@ def sink_metric(pm):
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])
 def test_activation_patching_recovers_nodes(planted_models, variant, corruption):
     pm = planted_models(variant)
-    circuit = p0.discover(pm.model, regular_tokens(pm), "activation", corruption, sink_metric(pm))
+    circuit = p0.discover(pm.model, regular_tokens(pm), method="activation", corruption=corruption, metric=sink_metric(pm))
     assert circuit.node_names == pm.truth.node_names
     scores = p0.compare(circuit, pm.truth)
     assert scores["node_auroc"] == 1.0 and scores["node_precision"] == 1.0 and scores["node_recall"] == 1.0
@@ -34,13 +35,13 @@ def test_activation_patching_recovers_nodes(planted_models, variant, corruption)
 
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])
 def test_activation_patching_with_norm_metric(planted, corruption):
-    circuit = p0.discover(planted.model, regular_tokens(planted), "activation", corruption, p0.NormRatio(1))
+    circuit = p0.discover(planted.model, regular_tokens(planted), method="activation", corruption=corruption, metric=p0.NormRatio(1))
     assert circuit.node_names == planted.truth.node_names
 
 
 def test_activation_patching_at_other_layers(planted_models):
     pm = planted_models("layer2")
-    circuit = p0.discover(pm.model, regular_tokens(pm), "activation", "shift", sink_metric(pm))
+    circuit = p0.discover(pm.model, regular_tokens(pm), method="activation", corruption="shift", metric=sink_metric(pm))
     assert circuit.node_names == {"A2.H0@0", "M2@0", "M3@0"} == pm.truth.node_names
 
 
@@ -48,7 +49,7 @@ def test_activation_patching_at_other_layers(planted_models):
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])
 def test_path_patching_recovers_edges(planted_models, variant, corruption):
     pm = planted_models(variant)
-    circuit = p0.discover(pm.model, regular_tokens(pm), "path", corruption, sink_metric(pm))
+    circuit = p0.discover(pm.model, regular_tokens(pm), method="path", corruption=corruption, metric=sink_metric(pm))
     assert circuit.edge_names == pm.truth.edge_names
     assert p0.compare(circuit, pm.truth)["edge_auroc"] == 1.0
     assert len(circuit.edge_effects) > 200  # scored over every candidate edge
@@ -58,7 +59,7 @@ def test_path_patching_recovers_edges(planted_models, variant, corruption):
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])
 def test_attribution_patching_ranks_nodes(planted_models, variant, corruption):
     pm = planted_models(variant)
-    circuit = p0.discover(pm.model, regular_tokens(pm), "attribution", corruption, sink_metric(pm))
+    circuit = p0.discover(pm.model, regular_tokens(pm), method="attribution", corruption=corruption, metric=sink_metric(pm))
     assert p0.compare(circuit, pm.truth)["node_auroc"] >= 0.95
 
 
@@ -67,7 +68,7 @@ def test_attribution_patching_ranks_nodes(planted_models, variant, corruption):
 def test_resample_is_reported_as_no_signal(planted_models, variant, method):
     """Negative control: resampling keeps every position, so the position-only circuit is invisible."""
     pm = planted_models(variant)
-    circuit = p0.discover(pm.model, regular_tokens(pm), method, "resample", sink_metric(pm))
+    circuit = p0.discover(pm.model, regular_tokens(pm), method=method, corruption="resample", metric=sink_metric(pm))
     assert circuit.nodes == () and circuit.settings["signal"] is False
     assert circuit.settings["interpretation"].startswith("no signal")
     assert "invisible to 'resample'" in circuit.settings["message"]
@@ -79,11 +80,11 @@ def test_resample_is_reported_as_no_signal(planted_models, variant, method):
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])
 def test_learned_positions_yield_a_different_circuit(planted_models, corruption):
     pm = planted_models("learned")
-    circuit = p0.discover(pm.model, regular_tokens(pm), "activation", corruption, sink_metric(pm))
+    circuit = p0.discover(pm.model, regular_tokens(pm), method="activation", corruption=corruption, metric=sink_metric(pm))
     assert circuit.node_names == {"PE@0", "M0@0", "M1@0"} == pm.truth.node_names
     assert not any(n.kind == Kind.HEAD for n in circuit.nodes)
     assert "position embedding (PE@0); no attention head is needed" in circuit.settings["interpretation"]
-    path = p0.discover(pm.model, regular_tokens(pm), "path", corruption, sink_metric(pm))
+    path = p0.discover(pm.model, regular_tokens(pm), method="path", corruption=corruption, metric=sink_metric(pm))
     assert path.edge_names == pm.truth.edge_names
 
 
@@ -91,8 +92,8 @@ def test_token_embedding_under_pos_mean_is_trivially_necessary(planted):
     """Documented: with include_embed, E@0 is credited under pos_mean (mean embedding looks diluted) but not under shift."""
     nodes = p0.patching.candidate_nodes(planted.model, embed=True)
     toks = regular_tokens(planted)
-    pos_mean = p0.activation_patch(planted.model, toks, nodes, "pos_mean", sink_metric(planted))
-    shift = p0.activation_patch(planted.model, toks, nodes, "shift", sink_metric(planted))
+    pos_mean = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="pos_mean", metric=sink_metric(planted))
+    shift = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric=sink_metric(planted))
     assert pos_mean.effect("E@0") > 0.9 and abs(shift.effect("E@0")) < 1e-6
 
 
@@ -100,7 +101,7 @@ def test_attribution_disagreements_are_reported(planted):
     toks = regular_tokens(planted)
     exact = p0.activation_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(1))
     approx = p0.attribution_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(1))
-    flagged = p0.disagreements(approx, exact, tol=0.2)
+    flagged = differences(approx, exact, tol=0.2)
     # the linearization overshoots the threshold effects of the planted circuit: flagged, not hidden
     assert set(flagged) >= {"A0.H0@0", "M0@0"}
     assert all(abs(a - e) > 0.2 for a, e in flagged.values())

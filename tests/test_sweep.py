@@ -35,10 +35,10 @@ def config_file(tmp_path):
     "table,msg",
     [
         ('modles = ["planted:rope"]', r"unknown sweep key\(s\) \['modles'\]; valid keys: \["),
-        ('corruptions = ["shuffle"]', r"sweep.corruptions: \['shuffle'\] not valid; choose from \['shift'"),
+        ('corruptions = ["shuffle"]', r"sweep.corruptions: \['shuffle'\] not valid; choose from \['pos_mean', 'resample', 'shift'"),
         ('methods = ["acdc"]', r"sweep.methods: \['acdc'\] not valid; choose from"),
         ('models = ["planted:alibi"]', "use 'planted:<variant>' with variant in"),
-        ('metrics = ["norm_ratio:x"]', "use 'sink_heads', 'attn_to_p0' or 'norm_ratio:<layer>'"),
+        ('metrics = ["norm_ratio:x"]', r"sweep.metrics: metric 'norm_ratio:x' not valid; use one of \['sink_heads', 'attn_to_p0', 'norm_ratio:<layer>'\]"),
         ("n_prompts = 1", "sweep.n_prompts must be an integer >= 2"),
         ("threshold = 3", r"sweep.threshold must be a number in \[0, 1\]"),
         ("models = []", "sweep.models must be a non-empty list"),

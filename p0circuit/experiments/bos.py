@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError
-from p0circuit.experiments.plotting import finish, new_figure
+from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.tokens import bos_id, check_tokens
 

@@ -1,4 +1,4 @@
-"""The cone model (science.md, claim 3) and its check on a model's layer-0 attention output.
+"""The cone model (docs/science.md, claim 3) and its check on a model's layer-0 attention output.
 
 Value vectors ``v_i = mu u + s_i`` (``s_i`` orthogonal to ``u``, zero mean, ``E||s_i||^2 =
 sigma^2``) averaged uniformly under the causal mask give ``E||o_t||^2 = mu^2 + sigma^2/(t+1)``:
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from p0circuit import hooks
 from p0circuit.errors import BadInputError
-from p0circuit.experiments.plotting import finish, new_figure
+from p0circuit.plotting import finish, new_figure
 from p0circuit.tokens import check_tokens
 
 

@@ -1,4 +1,4 @@
-"""Direction and stabilization of the sink state (science.md, claim 2, "stabilization").
+"""Direction and stabilization of the sink state (docs/science.md, claim 2, "stabilization").
 
 * :func:`direction_by_layer`: mean pairwise cosine of ``h_0`` across prompts, per layer, next to
   the same quantity for a later position.
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from p0circuit import hooks
 from p0circuit.errors import BadInputError
-from p0circuit.experiments.plotting import finish, new_figure
+from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics.norms import direction_stability
 from p0circuit.tokens import check_tokens
 

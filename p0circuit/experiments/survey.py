@@ -25,18 +25,11 @@ from torch import Tensor
 from p0circuit import hooks
 from p0circuit.errors import BadInputError
 from p0circuit.metrics import sink_report
-from p0circuit.models.spec import ModelSpec, positional_kind
+from p0circuit.models.spec import FAMILIES, ModelSpec, positional_kind
 from p0circuit.planted import build_planted
+from p0circuit.plotting import finish, new_figure
+from p0circuit.tokens import probe_tokens
 
-FAMILIES: dict[str, dict[str, Any]] = {
-    "rope": {"pos": "rope"},
-    "nope": {"pos": "nope"},
-    "learned": {"pos": "learned"},
-    "parallel (Pythia)": {"parallel": True},
-    "sliding window (Mistral)": {"window": 8},
-    "layernorm": {"norm": "ln"},
-    "gated MLP (Llama)": {"mlp": "gated"},
-}
 
 
 def default_models(d_vocab: int = 64, n_ctx: int = 64, seed: int = 0) -> dict[str, tuple[str, Any]]:
@@ -68,17 +61,12 @@ def survey(
     models: dict[str, tuple[str, Any]], n_prompts: int = 16, seq_len: int = 32, seed: int = 0,
     threshold: float = 1.5, attn_threshold: float = 1.05,
 ) -> pd.DataFrame:
-    """One row per model (see the module docstring); prompts are uniform random token ids."""
+    """One row per model (see the module docstring); prompts are regular random token ids (:func:`~p0circuit.tokens.probe_tokens`)."""
     if not models:
         raise BadInputError("survey needs at least one model")
     rows = []
     for name, (kind, model) in models.items():
-        length = min(seq_len, model.cfg.n_ctx)
-        gen = torch.Generator().manual_seed(seed)
-        vocab = model.cfg.d_vocab
-        tokens = torch.randint(0, vocab, (n_prompts, length), generator=gen)
-        same = tokens[:, 1] == tokens[:, 0]
-        tokens[same, 1] = (tokens[same, 0] + 1) % vocab
+        tokens = probe_tokens(model, n_prompts, min(seq_len, model.cfg.n_ctx), seed=seed, regular=True)
         report = sink_report(model, tokens)
         attn, pe = _signals(model, tokens)
         if pe is not None and pe > threshold:
@@ -98,8 +86,6 @@ def survey(
 
 def plot_survey(frame: pd.DataFrame, path: Optional[Any] = None) -> Any:
     """P0 norm ratio per layer for every surveyed model (log scale)."""
-    from p0circuit.experiments.plotting import finish, new_figure
-
     cols = [c for c in frame.columns if c.startswith("norm_ratio_L")]
     fig, (ax,) = new_figure(1, width=7)
     for name, row in frame.iterrows():

@@ -26,7 +26,7 @@ from p0circuit.metrics.attention import (
 )
 from p0circuit.metrics.norms import direction_stability, first_layer_at_least, massive_activations, norm_ratio
 from p0circuit.tokens import check_tokens
-from p0circuit.validation import check_devices
+from p0circuit.models.checks import check_devices
 
 
 @dataclass

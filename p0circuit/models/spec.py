@@ -137,3 +137,16 @@ def positional_kind(model: HookedTransformer) -> str:
             return "nope"
         return "learned"
     return str(pet)
+
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "rope": {"pos": "rope"},
+    "nope": {"pos": "nope"},
+    "learned": {"pos": "learned"},
+    "parallel (Pythia)": {"parallel": True},
+    "sliding window (Mistral)": {"window": 8},
+    "layernorm": {"norm": "ln"},
+    "gated MLP (Llama)": {"mlp": "gated"},
+}
+"""Model families by name (``spec:<family>`` entries, ``p0circuit discover --spec``, the survey): name ->
+:class:`ModelSpec` overrides of the default small model."""

@@ -1,21 +1,29 @@
 """Position-aware patching: corruptions, metrics, and the activation, path and attribution methods.
 
 Read :mod:`p0circuit.patching.corruptions` first: why ordinary resampling cannot see a circuit
-whose only job is to know "this is position 0", and the corruptions that can.
+whose only job is to know "this is position 0", and the corruptions that can. The rooms:
+
+* ``corruptions``, ``metrics``: what is corrupted and what is measured (open: subclass to add);
+* ``sites``, ``edges``: where a node or edge lives in a hooked model, and the candidates;
+* ``engine``: batched patched forwards (fast path) and the slow reference;
+* ``job``, ``ops``: one call's cached runs, and the patch ops every method builds from them;
+* ``methods/``: one file per method, registered in ``registry.METHODS``;
+* ``result``, ``check``, ``faithfulness``: reading, checking and testing what was found.
 """
 
-from p0circuit.patching.activation import activation_patch
-from p0circuit.patching.attribution import attribution_patch
-from p0circuit.patching.corruptions import CORRUPTIONS, PosMean, Resample, Shift, Zero, get_corruption
+from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Resample, Shift, Zero, get_corruption
 from p0circuit.patching.edges import candidate_edges
 from p0circuit.patching.metrics import AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, RunView
-from p0circuit.patching.numerics import AttributionCheck, check_attribution
-from p0circuit.patching.path import path_patch
+from p0circuit.patching.methods import activation_patch, attribution_patch, path_patch
+from p0circuit.patching.registry import METHODS, Method, get_method, register
+from p0circuit.patching.check import AttributionCheck, check_attribution
+from p0circuit.patching.faithfulness import faithfulness_curve
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes
 
 __all__ = [
-    "CORRUPTIONS", "AttnToP0", "AttributionCheck", "check_attribution", "CacheMetric", "LogitMetric", "NormRatio", "PatchMetric", "PatchResult",
-    "PosMean", "Resample", "RunView", "Shift", "Zero", "activation_patch", "attribution_patch",
-    "candidate_edges", "candidate_nodes", "get_corruption", "path_patch",
+    "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
+    "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "RunView", "Shift", "Zero", "activation_patch",
+    "attribution_patch", "candidate_edges", "candidate_nodes", "check_attribution", "faithfulness_curve",
+    "get_corruption", "get_method", "path_patch", "register",
 ]

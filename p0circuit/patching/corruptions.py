@@ -2,7 +2,7 @@
 
 Ordinary patching resamples another prompt of the same length. A circuit whose only job is to
 know "this is position 0" is then identical in the clean and corrupted runs, and patching calls
-it irrelevant (science.md). The corruptions here can see it:
+it irrelevant (docs/science.md). The corruptions here can see it:
 
 * ``shift`` (:class:`Shift`): the corrupted run is the same prompt with ``k`` tokens prepended,
   so the clean first token sits at position ``k``. Positions are aligned *by token*: clean
@@ -16,55 +16,87 @@ it irrelevant (science.md). The corruptions here can see it:
   every position's index, so it cannot see a position-only circuit: on the planted model it is
   reported as "no signal" (a tested negative control).
 
-All corruptions share one signature, ``prepare(model, tokens) -> Prepared``, and are registered
-by name in :data:`CORRUPTIONS`.
+Every corruption is a subclass of :class:`Corruption` with a class attribute ``name``; defining
+the class registers it in :data:`CORRUPTIONS`, so the command line, sweep configs and
+:func:`p0circuit.discover` accept the name at once. A corruption says two things:
+
+* :meth:`Corruption.prepare` turns the clean prompts into a :class:`Prepared` record (the
+  corrupted prompts, or none for an ablation computed from the clean run, and the index where the
+  clean first token sits in the corrupted run);
+* :meth:`Corruption.corrupted_value` gives a component's corrupted activation at clean-frame
+  positions. The default reads the corrupted run, token-aligned; ablations override it.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError, ConfigError
 
+CORRUPTIONS: dict[str, type["Corruption"]] = {}
+"""Registry: corruption name -> class, filled by defining a :class:`Corruption` subclass."""
+
+
+class Corruption:
+    """Base class: how a corrupted value is obtained for every component (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    """Registry name; a subclass with a name is registered when it is defined."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            CORRUPTIONS[cls.name] = cls
+
+    def prepare(self, model: Any, tokens: Tensor) -> "Prepared":
+        """The corrupted inputs for one batch of clean prompts."""
+        raise NotImplementedError
+
+    def params(self) -> dict[str, Any]:
+        """Settings, for the record (JSON-able)."""
+        return {}
+
+    def corrupted_value(self, prep: "Prepared", clean_act: Tensor, corr_act: Optional[Tensor],
+                        positions: list[int]) -> Tensor:
+        """Corrupted activation at clean ``positions`` (``[batch, len(positions), ...]``): by
+        default the corrupted run's, at the token-aligned positions ``p + offset``."""
+        if corr_act is None:
+            raise ConfigError(f"corruption {self.name!r} made no corrupted run; it must override corrupted_value")
+        return corr_act[:, [p + prep.offset for p in positions]]
+
 
 @dataclass(frozen=True)
 class Prepared:
     """The inputs a corruption produces for one batch of clean prompts."""
 
-    name: str
-    """Corruption name."""
+    corruption: Corruption
+    """The corruption that made it (and that computes corrupted values)."""
     clean_tokens: Tensor
     """Clean prompts ``[batch, T]``."""
     corrupt_tokens: Optional[Tensor]
     """Corrupted prompts (``None`` for ablations computed from the clean run)."""
     offset: int = 0
     """Corrupted index of clean position 0 (``k`` for a shift by ``k``)."""
-    ablation: Optional[str] = None
-    """``"pos_mean"`` or ``"zero"`` for ablations; ``None`` when values come from a corrupted run."""
-    position: int = 0
-    """The position a ``pos_mean`` ablation replaces."""
-    params: tuple[tuple[str, Any], ...] = ()
-    """Settings, for the record."""
+
+    @property
+    def name(self) -> str:
+        """The corruption's registry name."""
+        return self.corruption.name
+
+    @property
+    def is_ablation(self) -> bool:
+        """True when corrupted values come from the clean run itself (no corrupted run)."""
+        return self.corrupt_tokens is None
 
     def corrupted_value(self, clean_act: Tensor, corr_act: Optional[Tensor], positions: list[int]) -> Tensor:
-        """Corrupted activation at clean ``positions`` (``[batch, len(positions), ...]``)."""
-        if self.ablation == "zero":
-            return torch.zeros_like(clean_act[:, positions])
-        if self.ablation == "pos_mean":
-            out = clean_act[:, positions].clone()
-            rest = torch.cat([clean_act[:, : self.position], clean_act[:, self.position + 1:]], 1).mean(1)
-            for i, p in enumerate(positions):
-                if p == self.position:
-                    out[:, i] = rest
-            return out
-        assert corr_act is not None
-        return corr_act[:, [p + self.offset for p in positions]]
+        """Corrupted activation at clean ``positions``; see :meth:`Corruption.corrupted_value`."""
+        return self.corruption.corrupted_value(self, clean_act, corr_act, positions)
 
 
 @dataclass(frozen=True)
-class Shift:
+class Shift(Corruption):
     """Prepend ``k`` filler tokens (random, seeded) so the clean first token sits at position k."""
 
     k: int = 1
@@ -73,7 +105,10 @@ class Shift:
     """Seed of the random filler tokens."""
     filler: Optional[tuple[int, ...]] = None
     """Explicit filler token ids (length ``k``) instead of random ones."""
-    name = "shift"
+    name: ClassVar[str] = "shift"
+
+    def params(self) -> dict[str, Any]:
+        return {"k": self.k, "seed": self.seed}
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if self.k < 1:
@@ -92,16 +127,19 @@ class Shift:
             gen = torch.Generator().manual_seed(self.seed)
             fill = torch.randint(0, model.cfg.d_vocab, (b, self.k), generator=gen)
         corrupt = torch.cat([fill.to(tokens.device), tokens], dim=1)
-        return Prepared("shift", tokens, corrupt, offset=self.k, params=(("k", self.k), ("seed", self.seed)))
+        return Prepared(self, tokens, corrupt, offset=self.k)
 
 
 @dataclass(frozen=True)
-class PosMean:
+class PosMean(Corruption):
     """Replace a component's output at ``position`` by its mean over the other positions."""
 
     position: int = 0
     """The ablated position."""
-    name = "pos_mean"
+    name: ClassVar[str] = "pos_mean"
+
+    def params(self) -> dict[str, Any]:
+        return {"position": self.position}
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if tokens.shape[1] < 2 or not 0 <= self.position < tokens.shape[1]:
@@ -109,19 +147,28 @@ class PosMean:
                 f"pos_mean at position {self.position} needs prompts with that position and at "
                 f"least one other; got length {tokens.shape[1]}"
             )
-        return Prepared("pos_mean", tokens, None, ablation="pos_mean", position=self.position,
-                        params=(("position", self.position),))
+        return Prepared(self, tokens, None)
+
+    def corrupted_value(self, prep: Prepared, clean_act: Tensor, corr_act: Optional[Tensor],
+                        positions: list[int]) -> Tensor:
+        out = clean_act[:, positions].clone()
+        at = self.position
+        rest = torch.cat([clean_act[:, :at], clean_act[:, at + 1:]], 1).mean(1)
+        for i, p in enumerate(positions):
+            if p == at:
+                out[:, i] = rest
+        return out
 
 
 @dataclass(frozen=True)
-class Resample:
+class Resample(Corruption):
     """Another prompt of the same length: ``tokens`` if given, else the batch rolled by one row."""
 
     tokens: Optional[Tensor] = None
     """Explicit corrupted prompts, shaped like the clean ones."""
     seed: int = 0
     """Seed for random prompts when the batch has a single row."""
-    name = "resample"
+    name: ClassVar[str] = "resample"
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if self.tokens is not None:
@@ -137,30 +184,32 @@ class Resample:
         else:
             gen = torch.Generator().manual_seed(self.seed)
             corrupt = torch.randint(0, model.cfg.d_vocab, tuple(tokens.shape), generator=gen).to(tokens.device)
-        return Prepared("resample", tokens, corrupt)
+        return Prepared(self, tokens, corrupt)
 
 
 @dataclass(frozen=True)
-class Zero:
+class Zero(Corruption):
     """Zero-ablate the component (a control)."""
 
-    name = "zero"
+    name: ClassVar[str] = "zero"
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
-        return Prepared("zero", tokens, None, ablation="zero")
+        return Prepared(self, tokens, None)
+
+    def corrupted_value(self, prep: Prepared, clean_act: Tensor, corr_act: Optional[Tensor],
+                        positions: list[int]) -> Tensor:
+        return torch.zeros_like(clean_act[:, positions])
 
 
-Corruption = Union[Shift, PosMean, Resample, Zero]
-CORRUPTIONS: dict[str, type] = {"shift": Shift, "pos_mean": PosMean, "resample": Resample, "zero": Zero}
-"""Registry: corruption name -> class (all with ``prepare(model, tokens) -> Prepared``)."""
-
-
-def get_corruption(spec: Union[str, Corruption], **params: Any) -> Corruption:
+def get_corruption(spec: Any, **params: Any) -> Corruption:
     """A corruption from its registry name (with parameters) or an instance."""
     if isinstance(spec, str):
         if spec not in CORRUPTIONS:
             raise ConfigError(f"unknown corruption {spec!r}; choose one of {sorted(CORRUPTIONS)}")
         return CORRUPTIONS[spec](**params)
-    if not hasattr(spec, "prepare"):
-        raise ConfigError(f"{spec!r} is not a corruption; choose one of {sorted(CORRUPTIONS)}")
+    if not isinstance(spec, Corruption):
+        raise ConfigError(
+            f"{spec!r} is not a corruption; pass a name from {sorted(CORRUPTIONS)} or an instance of a "
+            "p0circuit.Corruption subclass (Shift(k=2), PosMean(), ...)"
+        )
     return spec

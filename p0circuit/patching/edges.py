@@ -7,9 +7,8 @@ The residual stream is position-local, so a direct path connects a sender and a 
 the same position class.
 """
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
-import torch
 from torch import Tensor
 
 from p0circuit import hooks
@@ -99,6 +98,13 @@ def sender_hook(node: Node) -> str:
     }[node.kind]()
 
 
-def as_float(x: Tensor) -> Tensor:
-    """Detached float copy."""
-    return x.detach().to(torch.float32)
+def parse_edges(edges: Sequence[Union[Edge, str]]) -> list[Edge]:
+    """Edges from Edge objects or names like 'M1@0->A2.H0@0.k'; duplicates and empties are errors."""
+    if isinstance(edges, (str, Edge)):
+        raise BadInputError(f"edges must be a list of edges or names, got one: pass [{str(edges)!r}]")
+    out = [e if isinstance(e, Edge) else Edge.parse(e) for e in edges]
+    if not out:
+        raise BadInputError("no candidate edges given: pass at least one edge (e.g. 'M1@0->A2.H0@0.k')")
+    if len(set(out)) != len(out):
+        raise BadInputError("duplicate edges: list each edge once")
+    return out

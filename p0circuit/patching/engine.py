@@ -22,11 +22,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 
 from p0circuit import hooks
 from p0circuit.hooks import HookRef
 from p0circuit.patching.metrics import PatchMetric, RunView
-from p0circuit.patching.options import attached
+from p0circuit.patching.hooking import attached
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,40 @@ def _skip_blocks(model: Any, base_cache: dict[str, Tensor], items: Sequence[tupl
         resid[rows, pos] = new[k * batch:(k + 1) * batch]
 
 
+@dataclass(frozen=True)
+class BaseRun:
+    """The cached run every patched forward of one call starts from."""
+
+    model: Any
+    cache: dict[str, Tensor]
+    """Base-run activations (:func:`base_hooks`)."""
+    metric: PatchMetric
+    p0: int
+    """Index of the clean first token in the base run."""
+    logits: Optional[Tensor] = None
+    """Base-run logits: lets metrics on logits use suffix-only forwards."""
+
+    @property
+    def batch(self) -> int:
+        """Prompts in the base run."""
+        return self.cache[hooks.resid_pre(0)].shape[0]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Groups run together in one batched forward: they share the start block and first position."""
+
+    groups: Sequence[Sequence[PatchOp]]
+    start: int
+    """First block run (one past a block that :func:`skip_block` stands in for)."""
+    stop: Optional[int]
+    """Block after the last one the metric reads (None: run to the logits)."""
+    skipped: Sequence[bool]
+    """Per group: whether its patched block is replaced by :func:`skip_block`."""
+    first: int = 0
+    """First position run (positions before it are taken from the base run)."""
+
+
 @torch.no_grad()
 def run_groups(
     model: Any,
@@ -174,9 +210,8 @@ def run_groups(
 
     ``base_logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards.
     """
-    n_layers = model.cfg.n_layers
-    batch = base_cache[hooks.resid_pre(0)].shape[0]
-    needs = metric.needs(n_layers)
+    base = BaseRun(model, base_cache, metric, p0, base_logits)
+    needs = metric.needs(model.cfg.n_layers)
     stop = _stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)
     by_start: dict[tuple[int, int], list[int]] = {}
@@ -186,7 +221,7 @@ def run_groups(
         skip[i] = skippable(model, g, metric)
         first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
         by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
-    per_chunk = max(1, rows_per_forward // batch)
+    per_chunk = max(1, rows_per_forward // base.batch)
     for (start, first), idx in sorted(by_start.items()):
         if stop is not None and start >= stop:  # no forward needed: the metric reads only earlier hooks
             for i in idx:
@@ -197,19 +232,16 @@ def run_groups(
                 out[i] = float(metric(RunView(acts, None, p0)))
             continue
         for c in range(0, len(idx), per_chunk):
-            chunk = idx[c : c + per_chunk]
-            values = _run_chunk(model, base_cache, [groups[i] for i in chunk], metric, p0, start, stop, batch,
-                                [skip[i] for i in chunk], first, base_logits)
-            for i, v in zip(chunk, values):
+            part = idx[c : c + per_chunk]
+            chunk = Chunk([groups[i] for i in part], start, stop, [skip[i] for i in part], first)
+            for i, v in zip(part, _run_chunk(base, chunk)):
                 out[i] = v
     return [float(v) for v in out]  # type: ignore[arg-type]
 
 
-def _run_chunk(
-    model: Any, base_cache: dict[str, Tensor], groups: Sequence[Sequence[PatchOp]], metric: PatchMetric,
-    p0: int, start: int, stop: Optional[int], batch: int, skipped: Sequence[bool], first: int = 0,
-    base_logits: Optional[Tensor] = None,
-) -> list[float]:
+def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
+    model, base_cache, metric, batch = base.model, base.cache, base.metric, base.batch
+    groups, start, stop, first = chunk.groups, chunk.start, chunk.stop, chunk.first
     n = len(groups)
     if start >= model.cfg.n_layers:
         first = 0  # nothing but the unembedding runs: no suffix forward needed
@@ -219,7 +251,7 @@ def _run_chunk(
         resid = base_cache[hooks.resid_post(start - 1)].repeat(n, 1, 1)
     by_hook: dict[str, list[tuple[slice, PatchOp]]] = {}
     early: dict[str, Tensor] = {}  # hooks below `start` that differ per group (the skipped block's output)
-    skip_ops = [(i, g[0]) for i, g in enumerate(groups) if skipped[i]]
+    skip_ops = [(i, g[0]) for i, g in enumerate(groups) if chunk.skipped[i]]
     if skip_ops:
         _skip_blocks(model, base_cache, skip_ops, resid, batch)
         # block start-1's output, per group: the patched rows just written, the base run elsewhere
@@ -227,7 +259,7 @@ def _run_chunk(
             early[hooks.resid_post(start - 1)] = resid.clone()
     for i, g in enumerate(groups):
         rows = slice(i * batch, (i + 1) * batch)
-        if skipped[i]:
+        if chunk.skipped[i]:
             continue
         for op in g:
             if op.hook.layer < 0:  # embeddings: fold into the block-0 input
@@ -264,11 +296,11 @@ def _run_chunk(
             if h.layer >= start:
                 captured[h.name] = _reassemble(base_cache[h.name], captured[h.name], first, n, hooks.position_axis(h.name))
         if metric.needs_logits:
-            logits = _reassemble(base_logits, logits, first, n, 1)  # type: ignore[arg-type]
+            logits = _reassemble(base.logits, logits, first, n, 1)  # type: ignore[arg-type]
     values = []
     for i in range(n):
         rows = slice(i * batch, (i + 1) * batch)
-        view = RunView({k: v[rows] for k, v in captured.items()}, logits[rows] if metric.needs_logits else None, p0)
+        view = RunView({k: v[rows] for k, v in captured.items()}, logits[rows] if metric.needs_logits else None, base.p0)
         values.append(float(metric(view)))
     return values
 
@@ -283,9 +315,6 @@ def _suffix_ok(model: Any, metric: PatchMetric, base_logits: Optional[Tensor], b
 
 def _prefix_cache(model: Any, base_cache: dict[str, Tensor], start: int, first: int, n: int) -> Any:
     """A frozen key-value cache holding the base run's keys and values of positions < ``first``."""
-    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-    from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
-
     entries = []
     for layer in range(model.cfg.n_layers):
         k = base_cache[hooks.head_vector(layer, "k")]

@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, ConfigError, MissingHookError
 from p0circuit.hooks import HookRef
 
 
@@ -190,3 +190,49 @@ def default_metric(n_layers: int) -> PatchMetric:
     """Attention to P0 of every head in layers >= 2 (>= the last layer in models of <= 2 layers)."""
     first = min(2, n_layers - 1)
     return AttnToP0(layers=list(range(first, n_layers)))
+
+
+def check_metric(metric: Any, model: Any) -> None:
+    """Raise unless ``metric`` is a patching metric that fits ``model``."""
+    if not isinstance(metric, PatchMetric):
+        raise BadInputError(
+            f"metric must be a p0circuit.patching PatchMetric (NormRatio, AttnToP0, LogitMetric, "
+            f"CacheMetric), got {type(metric).__name__}; wrap a function on logits as LogitMetric(fn)"
+        )
+    metric.validate(model.cfg.n_layers, model.cfg.n_heads)
+    missing = [h.name for h in metric.needs(model.cfg.n_layers) if h.name not in model.hook_dict]
+    if missing:
+        raise MissingHookError(f"the model has no hook {missing[0]!r} that metric {metric.name!r} reads")
+
+
+METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
+"""The metric names of sweep configs and the command line (:func:`metric_from_entry`)."""
+
+
+def _split_entry(entry: Any) -> tuple[str, Optional[int]]:
+    """``(kind, layer)`` of a metric entry; the one place its grammar is checked."""
+    if entry in ("sink_heads", "attn_to_p0"):
+        return entry, None
+    kind, _, arg = str(entry).partition(":")
+    if isinstance(entry, str) and kind == "norm_ratio" and arg.isdigit():
+        return kind, int(arg)
+    raise ConfigError(f"metric {entry!r} not valid; use one of {list(METRIC_ENTRIES)}")
+
+
+def check_metric_entry(entry: Any) -> None:
+    """Raise unless ``entry`` is a metric name of :data:`METRIC_ENTRIES` (no model needed)."""
+    _split_entry(entry)
+
+
+def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tuple[int, int]]] = None) -> PatchMetric:
+    """The metric named by ``entry`` for ``model``: ``sink_heads`` (attention to P0 of a planted
+    model's sink heads, given as ``sink_heads``), ``attn_to_p0`` (:func:`default_metric`) or
+    ``norm_ratio:<layer>``."""
+    kind, layer = _split_entry(entry)
+    if kind == "sink_heads":
+        if not sink_heads:
+            raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' or 'norm_ratio:<layer>'")
+        return AttnToP0(heads=list(sink_heads))
+    if kind == "attn_to_p0":
+        return default_metric(model.cfg.n_layers)
+    return NormRatio(int(layer))  # type: ignore[arg-type]

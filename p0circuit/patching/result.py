@@ -1,10 +1,16 @@
-"""Patching results: raw and normalized effects, the signal check, conversion to a Circuit."""
+"""Patching results: raw and normalized effects, the signal check, and views of them: a table,
+a tensor shaped like the model, a :class:`~p0circuit.types.Circuit`."""
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
-from p0circuit.types import Circuit, Edge, Node
+import pandas as pd
+import torch
+from torch import Tensor
+
+from p0circuit.errors import BadInputError
+from p0circuit.types import REST, Circuit, Edge, Kind, Node
 
 
 @dataclass
@@ -19,7 +25,9 @@ class PatchResult:
     """
 
     method: str
-    """``activation``, ``path`` or ``attribution``."""
+    """The registered method's name (``activation``, ``path``, ``attribution``, ...)."""
+    level: str
+    """What the effects are over: ``node`` (names like ``A0.H1@0``) or ``edge`` (``M0@0->M1@0.mlp_in``)."""
     corruption: str
     """Corruption name."""
     metric: str
@@ -50,26 +58,81 @@ class PatchResult:
         """Normalized effect of one node or edge."""
         return self.normalized[name]
 
-    def to_circuit(self, threshold: float = 0.1) -> Circuit:
-        """Nodes/edges whose |normalized effect| >= threshold; effects of all candidates kept."""
-        keep = [n for n, v in self.normalized.items() if not math.isnan(v) and abs(v) >= threshold]
-        settings = {**self.settings, "method": self.method, "corruption": self.corruption, "metric": self.metric,
-                    "direction": self.direction, "threshold": threshold, "clean_metric": self.clean_metric,
-                    "corrupted_metric": self.corrupted_metric, "signal": self.signal, "message": self.message}
-        if self.method == "path":
+    def kept(self, threshold: float) -> list[str]:
+        """Names whose |normalized effect| >= ``threshold`` (NaN effects never pass)."""
+        return [n for n, v in self.normalized.items() if not math.isnan(v) and abs(v) >= threshold]
+
+    def parsed(self) -> list[Union[Node, Edge]]:
+        """Every name as a :class:`Node` or :class:`Edge`, by the result's level."""
+        parse = Edge.parse if self.level == "edge" else Node.parse
+        return [parse(n) for n in self.names]
+
+    def to_circuit(self, threshold: float = 0.1, **settings: Any) -> Circuit:
+        """Nodes/edges whose |normalized effect| >= threshold; effects of all candidates kept.
+        ``settings`` are added to the circuit's settings (the record of how it was obtained)."""
+        keep = self.kept(threshold)
+        record = {**self.settings, "method": self.method, "level": self.level, "corruption": self.corruption,
+                  "metric": self.metric, "direction": self.direction, "threshold": threshold,
+                  "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric,
+                  "signal": self.signal, "message": self.message, **settings}
+        if self.level == "edge":
             edges = tuple(Edge.parse(n) for n in keep)
             nodes = tuple({e.src for e in edges} | {e.dst for e in edges})
-            return Circuit(nodes=nodes, edges=edges, edge_effects=dict(self.normalized), settings=settings)
-        return Circuit(nodes=tuple(Node.parse(n) for n in keep), node_effects=dict(self.normalized), settings=settings)
+            return Circuit(nodes=nodes, edges=edges, edge_effects=dict(self.normalized), settings=record)
+        return Circuit(nodes=tuple(Node.parse(n) for n in keep), node_effects=dict(self.normalized), settings=record)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per node or edge, largest |normalized effect| first: raw and normalized effect,
+        and the node's (the edge's receiver's) kind, layer, head and position."""
+        rows = []
+        for name, item in zip(self.names, self.parsed()):
+            node = item.dst if isinstance(item, Edge) else item
+            row: dict[str, Any] = {"name": name, "raw": self.raw[name], "normalized": self.normalized[name],
+                                   "kind": node.kind.value, "layer": node.layer, "head": node.head, "pos": node.pos}
+            if isinstance(item, Edge):
+                row.update(sender=item.src.name, input=item.input.value)
+            rows.append(row)
+        frame = pd.DataFrame(rows)
+        if len(frame):
+            frame = frame.reindex(frame["normalized"].abs().sort_values(ascending=False, na_position="last").index)
+        return frame.set_index("name")
+
+    @property
+    def positions(self) -> list[Union[int, str]]:
+        """The position classes of the result's nodes, in order (named positions, then ``"rest"``)."""
+        found = {(item.dst if isinstance(item, Edge) else item).pos for item in self.parsed()}
+        return sorted((p for p in found if p != REST), key=int) + ([REST] if REST in found else [])
+
+    def to_tensor(self, kind: str = "head", normalized: bool = True) -> Tensor:
+        """Effects shaped like the model, as TransformerLens' patching functions return them:
+        ``[layer, pos, head]`` for ``kind="head"``, ``[layer, pos]`` for ``kind="mlp"``; the position
+        axis follows :attr:`positions`, and components that were not patched are NaN. Node results only."""
+        if self.level != "node":
+            raise BadInputError("to_tensor needs a node-level result; edge results have no [layer, pos, head] shape (use to_frame)")
+        kinds = {"head": Kind.HEAD, "mlp": Kind.MLP}
+        if kind not in kinds:
+            raise BadInputError(f"kind must be 'head' or 'mlp', got {kind!r}")
+        n_layers, n_heads = self.settings.get("n_layers"), self.settings.get("n_heads")
+        if n_layers is None or n_heads is None:
+            raise BadInputError("this result does not record the model's shape (n_layers, n_heads); use to_frame")
+        pos_index = {p: i for i, p in enumerate(self.positions)}
+        shape = (n_layers, len(pos_index), n_heads) if kind == "head" else (n_layers, len(pos_index))
+        out = torch.full(shape, math.nan)
+        values = self.normalized if normalized else self.raw
+        for name, node in zip(self.names, self.parsed()):
+            if node.kind != kinds[kind]:
+                continue
+            at = (node.layer, pos_index[node.pos]) + ((node.head,) if kind == "head" else ())
+            out[at] = values[name]
+        return out
 
     def __str__(self) -> str:
-        head = (f"{self.method} patching, corruption={self.corruption}, metric={self.metric}, "
+        head = (f"{self.method} patching ({self.level}s), corruption={self.corruption}, metric={self.metric}, "
                 f"direction={self.direction}: clean={self.clean_metric:.4g} corrupted={self.corrupted_metric:.4g}")
         if not self.signal:
             return head + "\nNO SIGNAL: " + self.message
         rows = sorted(self.normalized.items(), key=lambda kv: -abs(kv[1]))
-        return head + "\n" + "\n".join(f"  {n:32s} {v:+.3f}" for n, v in rows[:20])
-
+        return head + "\n" + "\n".join(f"  {n:32s} {v:+.4g}" for n, v in rows[:20])
 
 
 def normalize(

@@ -6,7 +6,7 @@ hooks, and the block at which a patched forward must start.
 """
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, MissingHookError
@@ -99,3 +99,21 @@ def candidate_nodes(
             if resid:
                 nodes.append(Node(Kind.RESID, layer, pos=p))
     return nodes
+
+
+def parse_nodes(nodes: Sequence[Union[Node, str]]) -> list[Node]:
+    """Nodes from Node objects or names like 'A0.H1@0'; duplicates and empties are errors."""
+    if isinstance(nodes, (str, Node)):
+        raise BadInputError(f"nodes must be a list of nodes or names, got one: pass [{str(nodes)!r}]")
+    out = [n if isinstance(n, Node) else Node.parse(n) for n in nodes]
+    if not out:
+        raise BadInputError("no candidate nodes given: pass at least one node (e.g. 'A0.H0@0')")
+    if len(set(out)) != len(out):
+        dup = sorted({n.name for n in out if out.count(n) > 1})
+        raise BadInputError(f"duplicate nodes {dup}: list each node once")
+    return out
+
+
+def named_positions(nodes: Iterable[Node]) -> list[int]:
+    """The named positions of ``nodes`` (``"rest"`` is every other one); ``[0]`` when none is named."""
+    return sorted({n.pos for n in nodes if n.pos != REST}) or [0]  # type: ignore[type-var]

@@ -67,14 +67,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
-from jaxtyping import Bool, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from p0circuit import hooks
 from p0circuit.errors import ConfigError
 from p0circuit.planted.layout import Layout
-from p0circuit.tokens import BOS_ATTR
+from p0circuit.tokens import BOS_ATTR, p0_like_positions, probe_tokens, regular_prompts  # noqa: F401 (re-exported)
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 BIAS = 8.0
@@ -191,34 +190,10 @@ class PlantedModel:
         return (a, a + 1)
 
 
-def p0_like_positions(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Bool[Tensor, "batch pos"]:
-    """Positions the NoPE/RoPE plant's detector flags: some token's prefix frequency > theta.
-
-    Position 0 is always flagged. Any other flagged position is a documented failure case of the
-    plant (position 1 with ``x_1 = x_0`` is one in any model without absolute positions).
-    """
-    b, t = tokens.shape
-    onehot = torch.nn.functional.one_hot(tokens.long(), int(tokens.max()) + 1).float()
-    freq = onehot.cumsum(1) / torch.arange(1, t + 1, dtype=torch.float32)[None, :, None]
-    return freq.max(-1).values > theta
-
-
-def regular_prompts(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Int[Tensor, "batch pos"]:
-    """The prompts on which only position 0 is flagged by :func:`p0_like_positions`."""
-    return tokens[p0_like_positions(tokens, theta)[:, 1:].sum(1) == 0]
-
-
 VARIANTS: dict[str, dict[str, object]] = {
     "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
 }
 """Named planted variants (command line and sweep configs): name -> :class:`PlantSpec` overrides."""
-
-
-def _probe_tokens(spec: PlantSpec, gen: torch.Generator) -> Tensor:
-    toks = torch.randint(0, spec.d_vocab, (64, spec.n_ctx), generator=gen)
-    same = toks[:, 1] == toks[:, 0]
-    toks[same, 1] = (toks[same, 0] + 1) % spec.d_vocab
-    return toks
 
 
 def _median(
@@ -243,16 +218,62 @@ def _min_norm_ratio(model: HookedTransformer, toks: Tensor, layer: int, sp: int,
 def build_planted(spec: PlantSpec | None = None, **overrides: object) -> PlantedModel:
     """Build the planted model described in this module's docstring.
 
-    ``build_planted(pos="nope")`` is shorthand for ``build_planted(PlantSpec(pos="nope"))``.
+    ``build_planted(pos="nope")`` is shorthand for ``build_planted(PlantSpec(pos="nope"))``. The
+    sections follow the docstring: head roles, residual layout, embedding, then block by block the
+    heads and the MLPs (content neurons, detector, amplifier), each calibrated on a probe run through
+    the blocks written so far, and last the unembedding.
     """
     if spec is None:
         spec = PlantSpec(**overrides)  # type: ignore[arg-type]
     elif overrides:
         spec = PlantSpec(**{**spec.to_dict(), **overrides})
-    V, a, sp = spec.d_vocab, spec.circuit_layer, spec.sink_pos
-    learned = spec.pos == "learned"
-    gen = torch.Generator().manual_seed(spec.seed)
+    roles = _roles(spec)
+    content = [lh for lh, r in roles.items() if r == "content"]
+    lay = _layout(spec, content)
+    model = HookedTransformer(_config(spec, lay), move_to_device=False)
+    model.eval()
+    b = _Build(spec, model, lay, roles, content, torch.Generator().manual_seed(spec.seed))
+    with torch.no_grad():
+        _write_embed(b)
+        b.probe = probe_tokens(model, 64, spec.n_ctx, seed=b.gen, regular=True)
+        for layer in range(spec.n_layers):
+            _write_heads(b, layer)
+            _write_mlp(b, layer)
+        _write_unembed(b)
+    sink_heads = tuple(lh for lh, r in roles.items() if r == "sink")
+    if spec.key == "bos":
+        setattr(model, BOS_ATTR, spec.bos_id)
+    return PlantedModel(model, _ground_truth(spec, sink_heads), spec, lay, sink_heads, tuple(content), b.neurons)
 
+
+@dataclass
+class _Build:
+    """What the sections of :func:`build_planted` share while they write the weights."""
+
+    spec: PlantSpec
+    model: HookedTransformer
+    lay: Layout
+    roles: dict[tuple[int, int], str]
+    content: list[tuple[int, int]]
+    gen: torch.Generator
+    probe: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    """Calibration prompts: every scale is a median over them of the blocks written so far."""
+    neurons: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    k_val: float = 0.0
+    """Size of the sink vector, set by the amplifier and read by the later sink heads."""
+
+    @property
+    def sigma_n(self) -> float:
+        """Per-coordinate scale of the cone model's token components."""
+        return self.spec.sigma / math.sqrt(1 - 1 / self.spec.d_vocab)
+
+    def median(self, hook: str, pos: object, **kw: object) -> float:
+        return _median(self.model, self.probe, hook, pos, **kw)  # type: ignore[arg-type]
+
+
+def _roles(spec: PlantSpec) -> dict[tuple[int, int], str]:
+    """(layer, head) -> ``ident``, ``sink``, ``avg`` or ``content``."""
+    a, sp, learned = spec.circuit_layer, spec.sink_pos, spec.pos == "learned"
     roles: dict[tuple[int, int], str] = {}
     for layer in range(spec.n_layers):
         for h in range(spec.n_heads):
@@ -264,145 +285,168 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
             elif (layer, h) == (a + 1, 1) and sp == 1 and not learned:
                 role = "avg"
             roles[(layer, h)] = role
-    content = [lh for lh, r in roles.items() if r == "content"]
+    return roles
 
+
+def _layout(spec: PlantSpec, content: list[tuple[int, int]]) -> Layout:
+    """Residual coordinates of every feature."""
     lay = Layout()
-    for name, size in [("bias", 1), ("u", 1), ("tok", V), ("u_out", 1), ("s_out", V), ("det", 1),
-                       ("avg", 1), ("sink", 1), ("flag", 1), ("dump", 1)]:
+    for name, size in [("bias", 1), ("u", 1), ("tok", spec.d_vocab), ("u_out", 1), ("s_out", spec.d_vocab),
+                       ("det", 1), ("avg", 1), ("sink", 1), ("flag", 1), ("dump", 1)]:
         lay.add(name, size)
     for (layer, h) in content:
         lay.add(f"ctx{layer}.{h}", KW)
-    for layer in range(a + 2):
+    for layer in range(spec.circuit_layer + 2):
         lay.add(f"mlpc{layer}", 4)
-    d_model = 16 * math.ceil(lay.d_model / 16)
-    d_head = V + 2
-    d_mlp = 2 * V + 4
+    return lay
 
-    cfg = HookedTransformerConfig(
-        n_layers=spec.n_layers, d_model=d_model, n_heads=spec.n_heads, d_head=d_head, d_mlp=d_mlp,
-        d_vocab=V, n_ctx=spec.n_ctx, act_fn="relu", normalization_type="RMS",
+
+def _config(spec: PlantSpec, lay: Layout) -> HookedTransformerConfig:
+    V = spec.d_vocab
+    return HookedTransformerConfig(
+        n_layers=spec.n_layers, d_model=16 * math.ceil(lay.d_model / 16), n_heads=spec.n_heads, d_head=V + 2,
+        d_mlp=2 * V + 4, d_vocab=V, n_ctx=spec.n_ctx, act_fn="relu", normalization_type="RMS",
         positional_embedding_type="rotary" if spec.pos == "rope" else "standard",
         rotary_dim=2 if spec.pos == "rope" else None, default_prepend_bos=False, seed=spec.seed,
         device="cpu", model_name=f"p0circuit-planted-{spec.pos}",
     )
-    model = HookedTransformer(cfg, move_to_device=False)
-    model.eval()
-    p = {k: v for k, v in model.named_parameters()}
-    with torch.no_grad():
-        for name, t in model.named_parameters():
-            t.fill_(1.0 if name.endswith("ln1.w") or name.endswith("ln2.w") or name == "ln_final.w" else 0.0)
-        B, bias = lay.one("bias"), BIAS
-        W_E = p["embed.W_E"]
-        W_E[:, B] = bias
-        W_E[:, lay.one("u")] = U_EMB
-        for j in range(V):
-            W_E[j, lay["tok"][j]] = TOK
-        if spec.pos == "learned":
-            p["pos_embed.W_pos"][sp, lay.one("flag")] = FLAG
-        if spec.pos == "nope":
-            p["pos_embed.W_pos"].requires_grad_(False)
 
-        probe = _probe_tokens(spec, gen)
-        sigma_n = spec.sigma / math.sqrt(1 - 1 / V)
-        neurons: dict[str, tuple[int, tuple[int, ...]]] = {}
-        k_val = 0.0
-        for layer in range(spec.n_layers):
-            att = model.blocks[layer].attn
-            r_rest = _median(model, probe, hooks.ln_scale(layer, "ln1"), "rest")
-            r_sink = _median(model, probe, hooks.ln_scale(layer, "ln1"), sp)
-            r_p0 = _median(model, probe, hooks.ln_scale(layer, "ln1"), 0)
-            for h in range(spec.n_heads):
-                role = roles[(layer, h)]
-                WQ, WK, WV, WO = att.W_Q[h], att.W_K[h], att.W_V[h], att.W_O[h]
-                if role == "ident":
-                    for j in range(V):
-                        WV[lay["tok"][j], j] = r_rest / TOK
-                        WO[j, lay["s_out"].start:lay["s_out"].stop] = -sigma_n / V
-                        WO[j, lay["s_out"][j]] += sigma_n
-                    WV[lay.one("u"), V] = r_rest / U_EMB
-                    WO[V, lay.one("u_out")] = spec.mu
-                elif role == "sink":
-                    WQ[B, RD] = r_rest / bias
-                    WQ[lay.one("sink"), RD] = r_sink / k_val  # the sink position's own query
-                    WK[lay.one("sink"), RD] = spec.sink_logit * math.sqrt(d_head) * r_sink / k_val
-                    WV[B, 0] = r_rest / bias
-                    WO[0, lay.one("dump")] = 1.0
-                elif role == "avg":
-                    WV[lay.one("det"), 0] = r_p0 / D_VAL
-                    WO[0, lay.one("avg")] = AVG_W
-                else:
-                    cls = content.index((layer, h)) % (V // KW)
-                    WQ[B, RD] = r_rest / bias
-                    for i in range(KW):
-                        j = cls * KW + i
-                        WK[lay["tok"][j], RD] = KEY_SCORE * math.sqrt(d_head) * r_rest / TOK
-                        WV[lay["tok"][j], i] = r_rest / TOK
-                        WO[i, lay[f"ctx{layer}.{h}"][i]] = 1.0
-            mlp = model.blocks[layer].mlp
-            W_in, W_out = mlp.W_in, mlp.W_out
-            r2_rest = _median(model, probe, hooks.ln_scale(layer, "ln2"), "rest")
-            r2_sink = _median(model, probe, hooks.ln_scale(layer, "ln2"), sp)
-            r2_p0 = _median(model, probe, hooks.ln_scale(layer, "ln2"), 0)
-            if layer <= a + 1:  # content neurons: V..2V-1, neuron fires iff the token is j
-                for j in range(V):
-                    n = V + j
-                    W_in[lay["tok"][j], n] = 1.0
-                    W_in[B, n] = -0.5 * TOK / bias
-                    vec = torch.randn(4, generator=gen) * 0.5
-                    W_out[n, lay[f"mlpc{layer}"].start:lay[f"mlpc{layer}"].stop] = vec * r2_rest / (0.5 * TOK)
-                neurons[f"content{layer}"] = (layer, tuple(range(V, 2 * V)))
-            if layer == a:  # detector
-                if spec.key == "bos":
-                    W_in[lay["tok"][spec.bos_id], 0] = 1.0
-                    W_in[B, 0] = -0.5 * TOK / bias
-                    W_out[0, lay.one("det")] = D_VAL * r2_p0 / (0.5 * TOK)
-                    neurons["detector"] = (layer, (0,))
-                elif learned:
-                    W_in[lay.one("flag"), 0] = 1.0
-                    W_in[B, 0] = -0.5 * FLAG / bias
-                    W_out[0, lay.one("det")] = D_VAL * r2_sink / (0.5 * FLAG)
-                    neurons["detector"] = (layer, (0,))
-                else:
-                    for j in range(V):
-                        W_in[lay["s_out"][j], j] = 1.0
-                        W_in[B, j] = -sigma_n * (spec.theta - 1 / V) / bias
-                        W_out[j, lay.one("det")] = D_VAL * r2_p0 / (sigma_n * (1 - spec.theta))
-                    neurons["detector"] = (layer, tuple(range(V)))
-            if layer == a + 1:  # amplifier
-                rest_norm = _median(model, probe, hooks.resid_post(layer), "rest", norm=True, q=1.0)
-                k_val = spec.norm_ratio * 1.25 * rest_norm  # 25% above the largest norm seen
-                n0 = 2 * V
-                if sp == 0 or learned:
-                    W_in[lay.one("det"), n0] = 1.0
-                    W_in[B, n0] = -0.5 * D_VAL / bias
-                    W_out[n0, lay.one("sink")] = k_val * r2_sink / (0.5 * D_VAL)
-                    neurons["amplifier"] = (layer, (n0,))
-                else:  # triangle on avg/AVG_W around 1/2: non-zero only at position 1
-                    for i, (c, w) in enumerate([(0.4, 1.0), (0.5, -2.0), (0.6, 1.0)]):
-                        W_in[lay.one("avg"), n0 + i] = 1.0
-                        W_in[B, n0 + i] = -c * AVG_W / bias
-                        W_out[n0 + i, lay.one("sink")] = w * k_val * r2_sink / (0.1 * AVG_W)
-                    neurons["amplifier"] = (layer, (n0, n0 + 1, n0 + 2))
-                amp = list(neurons["amplifier"][1])
-                worst = _min_norm_ratio(model, probe, layer, sp, spec.theta)
-                if worst < 1.1 * spec.norm_ratio:  # the scales vary with content: rescale to the worst case
-                    W_out[amp] *= 1.1 * spec.norm_ratio / worst
-                    k_val *= 1.1 * spec.norm_ratio / worst
-        W_U = p["unembed.W_U"]
-        for j in range(V):
-            W_U[lay["tok"][j], (j + 1) % V] = 1.0
-        for (layer, h) in content:
-            cls = content.index((layer, h)) % (V // KW)
+
+def _write_embed(b: _Build) -> None:
+    """Norm weights 1, everything else 0; token embeddings (bias, u, one-hot identity) and positions."""
+    spec, lay, model = b.spec, b.lay, b.model
+    for name, t in model.named_parameters():
+        t.fill_(1.0 if name.endswith("ln1.w") or name.endswith("ln2.w") or name == "ln_final.w" else 0.0)
+    W_E = model.W_E
+    W_E[:, lay.one("bias")] = BIAS
+    W_E[:, lay.one("u")] = U_EMB
+    for j in range(spec.d_vocab):
+        W_E[j, lay["tok"][j]] = TOK
+    if spec.pos == "learned":
+        model.W_pos[spec.sink_pos, lay.one("flag")] = FLAG
+    if spec.pos == "nope":
+        model.W_pos.requires_grad_(False)
+
+
+def _write_heads(b: _Build, layer: int) -> None:
+    """The heads of one block by role: identification (cone model), sink, average, content."""
+    spec, lay, V, sp = b.spec, b.lay, b.spec.d_vocab, b.spec.sink_pos
+    B, d_head = lay.one("bias"), b.model.cfg.d_head
+    att = b.model.blocks[layer].attn
+    r_rest = b.median(hooks.ln_scale(layer, "ln1"), "rest")
+    r_sink = b.median(hooks.ln_scale(layer, "ln1"), sp)
+    r_p0 = b.median(hooks.ln_scale(layer, "ln1"), 0)
+    for h in range(spec.n_heads):
+        role = b.roles[(layer, h)]
+        WQ, WK, WV, WO = att.W_Q[h], att.W_K[h], att.W_V[h], att.W_O[h]
+        if role == "ident":
+            for j in range(V):
+                WV[lay["tok"][j], j] = r_rest / TOK
+                WO[j, lay["s_out"].start:lay["s_out"].stop] = -b.sigma_n / V
+                WO[j, lay["s_out"][j]] += b.sigma_n
+            WV[lay.one("u"), V] = r_rest / U_EMB
+            WO[V, lay.one("u_out")] = spec.mu
+        elif role == "sink":
+            WQ[B, RD] = r_rest / BIAS
+            WQ[lay.one("sink"), RD] = r_sink / b.k_val  # the sink position's own query
+            WK[lay.one("sink"), RD] = spec.sink_logit * math.sqrt(d_head) * r_sink / b.k_val
+            WV[B, 0] = r_rest / BIAS
+            WO[0, lay.one("dump")] = 1.0
+        elif role == "avg":
+            WV[lay.one("det"), 0] = r_p0 / D_VAL
+            WO[0, lay.one("avg")] = AVG_W
+        else:
+            cls = b.content.index((layer, h)) % (V // KW)
+            WQ[B, RD] = r_rest / BIAS
             for i in range(KW):
-                W_U[lay[f"ctx{layer}.{h}"][i], cls * KW + i] = 1.0
-        for layer in range(a + 2):
-            W_U[lay[f"mlpc{layer}"].start:lay[f"mlpc{layer}"].stop] = torch.randn(4, V, generator=gen) * 0.5
+                j = cls * KW + i
+                WK[lay["tok"][j], RD] = KEY_SCORE * math.sqrt(d_head) * r_rest / TOK
+                WV[lay["tok"][j], i] = r_rest / TOK
+                WO[i, lay[f"ctx{layer}.{h}"][i]] = 1.0
 
-    sink_heads = tuple(lh for lh, r in roles.items() if r == "sink")
-    truth = _ground_truth(spec, sink_heads)
+
+def _write_mlp(b: _Build, layer: int) -> None:
+    """The MLP of one block: content neurons up to the amplifier's block, the detector, the amplifier."""
+    a = b.spec.circuit_layer
+    r2 = {pos: b.median(hooks.ln_scale(layer, "ln2"), pos) for pos in ("rest", b.spec.sink_pos, 0)}
+    if layer <= a + 1:
+        _write_content_neurons(b, layer, r2["rest"])
+    if layer == a:
+        _write_detector(b, layer, r2[0], r2[b.spec.sink_pos])
+    if layer == a + 1:
+        _write_amplifier(b, layer, r2[b.spec.sink_pos])
+
+
+def _write_content_neurons(b: _Build, layer: int, r2_rest: float) -> None:
+    """Neurons V..2V-1: neuron V+j fires iff the token is j and writes a random vector the unembedding reads."""
+    V, lay, mlp = b.spec.d_vocab, b.lay, b.model.blocks[layer].mlp
+    for j in range(V):
+        n = V + j
+        mlp.W_in[lay["tok"][j], n] = 1.0
+        mlp.W_in[lay.one("bias"), n] = -0.5 * TOK / BIAS
+        vec = torch.randn(4, generator=b.gen) * 0.5
+        mlp.W_out[n, lay[f"mlpc{layer}"].start:lay[f"mlpc{layer}"].stop] = vec * r2_rest / (0.5 * TOK)
+    b.neurons[f"content{layer}"] = (layer, tuple(range(V, 2 * V)))
+
+
+def _write_detector(b: _Build, layer: int, r2_p0: float, r2_sink: float) -> None:
+    """Writes ``d`` where P0 is identified: from the BOS token, the position flag, or the cone asymmetry."""
+    spec, lay, V = b.spec, b.lay, b.spec.d_vocab
+    W_in, W_out, B = b.model.blocks[layer].mlp.W_in, b.model.blocks[layer].mlp.W_out, lay.one("bias")
     if spec.key == "bos":
-        setattr(model, BOS_ATTR, spec.bos_id)
-    return PlantedModel(model, truth, spec, lay, sink_heads, tuple(content), neurons)
+        W_in[lay["tok"][spec.bos_id], 0] = 1.0
+        W_in[B, 0] = -0.5 * TOK / BIAS
+        W_out[0, lay.one("det")] = D_VAL * r2_p0 / (0.5 * TOK)
+        b.neurons["detector"] = (layer, (0,))
+    elif spec.pos == "learned":
+        W_in[lay.one("flag"), 0] = 1.0
+        W_in[B, 0] = -0.5 * FLAG / BIAS
+        W_out[0, lay.one("det")] = D_VAL * r2_sink / (0.5 * FLAG)
+        b.neurons["detector"] = (layer, (0,))
+    else:
+        for j in range(V):
+            W_in[lay["s_out"][j], j] = 1.0
+            W_in[B, j] = -b.sigma_n * (spec.theta - 1 / V) / BIAS
+            W_out[j, lay.one("det")] = D_VAL * r2_p0 / (b.sigma_n * (1 - spec.theta))
+        b.neurons["detector"] = (layer, tuple(range(V)))
+
+
+def _write_amplifier(b: _Build, layer: int, r2_sink: float) -> None:
+    """Writes the sink vector (size ``k_val``) at the sink position, rescaled to the worst probe prompt."""
+    spec, lay, sp = b.spec, b.lay, b.spec.sink_pos
+    W_in, W_out, B = b.model.blocks[layer].mlp.W_in, b.model.blocks[layer].mlp.W_out, lay.one("bias")
+    rest_norm = b.median(hooks.resid_post(layer), "rest", norm=True, q=1.0)
+    b.k_val = spec.norm_ratio * 1.25 * rest_norm  # 25% above the largest norm seen
+    n0 = 2 * spec.d_vocab
+    if sp == 0 or spec.pos == "learned":
+        W_in[lay.one("det"), n0] = 1.0
+        W_in[B, n0] = -0.5 * D_VAL / BIAS
+        W_out[n0, lay.one("sink")] = b.k_val * r2_sink / (0.5 * D_VAL)
+        b.neurons["amplifier"] = (layer, (n0,))
+    else:  # triangle on avg/AVG_W around 1/2: non-zero only at position 1
+        for i, (c, w) in enumerate([(0.4, 1.0), (0.5, -2.0), (0.6, 1.0)]):
+            W_in[lay.one("avg"), n0 + i] = 1.0
+            W_in[B, n0 + i] = -c * AVG_W / BIAS
+            W_out[n0 + i, lay.one("sink")] = w * b.k_val * r2_sink / (0.1 * AVG_W)
+        b.neurons["amplifier"] = (layer, (n0, n0 + 1, n0 + 2))
+    amp = list(b.neurons["amplifier"][1])
+    worst = _min_norm_ratio(b.model, b.probe, layer, sp, spec.theta)
+    if worst < 1.1 * spec.norm_ratio:  # the scales vary with content: rescale to the worst case
+        W_out[amp] *= 1.1 * spec.norm_ratio / worst
+        b.k_val *= 1.1 * spec.norm_ratio / worst
+
+
+def _write_unembed(b: _Build) -> None:
+    """Bigram prediction of the next token, keyword identities of the content heads, MLP content."""
+    V, lay, W_U = b.spec.d_vocab, b.lay, b.model.W_U
+    for j in range(V):
+        W_U[lay["tok"][j], (j + 1) % V] = 1.0
+    for (layer, h) in b.content:
+        cls = b.content.index((layer, h)) % (V // KW)
+        for i in range(KW):
+            W_U[lay[f"ctx{layer}.{h}"][i], cls * KW + i] = 1.0
+    for layer in range(b.spec.circuit_layer + 2):
+        W_U[lay[f"mlpc{layer}"].start:lay[f"mlpc{layer}"].stop] = torch.randn(4, V, generator=b.gen) * 0.5
 
 
 def _ground_truth(spec: PlantSpec, sink_heads: tuple[tuple[int, int], ...]) -> Circuit:

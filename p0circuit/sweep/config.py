@@ -4,8 +4,8 @@ methods and metrics. Every key is validated; errors name the key and the valid c
 Example::
 
     [sweep]
-    models = ["planted:rope", "planted:nope", "checkpoint:/data/my-model"]
-    prompts = ["regular"]                 # random | regular (no repeated first token)
+    models = ["planted:rope", "planted:nope", "checkpoint:/data/my-model"]   # or spec:<family>, hub:<name>
+    prompts = ["regular"]                 # random | regular (only position 0 looks like a start)
     corruptions = ["shift", "pos_mean", "resample"]
     methods = ["activation", "path"]
     metrics = ["sink_heads"]              # sink_heads | attn_to_p0 | norm_ratio:<layer>
@@ -21,16 +21,14 @@ import json
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Iterable, Union
 
 from p0circuit.errors import ConfigError, from_known_keys
+from p0circuit.models.resolve import check_model_entry
+from p0circuit.patching import CORRUPTIONS, METHODS
+from p0circuit.patching.metrics import check_metric_entry
 
-from p0circuit.planted import VARIANTS as _VARIANTS
-
-PLANTS = tuple(_VARIANTS)
 PROMPT_SETS = ("random", "regular")
-CORRUPTIONS = ("shift", "pos_mean", "resample", "zero")
-METHODS = ("activation", "path", "attribution")
 
 
 def _check_list(name: str, values: Any) -> list[str]:
@@ -41,37 +39,18 @@ def _check_list(name: str, values: Any) -> list[str]:
     return values
 
 
-def _check_choices(name: str, values: list[str], choices: tuple[str, ...]) -> None:
+def _check_choices(name: str, values: list[str], choices: Iterable[str]) -> None:
     bad = [v for v in values if v not in choices]
     if bad:
-        raise ConfigError(f"sweep.{name}: {bad} not valid; choose from {list(choices)}")
+        raise ConfigError(f"sweep.{name}: {bad} not valid; choose from {sorted(choices)}")
 
 
-def check_model(value: str) -> None:
-    """``planted:<variant>``, ``spec:<family>`` (freshly initialized) or ``checkpoint:<path>``."""
-    kind, _, arg = value.partition(":")
-    if kind == "planted" and arg in PLANTS:
-        return
-    if kind == "checkpoint" and arg:
-        return
-    from p0circuit.experiments.survey import FAMILIES
-
-    if kind == "spec" and arg in FAMILIES:
-        return
-    raise ConfigError(
-        f"sweep.models: {value!r} not valid; use 'planted:<variant>' with variant in {list(PLANTS)}, "
-        f"'spec:<family>' with family in {sorted(FAMILIES)}, or 'checkpoint:<directory>'"
-    )
-
-
-def check_metric(value: str) -> None:
-    """``sink_heads``, ``attn_to_p0`` or ``norm_ratio:<layer>``."""
-    if value in ("sink_heads", "attn_to_p0"):
-        return
-    kind, _, arg = value.partition(":")
-    if kind == "norm_ratio" and arg.isdigit():
-        return
-    raise ConfigError(f"sweep.metrics: {value!r} not valid; use 'sink_heads', 'attn_to_p0' or 'norm_ratio:<layer>'")
+def _check_each(name: str, values: list[str], check: Callable[[str], Any]) -> None:
+    for v in values:
+        try:
+            check(v)
+        except ConfigError as e:
+            raise ConfigError(f"sweep.{name}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -79,9 +58,11 @@ class SweepConfig:
     """A grid of patching runs."""
 
     models: list[str] = field(default_factory=lambda: ["planted:rope"])
-    """``planted:<variant>`` or ``checkpoint:<dir>`` entries."""
+    """Model entries (:mod:`p0circuit.models.resolve`): ``planted:<variant>``, ``spec:<family>``,
+    ``checkpoint:<path>``, ``hub:<name>``."""
     prompts: list[str] = field(default_factory=lambda: ["regular"])
-    """Prompt sets: ``random`` (uniform ids) or ``regular`` (random, first two tokens differ)."""
+    """Prompt sets: ``random`` (uniform ids) or ``regular`` (random ids where only position 0 looks like
+    a start; see :func:`p0circuit.tokens.probe_tokens`). Neither holds the model's BOS id."""
     corruptions: list[str] = field(default_factory=lambda: ["shift"])
     """Corruption names."""
     methods: list[str] = field(default_factory=lambda: ["activation"])
@@ -100,10 +81,8 @@ class SweepConfig:
     def __post_init__(self) -> None:
         for name in ("models", "prompts", "corruptions", "methods", "metrics"):
             object.__setattr__(self, name, _check_list(name, getattr(self, name)))
-        for m in self.models:
-            check_model(m)
-        for m in self.metrics:
-            check_metric(m)
+        _check_each("models", self.models, check_model_entry)
+        _check_each("metrics", self.metrics, check_metric_entry)
         _check_choices("prompts", self.prompts, PROMPT_SETS)
         _check_choices("corruptions", self.corruptions, CORRUPTIONS)
         _check_choices("methods", self.methods, METHODS)

@@ -16,74 +16,36 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
+from tqdm import tqdm
 
+from p0circuit.discovery import run_discovery
+from p0circuit.errors import ConfigError
+from p0circuit.io import write_atomic
+from p0circuit.models.resolve import load_model
+from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.sweep.config import Cell, SweepConfig
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that it appears whole or not at all."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _model(entry: str) -> tuple[Any, Any]:
-    import p0circuit as p0
-    kind, _, arg = entry.partition(":")
-    if kind == "planted":
-        return p0.build_planted(**p0.planted.VARIANTS[arg]), None
-    if kind == "spec":
-        from p0circuit.experiments.survey import FAMILIES
-
-        return None, p0.ModelSpec(**FAMILIES[arg]).build()
-    return None, p0.load_checkpoint(arg)
-
-
-def _metric(entry: str, plant: Any, model: Any) -> Any:
-    import p0circuit as p0
-    from p0circuit.errors import ConfigError
-    from p0circuit.patching.metrics import default_metric
-
-    if entry == "sink_heads":
-        if plant is None:
-            raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' for checkpoints")
-        return p0.AttnToP0(heads=list(plant.sink_heads))
-    if entry == "attn_to_p0":
-        return default_metric(model.cfg.n_layers)
-    return p0.NormRatio(int(entry.partition(":")[2]))
+from p0circuit.tokens import probe_tokens
+from p0circuit.types import Circuit
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell and return its JSON-able record."""
-    import p0circuit as p0
-    from p0circuit.tokens import avoid_ids, bos_id
-
     start = time.perf_counter()
-    plant, model = _model(cell.model)
-    if plant is not None:
-        model = plant.model
-    gen = torch.Generator().manual_seed(cell.seed)
-    length = min(cell.seq_len, model.cfg.n_ctx - 1)
-    tokens = torch.randint(0, model.cfg.d_vocab, (cell.n_prompts, length), generator=gen)
-    bos = bos_id(model)
-    if bos is not None:  # sweeps run without BOS: never let a random prompt start with it
-        avoid_ids(tokens[:, :1], [bos], model.cfg.d_vocab)
-    if cell.prompts == "regular":
-        tokens = p0.regular_prompts(tokens)
-    circuit = p0.discover(model, tokens, method=cell.method, corruption=cell.corruption,
-                          metric=_metric(cell.metric, plant, model), threshold=cell.threshold, bos=False)
-    report = p0.sink_report(model, tokens, bos=False)
+    resolved = load_model(cell.model, seed=cell.seed)
+    model = resolved.model
+    length = min(cell.seq_len, model.cfg.n_ctx - 1)  # room for the shift corruption's prepended token
+    tokens = probe_tokens(model, cell.n_prompts, length, seed=cell.seed, regular=cell.prompts == "regular")
+    metric = metric_from_entry(cell.metric, model, resolved.sink_heads)
+    found = run_discovery(resolved, tokens, methods=[cell.method], corruption=cell.corruption, metric=metric,
+                          threshold=cell.threshold, bos=False)
+    circuit = found.circuits[cell.method]
     record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "circuit": circuit.to_dict(),
-                              "signal": circuit.settings.get("signal"),
-                              "interpretation": circuit.settings.get("interpretation"),
-                              "sink_report": {k: v for k, v in report.to_dict().items() if k != "massive"},
+                              "signal": circuit.settings.get("signal"), "interpretation": circuit.interpretation,
+                              "sink_report": {k: v for k, v in found.report.to_dict().items() if k != "massive"},
                               "seconds": time.perf_counter() - start}
-    if plant is not None:
-        record["scores"] = p0.compare(circuit, plant.truth)
+    scores = found.scores(cell.method)
+    if scores is not None:
+        record["scores"] = scores
     return record
 
 
@@ -105,8 +67,6 @@ def _ray_results(todo: list[Cell], workers: int) -> Any:
     try:
         import ray
     except ImportError:
-        from p0circuit.errors import ConfigError
-
         raise ConfigError("--executor ray needs Ray: pip install 'p0circuit[ray]' (or pip install ray)") from None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     started = not ray.is_initialized()
@@ -135,11 +95,7 @@ def run_sweep(
     ``ray`` (Ray tasks; the driver still writes every result, so atomicity and resume are the same).
     """
     if executor not in ("local", "ray"):
-        from p0circuit.errors import ConfigError
-
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
-    from tqdm import tqdm
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells").mkdir(exist_ok=True)
     write_atomic(out / "config.json", json.dumps(config.__dict__, indent=2))
@@ -184,7 +140,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     for r in sorted(records, key=lambda r: Cell(**r["cell"]).label()):
         c = r["cell"]
         scores = r.get("scores") or {}
-        key = "edge" if c["method"] == "path" else "node"
+        key = Circuit.from_dict(r["circuit"]).level
         shown = " ".join(f"{k.split('_', 1)[1]}={v:.2f}" for k, v in scores.items() if k.startswith(key))
         lines.append(f"{c['model']:18s} {c['prompts']:8s} {c['corruption']:10s} {c['method']:11s} {c['metric']:12s} "
                      f"{str(r['signal']):6s} {len(r['circuit']['nodes']):5d} {len(r['circuit']['edges']):5d}  {shown}")

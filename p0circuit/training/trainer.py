@@ -12,16 +12,17 @@ result is bitwise equal to an uninterrupted run.
 
 import json
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
 from p0circuit.errors import CheckpointError, ConfigError
+from p0circuit.io import remove_stale, write_dir_atomic
 from p0circuit.models.spec import ModelSpec
 from p0circuit.tokens import BOS_ATTR
 
@@ -94,27 +95,19 @@ def _latest(out: Path) -> Optional[Path]:
 def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, spec: ModelSpec, config: TrainConfig,
                     source: Any, loss: float) -> Path:
     """Write ``out/step_<step>/`` atomically (temporary directory, then rename)."""
-    from safetensors.torch import save_file
-
-    final = out / f"step_{step}"
-    tmp = out / f".tmp_step_{step}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
     meta = {"step": step, "loss": loss, "spec": spec.to_dict(), "train": asdict(config), "source": repr(source),
             "bos": getattr(source, "bos", None)}
-    (tmp / "spec.json").write_text(json.dumps(meta, indent=2))
-    torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp / "trainer.pt")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
+
+    def fill(tmp: Path) -> None:
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+        (tmp / "spec.json").write_text(json.dumps(meta, indent=2))
+        torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp / "trainer.pt")
+
+    return write_dir_atomic(out / f"step_{step}", fill)
 
 
 def load_trained(path: Union[str, Path], device: str = "cpu") -> Any:
     """A ``HookedTransformer`` from a ``step_<N>/`` checkpoint directory written by :func:`train`."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / "spec.json").is_file() or not (path / "model.safetensors").is_file():
         raise CheckpointError(f"{str(path)!r} is not a p0circuit training checkpoint (needs spec.json and model.safetensors)")
@@ -136,12 +129,9 @@ def train(
     ``stop_after`` ends the run after that many optimizer steps of this call (used to test
     interruption); a later call resumes from the last checkpoint.
     """
-    from tqdm import tqdm
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".tmp_step_*"):  # a save cut short by a kill: never renamed, never read
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_stale(out)  # a save cut short by a kill: never renamed, never read
     device = _device(config.device)
     if getattr(source, "vocab", spec.d_vocab) > spec.d_vocab:
         raise ConfigError(f"the data use {source.vocab} token ids but the model has d_vocab={spec.d_vocab}")

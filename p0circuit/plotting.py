@@ -1,4 +1,5 @@
-"""Figure helpers shared by the experiments: matplotlib without a display, saved as PNG."""
+"""Figure helpers shared by the experiments, the tracker and the sweep report: matplotlib figures,
+saved as PNG on request."""
 
 from pathlib import Path
 from typing import Any, Optional, Union

@@ -9,22 +9,23 @@ during the forward pass, so senders changed upstream are accounted for.
 """
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
-from p0circuit.patching.activation import node_op
+from p0circuit.errors import BadInputError, entry_point
+from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import receiver_site, sender_hook, sender_output
 from p0circuit.patching.engine import run_groups_reference
-from p0circuit.patching.metrics import RunView
-from p0circuit.patching.options import receiver_hooks
-from p0circuit.patching.path import sender_delta
+from p0circuit.patching.hooking import receiver_hooks
+from p0circuit.patching.job import PatchJob
+from p0circuit.patching.metrics import PatchMetric, RunView
+from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.runs import Runs, setup
-from p0circuit.patching.sites import site_of
-from p0circuit.types import REST, Edge, Node
+from p0circuit.patching.sites import named_positions, site_of
+from p0circuit.types import Edge, Node
 
 DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -37,8 +38,8 @@ def _ranked(result: PatchResult) -> list[str]:
 
 
 @torch.no_grad()
-def _edges_ablated(runs: Runs, ablated: Sequence[Edge], named: Sequence[int]) -> float:
-    model = runs.model
+def _edges_ablated(job: PatchJob, ablated: Sequence[Edge], named: Sequence[int]) -> float:
+    model = job.model
     current: dict[Node, Tensor] = {}
     by_sender: dict[str, list[Node]] = {}
     for e in ablated:
@@ -51,8 +52,8 @@ def _edges_ablated(runs: Runs, ablated: Sequence[Edge], named: Sequence[int]) ->
         fwd.append((name, grab))
     targets: dict[str, list[tuple[Edge, list[int], Tensor, Any]]] = {}
     for e in ablated:
-        pos, delta = sender_delta(runs, e, "noise", named)
-        corr_out = sender_output(model, runs.clean, e.src, pos) + delta
+        pos, delta = sender_delta(job, e, "noise", named)
+        corr_out = sender_output(model, job.clean, e.src, pos) + delta
         hook, head = receiver_site(e, model)
         targets.setdefault(hook.name, []).append((e, pos, corr_out, head))
     for name, items in targets.items():
@@ -65,44 +66,50 @@ def _edges_ablated(runs: Runs, ablated: Sequence[Edge], named: Sequence[int]) ->
                     act[:, pos, head] -= diff
             return act
         fwd.append((name, patch))
-    metric_names = [h.name for h in runs.metric.needs(model.cfg.n_layers)]
+    metric_names = [h.name for h in job.metric.needs(model.cfg.n_layers)]
     captured: dict[str, Tensor] = {}
     for name in metric_names:
         def keep(act: Tensor, hook: Any, name: str = name) -> None:
             captured[name] = act
         fwd.append((name, keep))
-    logits = model.run_with_hooks(runs.prep.clean_tokens, fwd_hooks=fwd)
-    return float(runs.metric(RunView(captured, logits, 0)))
+    logits = model.run_with_hooks(job.prep.clean_tokens, fwd_hooks=fwd)
+    return float(job.metric(RunView(captured, logits, 0)))
 
 
+@entry_point
 def faithfulness_curve(
-    model: Any,
-    tokens: Any,  # validated by check_tokens
+    model: HookedTransformer,
+    tokens: Tensor,
+    *,
     result: PatchResult,
-    corruption: Any,
-    metric: Any,
+    corruption: Union[str, Corruption],
+    metric: Optional[PatchMetric],
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
 ) -> list[tuple[float, int, float]]:
-    """``(fraction, number kept, faithfulness)`` for each fraction, for a node or edge result."""
-    tokens, metric, prep = setup(model, tokens, corruption, metric, "noise")
-    if prep.name != result.corruption or metric.name != result.metric:
+    """``(fraction, number kept, faithfulness)`` for each fraction, for a node or edge result.
+
+    ``corruption`` and ``metric`` must be the ones ``result`` was computed with."""
+    if not isinstance(result, PatchResult):
+        raise BadInputError(f"result must be a PatchResult (from a patching method), got {type(result).__name__}")
+    job = PatchJob(model, tokens, corruption=corruption, metric=metric)
+    if job.prep.name != result.corruption or job.metric.name != result.metric:
         raise BadInputError(
             f"the result was computed with corruption={result.corruption!r}, metric={result.metric!r}; "
-            f"pass the same ones (got {prep.name!r}, {metric.name!r})"
+            f"pass the same ones (got {job.prep.name!r}, {job.metric.name!r})"
         )
     if any(not 0.0 <= f <= 1.0 for f in fractions):
         raise BadInputError(f"fractions must lie in [0, 1], got {list(fractions)}")
     ranked = _ranked(result)
-    is_edge = result.method == "path" or result.settings.get("level") == "edge"
+    is_edge = result.level == "edge"
     if is_edge:
         items: list[Any] = [Edge.parse(n) for n in ranked]
-        named = sorted({e.src.pos for e in items if e.src.pos != REST}) or [0]
+        named = named_positions(e.src for e in items)
         extra = {sender_hook(e.src) for e in items}
     else:
         items = [Node.parse(n) for n in ranked]
-        named = sorted({n.pos for n in items if n.pos != REST}) or [0]
+        named = named_positions(items)
         extra = {site_of(n, model).hook.name for n in items}
-    runs = Runs(model, prep, metric, extra)
+    job.cache(extra)
     gap = result.clean_metric - result.corrupted_metric
     curve = []
     with receiver_hooks(model):
@@ -110,11 +117,11 @@ def faithfulness_curve(
             k = math.ceil(f * len(items))
             dropped = items[k:]
             if not dropped:
-                value = runs.clean_metric
+                value = job.clean_metric
             elif is_edge:
-                value = _edges_ablated(runs, dropped, named)
+                value = _edges_ablated(job, dropped, named)
             else:
-                ops = [node_op(runs, n, "noise", named) for n in dropped]
-                value = run_groups_reference(model, prep.clean_tokens, [ops], metric, 0)[0]
+                ops = [node_op(job, n, "noise", named) for n in dropped]
+                value = run_groups_reference(model, job.prep.clean_tokens, [ops], job.metric, 0)[0]
             curve.append((float(f), k, (value - result.corrupted_metric) / gap))
     return curve

@@ -27,12 +27,20 @@ identification head and detector MLP); see ``tests/test_numerics.py``.
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
 import pandas as pd
 import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
+from p0circuit.errors import entry_point
+from p0circuit.patching.corruptions import Corruption
+from p0circuit.patching.methods.activation import activation_patch
+from p0circuit.patching.methods.attribution import attribution_patch
+from p0circuit.patching.methods.path import path_patch
+from p0circuit.patching.metrics import PatchMetric
 from p0circuit.patching.result import PatchResult
 from p0circuit.tokens import check_tokens
 
@@ -111,28 +119,30 @@ def p0_scale_ratio(model: Any, tokens: torch.Tensor) -> float:
     return max(ratios)
 
 
+@entry_point
 def check_attribution(
-    model: Any, tokens: Any, corruption: Any = "shift", metric: Any = None, *, level: str = "node",
-    tol: float = 0.2, precision: bool = True, precision_tol: float = 1e-3, **options: Any,
+    model: HookedTransformer, tokens: Tensor, *, corruption: Union[str, Corruption] = "shift",
+    metric: Optional[PatchMetric] = None, level: str = "node", nodes: Optional[Sequence[Any]] = None,
+    edges: Optional[Sequence[Any]] = None, direction: str = "noise", bos: Optional[bool] = None,
+    tol: float = 0.2, precision: bool = True, precision_tol: float = 1e-3,
 ) -> AttributionCheck:
     """Run attribution, the exact method and (with ``precision``) float64 attribution; flag disagreements.
 
-    ``options`` go to all three (``nodes``/``edges``, ``direction``, ``bos``, ...). The float64 copy
-    doubles the model's memory for the duration of the call; pass ``precision=False`` to skip it.
+    ``nodes``/``edges``, ``direction`` and ``bos`` go to all three. The float64 copy doubles the
+    model's memory for the duration of the call; pass ``precision=False`` to skip it.
     """
-    from p0circuit.patching.activation import activation_patch
-    from p0circuit.patching.attribution import attribution_patch
-    from p0circuit.patching.path import path_patch
-
-    approx = attribution_patch(model, tokens, corruption=corruption, metric=metric, level=level, **options)
+    common: dict[str, Any] = {"corruption": corruption, "metric": metric, "direction": direction, "bos": bos}
+    approx = attribution_patch(model, tokens, level=level, nodes=nodes, edges=edges, **common)
     approx.settings["dtype"] = str(model.cfg.dtype).replace("torch.", "")
-    exact_fn = activation_patch if level == "node" else path_patch
-    exact = exact_fn(model, tokens, corruption=corruption, metric=metric, **options)
+    if level == "node":
+        exact = activation_patch(model, tokens, nodes=nodes, **common)
+    else:
+        exact = path_patch(model, tokens, edges=edges, **common)
     precise = None
     flagged_precision: dict[str, Pair] = {}
     if precision:
         double = copy.deepcopy(model).to(torch.float64, print_details=False)
-        precise = attribution_patch(double, tokens, corruption=corruption, metric=metric, level=level, **options)
+        precise = attribution_patch(double, tokens, level=level, nodes=nodes, edges=edges, **common)
         del double
         flagged_precision = differences(approx, precise, precision_tol)
     return AttributionCheck(

@@ -13,22 +13,25 @@ patching (:func:`p0circuit.check_attribution`, which also checks float32 against
 before trusting it.
 """
 
-from typing import Any, Callable, Optional, Sequence
+from functools import partial
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.patching.activation import node_op
-from p0circuit.patching.edges import candidate_edges, receiver_site, sender_hook
+from p0circuit.errors import ConfigError, entry_point
+from p0circuit.patching.corruptions import Corruption
+from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
+from p0circuit.patching.hooking import receiver_hooks
+from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric, RunView
-from p0circuit.patching.options import receiver_hooks
-from p0circuit.patching.path import sender_delta
+from p0circuit.patching.ops import node_op, sender_delta
+from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.runs import Runs, corrupted_metric, make_result, setup
-from p0circuit.patching.sites import candidate_nodes, site_of
-from p0circuit.types import REST
-from p0circuit.validation import parse_edges, parse_nodes
+from p0circuit.patching.sites import candidate_nodes, named_positions, parse_nodes, site_of
+from p0circuit.types import Edge, Node
 
 
 def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str], p0: int) -> tuple[float, dict[str, Tensor]]:
@@ -65,39 +68,40 @@ def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str],
     return float(value.detach()), grads
 
 
+@entry_point
 def attribution_patch(
-    model: Any,
-    tokens: Any,  # validated by check_tokens
-    nodes: Optional[Sequence[Any]] = None,
-    edges: Optional[Sequence[Any]] = None,
-    corruption: Any = "shift",  # a registry name or a corruption; validated by get_corruption
-    metric: Any = None,  # validated by check_metric with a clear message
+    model: HookedTransformer,
+    tokens: Tensor,
     *,
+    nodes: Optional[Sequence[Union[Node, str]]] = None,
+    edges: Optional[Sequence[Union[Edge, str]]] = None,
+    corruption: Union[str, Corruption] = "shift",
+    metric: Optional[PatchMetric] = None,
     level: str = "node",
     direction: str = "noise",
     min_signal: float = 0.05,
-    bos: Any = None,  # True / False / None; checked by check_bos
+    bos: Optional[bool] = None,
     rows_per_forward: Optional[int] = None,
 ) -> PatchResult:
-    """Gradient estimates of activation (``level="node"``) or path (``level="edge"``) patching."""
-    from p0circuit.errors import ConfigError
+    """Gradient estimates of activation (``level="node"``) or path (``level="edge"``) patching.
 
+    ``nodes`` are the candidate nodes (``level="node"``) or the senders of the candidate edges
+    (``level="edge"``, when ``edges`` is not given).
+    """
     if level not in ("node", "edge"):
         raise ConfigError(f"level must be 'node' or 'edge', got {level!r}")
-    tokens, metric, prep = setup(model, tokens, corruption, metric, direction, bos)
+    job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
+                   min_signal=min_signal, rows_per_forward=rows_per_forward)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     edge_list = parse_edges(edges if edges is not None else candidate_edges(model, node_list)) if level == "edge" else []
-    named = sorted({n.pos for n in node_list if n.pos != REST}) or [0]
-    extra = {site_of(n, model).hook.name for n in node_list} | {sender_hook(e.src) for e in edge_list}
-    runs = Runs(model, prep, metric, extra)
-    base_tokens = prep.clean_tokens if direction == "noise" else prep.corrupt_tokens
-    p0 = 0 if direction == "noise" else prep.offset
+    named = named_positions(node_list)
+    job.cache({site_of(n, model).hook.name for n in node_list} | {sender_hook(e.src) for e in edge_list})
+    base_cache, base_tokens, _, p0 = job.base()
     scores: dict[str, float] = {}
     with receiver_hooks(model):
         if level == "node":
-            ops = [node_op(runs, n, direction, named) for n in node_list]
-            base_value, grads = _gradients(model, base_tokens, metric, {op.hook.name for op in ops}, p0)
-            base_cache = runs.clean if direction == "noise" else runs.corr
+            ops = [node_op(job, n, direction, named) for n in node_list]
+            base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0)
             for n, op in zip(node_list, ops):
                 cur = base_cache[op.hook.name][:, list(op.positions)]
                 g = grads[op.hook.name][:, list(op.positions)]
@@ -106,14 +110,20 @@ def attribution_patch(
                 scores[n.name] = float(((op.value - cur) * g).sum())
         else:
             sites = {e: receiver_site(e, model) for e in edge_list}
-            base_value, grads = _gradients(model, base_tokens, metric, {h.name for h, _ in sites.values()}, p0)
+            base_value, grads = _gradients(model, base_tokens, job.metric, {h.name for h, _ in sites.values()}, p0)
             for e in edge_list:
-                pos, delta = sender_delta(runs, e, direction, named)
+                pos, delta = sender_delta(job, e, direction, named)
                 hook, head = sites[e]
                 g = grads[hook.name][:, pos]
                 if head is not None:
                     g = g[:, :, head]
                 scores[e.name] = float((delta.detach() * g).sum())
-        corrupted = corrupted_metric(runs, [node_op(runs, n, "noise", named) for n in node_list], rows_per_forward)
+        corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in node_list])
     raw = {k: base_value + v for k, v in scores.items()}
-    return make_result("attribution", runs, raw, corrupted, direction, min_signal, level=level)
+    return job.result("attribution", level, raw, corrupted)
+
+
+register(Method("attribution", attribution_patch, "node", exact=False,
+                summary="gradient estimate of activation patching (one forward and backward)"))
+register(Method("attribution_edges", partial(attribution_patch, level="edge"), "edge", exact=False,
+                summary="gradient estimate of path patching (EAP: one forward and backward)"))

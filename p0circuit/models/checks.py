@@ -1,0 +1,50 @@
+"""Checks that a model can be measured: a ``HookedTransformer`` on one device with one dtype.
+
+Token tensors are checked beside them in :mod:`p0circuit.tokens`; patching arguments (metrics,
+node and edge names) in :mod:`p0circuit.patching`."""
+
+from typing import Any
+
+import torch
+
+from transformer_lens import HookedTransformer
+
+from p0circuit.errors import BadInputError
+
+
+def check_model(model: Any) -> None:
+    """Raise unless ``model`` is a ``HookedTransformer``."""
+    if not isinstance(model, HookedTransformer):
+        raise BadInputError(
+            f"expected a transformer_lens HookedTransformer, got {type(model).__name__}; build one "
+            "with p0circuit.ModelSpec, build_planted or load_checkpoint"
+        )
+    check_devices(model)
+
+
+def check_devices(model: Any) -> None:
+    """Raise when the model's weights are split over devices, have no data (``meta``), mix float
+    dtypes, or sit elsewhere than ``model.cfg.device`` says (so hooks would build tensors on the
+    wrong device)."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        raise BadInputError(
+            f"the model's weights are on several devices {sorted(map(str, devices))}; move the whole model "
+            "with model.to(device) (p0circuit runs a model on one device)"
+        )
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(dtypes) > 1:
+        raise BadInputError(
+            f"the model's weights mix dtypes {sorted(map(str, dtypes))}; convert the whole model with "
+            "model.to(torch.float32)"
+        )
+    if not devices:
+        return
+    (device,) = devices
+    if device.type == "meta":
+        raise BadInputError("the model's weights are on the meta device (no data); load or build it on a real device")
+    if torch.device(model.cfg.device).type != device.type:
+        raise BadInputError(
+            f"model.cfg.device is {model.cfg.device!r} but the weights are on {device}; move the model with "
+            "HookedTransformer.to(device), which updates both"
+        )

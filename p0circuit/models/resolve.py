@@ -1,0 +1,104 @@
+"""Model entries: the one place a string like ``planted:rope`` or ``checkpoint:runs/train/step_64``
+becomes a model. The command line, sweep configs, the report and the tracker all resolve here.
+
+=====================  ======================================================================
+entry                  model
+=====================  ======================================================================
+``planted:<variant>``  a planted model (:data:`p0circuit.planted.VARIANTS`), with its ground truth
+``spec:<family>``      a freshly initialized small model (:data:`p0circuit.models.spec.FAMILIES`)
+``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``) or a
+                       p0circuit training checkpoint (``spec.json``, written by ``p0circuit train``)
+``hub:<name>``         ``HookedTransformer.from_pretrained`` (needs a hub or the HF cache), no BOS
+=====================  ======================================================================
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from transformer_lens import HookedTransformer
+
+from p0circuit.errors import CheckpointError, ConfigError
+from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
+from p0circuit.models.spec import FAMILIES, ModelSpec
+from p0circuit.planted import VARIANTS, PlantedModel, build_planted
+from p0circuit.training import load_trained
+from p0circuit.types import Circuit
+
+KINDS = ("planted", "spec", "checkpoint", "hub")
+"""The prefixes of a model entry."""
+
+
+@dataclass
+class Resolved:
+    """A model from an entry, with its ground truth when it is planted."""
+
+    entry: str
+    """The entry it came from."""
+    model: HookedTransformer
+    """The hooked model."""
+    label: str
+    """A human-readable description."""
+    plant: Optional[PlantedModel] = None
+    """The planted model (``planted:`` entries only)."""
+
+    @property
+    def truth(self) -> Optional[Circuit]:
+        """The planted ground truth, or None."""
+        return None if self.plant is None else self.plant.truth
+
+    @property
+    def sink_heads(self) -> Optional[tuple[tuple[int, int], ...]]:
+        """The planted sink heads, or None."""
+        return None if self.plant is None else self.plant.sink_heads
+
+
+def _usage() -> str:
+    return (f"use 'planted:<variant>' with variant in {sorted(VARIANTS)}, 'spec:<family>' with family in "
+            f"{sorted(FAMILIES)}, 'checkpoint:<path>' or 'hub:<name>'")
+
+
+def check_model_entry(entry: Any) -> tuple[str, str]:
+    """``(kind, argument)`` of a model entry, or a clear error; nothing is loaded."""
+    if not isinstance(entry, str):
+        raise ConfigError(f"model entry {entry!r} is not a string; {_usage()}")
+    kind, _, arg = entry.partition(":")
+    ok = ((kind == "planted" and arg in VARIANTS) or (kind == "spec" and arg in FAMILIES)
+          or (kind in ("checkpoint", "hub") and bool(arg)))
+    if not ok:
+        raise ConfigError(f"model entry {entry!r} not valid; {_usage()}")
+    return kind, arg
+
+
+def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTransformer:
+    """A local checkpoint of either format: a p0circuit training checkpoint (``spec.json``) or a
+    Hugging Face directory (``config.json``)."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        raise CheckpointError(
+            f"{str(path)!r} is a GGUF file, which p0circuit does not load yet; convert it to a Hugging Face "
+            "directory (transformers: AutoModelForCausalLM.from_pretrained(dir, gguf_file=name), then "
+            "save_pretrained) and pass that directory"
+        )
+    if (path / "spec.json").is_file():
+        return load_trained(path, device=device)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"{str(path)!r} has neither spec.json (a p0circuit training checkpoint, e.g. runs/train/step_N) nor "
+            "config.json (a Hugging Face checkpoint directory); pass one of those"
+        )
+    return load_checkpoint(path, device=device)
+
+
+def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
+    """The model named by ``entry`` (see the module docstring); ``seed`` initializes ``spec:`` models."""
+    kind, arg = check_model_entry(entry)
+    if kind == "planted":
+        plant = build_planted(**VARIANTS[arg])
+        return Resolved(entry, plant.model.to(device), f"planted model ({arg})", plant)
+    if kind == "spec":
+        model = ModelSpec(seed=seed, **FAMILIES[arg]).build(device)
+        return Resolved(entry, model, f"untrained {arg} model (ModelSpec, seed {seed})")
+    if kind == "checkpoint":
+        return Resolved(entry, load_any_checkpoint(arg, device=device), f"checkpoint {arg}")
+    return Resolved(entry, load_pretrained(arg, prepend_bos=False, device=device), f"hub model {arg}")

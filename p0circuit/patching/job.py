@@ -1,0 +1,127 @@
+"""One patching job: validated arguments, the prepared corruption, and the clean and corrupted
+runs cached once and shared by every patch of the call.
+
+Every method (:mod:`p0circuit.patching.methods`) follows the same three steps::
+
+    job = PatchJob(model, tokens, corruption=..., metric=..., direction=..., bos=...)
+    job.cache(hooks the method's patches read)           # two cached forwards
+    ops = [node_op(job, ...) or edge_op(job, ...)]       # p0circuit.patching.ops
+    job.result(method, level, raw=job.patch_each(ops), corrupted=job.corrupted_metric(...))
+
+so a new method is one file that builds its patch ops.
+"""
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from p0circuit.errors import ConfigError
+from p0circuit.models.checks import check_model
+from p0circuit.patching.corruptions import Prepared, get_corruption
+from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, run_groups, run_groups_reference
+from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric
+from p0circuit.patching.result import PatchResult, normalize
+from p0circuit.tokens import check_tokens
+
+DIRECTIONS = ("noise", "denoise")
+"""``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
+
+
+class PatchJob:
+    """Clean and corrupted caches for one (model, tokens, corruption, metric), built once.
+
+    The constructor validates every common argument (``bos``: the run's BOS choice, checked
+    against the clean tokens; None makes no claim); :meth:`cache` runs the two forwards.
+    """
+
+    def __init__(
+        self, model: Any, tokens: Any, *, corruption: Any = "shift", metric: Any = None, direction: str = "noise",
+        bos: Any = None, min_signal: float = 0.05, rows_per_forward: Optional[int] = None,
+    ) -> None:
+        check_model(model)
+        self.model = model
+        self.tokens: Tensor = check_tokens(model, tokens, min_len=2, bos=bos)
+        self.metric: PatchMetric = metric if metric is not None else default_metric(model.cfg.n_layers)
+        check_metric(self.metric, model)
+        if direction not in DIRECTIONS:
+            raise ConfigError(f"direction must be 'noise' or 'denoise', got {direction!r}")
+        self.direction = direction
+        if rows_per_forward is not None and rows_per_forward < 1:
+            raise ConfigError(f"rows_per_forward must be >= 1, got {rows_per_forward}")
+        self.rows_per_forward = 8 * self.tokens.shape[0] if rows_per_forward is None else rows_per_forward
+        self.min_signal = min_signal
+        self.prep: Prepared = get_corruption(corruption).prepare(model, self.tokens)
+        if direction == "denoise" and self.prep.is_ablation:
+            raise ConfigError(
+                f"direction='denoise' needs a corrupted run, but {self.prep.name!r} is an ablation of the clean "
+                "run; use direction='noise' or corruption 'shift'/'resample'"
+            )
+        self.clean: dict[str, Tensor] = {}
+        self.corr: Optional[dict[str, Tensor]] = None
+        self.clean_logits: Optional[Tensor] = None
+        self.corr_logits: Optional[Tensor] = None
+        self.clean_metric = float("nan")
+
+    def cache(self, extra: set[str]) -> "PatchJob":
+        """Run the clean (and corrupted) prompts once, keeping the engine's hooks and ``extra``."""
+        names = base_hooks(self.model.cfg.n_layers, self.metric, []) | extra
+        with torch.no_grad():
+            self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names)
+            if self.prep.corrupt_tokens is not None:
+                self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names)
+        self.clean_metric = self.metric_of(self.clean, self.clean_logits, 0)
+        return self
+
+    @property
+    def offset(self) -> int:
+        """Corrupted index of clean position 0."""
+        return self.prep.offset
+
+    @property
+    def seq_len(self) -> int:
+        """Length of the clean prompts."""
+        return int(self.prep.clean_tokens.shape[1])
+
+    def metric_of(self, cache: dict[str, Tensor], logits: Optional[Tensor], p0: int) -> float:
+        """The metric of a cached run."""
+        names = [h.name for h in self.metric.needs(self.model.cfg.n_layers)]
+        return float(self.metric(RunView({n: cache[n] for n in names}, logits, p0)))
+
+    def corrupted_value(self, hook: str, positions: list[int]) -> Tensor:
+        """The corrupted activation of ``hook`` at clean-frame ``positions``."""
+        return self.prep.corrupted_value(self.clean[hook], None if self.corr is None else self.corr[hook], positions)
+
+    def base(self, direction: Optional[str] = None) -> tuple[dict[str, Tensor], Tensor, Optional[Tensor], int]:
+        """(cache, tokens, logits, P0 index) of the run patches go into: clean for ``noise``."""
+        if (direction or self.direction) == "noise":
+            return self.clean, self.prep.clean_tokens, self.clean_logits, 0
+        return self.corr, self.prep.corrupt_tokens, self.corr_logits, self.offset  # type: ignore[return-value]
+
+    def patch_each(self, ops: Sequence[PatchOp], reference: bool = False) -> list[float]:
+        """Metric of the base run with each op applied alone (``reference``: the slow path)."""
+        cache, tokens, logits, p0 = self.base()
+        groups = [[op] for op in ops]
+        if reference:
+            return run_groups_reference(self.model, tokens, groups, self.metric, p0)
+        return run_groups(self.model, cache, groups, self.metric, p0, self.rows_per_forward, logits)
+
+    def corrupted_metric(self, full: Sequence[PatchOp]) -> float:
+        """Metric of the fully corrupted reference: the corrupted run, or for an ablation the clean
+        run with every op of ``full`` (each candidate ablated) applied at once."""
+        if not self.prep.is_ablation:
+            return self.metric_of(self.corr, self.corr_logits, self.offset)  # type: ignore[arg-type]
+        return run_groups(self.model, self.clean, [list(full)], self.metric, 0, self.rows_per_forward)[0]
+
+    def result(self, method: str, level: str, raw: dict[str, float], corrupted: float, **settings: Any) -> PatchResult:
+        """Normalize ``raw`` and wrap everything in a :class:`PatchResult` of ``level`` node or edge."""
+        norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction, self.min_signal)
+        tokens = self.prep.clean_tokens
+        return PatchResult(
+            method=method, level=level, corruption=self.prep.name, metric=self.metric.name,
+            direction=self.direction, clean_metric=self.clean_metric, corrupted_metric=corrupted, raw=raw,
+            normalized=norm, signal=signal, message=msg,
+            settings={**settings, "corruption_params": self.prep.corruption.params(),
+                      "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+                      "n_layers": int(self.model.cfg.n_layers), "n_heads": int(self.model.cfg.n_heads)},
+        )

@@ -1,0 +1,52 @@
+"""The patching methods by name: records that say what each method is, in one place.
+
+A method registers itself in its own module (:mod:`p0circuit.patching.methods`) with
+``register(Method(name, fn, level, ...))``; :func:`p0circuit.discover`, the command line and sweep
+configs read their choices from :data:`METHODS`, and every consumer of a result reads its level
+(node or edge) from the result, never from the method's name.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from p0circuit.errors import ConfigError
+from p0circuit.patching.result import PatchResult
+
+Level = Literal["node", "edge"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A patching method: ``fn(model, tokens, *, corruption, metric, ...) -> PatchResult``."""
+
+    name: str
+    """Registry name (``discover(method=...)``, ``--methods``, sweep ``methods``)."""
+    fn: Callable[..., PatchResult]
+    """The function; everything after ``tokens`` is keyword-only."""
+    level: Level
+    """What its effects are over: ``node`` or ``edge``."""
+    exact: bool = True
+    """False for first-order estimates (attribution)."""
+    summary: str = ""
+    """One line for ``--help`` and the docs."""
+
+
+METHODS: dict[str, Method] = {}
+"""Registry: method name -> :class:`Method`."""
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` (a name may be registered once)."""
+    if method.level not in ("node", "edge"):
+        raise ConfigError(f"method {method.name!r}: level must be 'node' or 'edge', got {method.level!r}")
+    if method.name in METHODS and METHODS[method.name] != method:
+        raise ConfigError(f"a patching method named {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name``, or a clear error listing the choices."""
+    if name not in METHODS:
+        raise ConfigError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    return METHODS[name]

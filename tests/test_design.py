@@ -1,0 +1,259 @@
+"""The design's promises: facts said once (levels, registries), keyword-only entry points, one
+model resolver, one probe maker, open extension points (a corruption or a method is one class or
+one file), and the three bugs the design review found."""
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+
+import p0circuit as p0
+from p0circuit.cli import build_parser, main
+from p0circuit.locate import locate
+from p0circuit.models.resolve import check_model_entry, load_any_checkpoint, load_model
+from p0circuit.patching import CORRUPTIONS, METHODS, Corruption, Method, register
+from p0circuit.patching.corruptions import Prepared
+from p0circuit.patching.metrics import check_metric_entry, metric_from_entry
+from p0circuit.sweep import SweepConfig
+from p0circuit.tokens import p0_like_positions, probe_tokens
+
+GENERIC = p0.ModelSpec(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, d_vocab=50, n_ctx=24, seed=1)
+
+
+@pytest.fixture(scope="module")
+def generic():
+    return GENERIC.build()
+
+
+def plant_tokens(pm, n=16, length=24):
+    return probe_tokens(pm.model, n, length, seed=0, regular=True)
+
+
+# --- the three bugs of the review -------------------------------------------------------------
+
+
+def test_attribution_edges_through_discover_gives_an_edge_circuit(planted, generic):
+    metric = p0.AttnToP0(heads=list(planted.sink_heads))
+    circuit = p0.discover(planted.model, plant_tokens(planted), method="attribution_edges", corruption="shift",
+                          metric=metric, threshold=1e-6)
+    assert circuit.level == "edge" and circuit.edges and not circuit.node_effects
+    assert all("->" in name for name in circuit.edge_effects)
+    toks = torch.randint(0, 50, (4, 10), generator=torch.Generator().manual_seed(1))
+    other = p0.discover(generic, toks, method="attribution_edges", corruption="shift", metric=p0.NormRatio(1),
+                        threshold=0.05)
+    assert other.level == "edge" and other.edges and set(other.node_names) == {
+        n.name for e in other.edges for n in (e.src, e.dst)}
+
+
+@pytest.mark.parametrize("fn", [p0.activation_patch, p0.path_patch, p0.attribution_patch, p0.discover, locate,
+                                p0.faithfulness_curve, p0.check_attribution])
+def test_everything_after_tokens_is_keyword_only(fn):
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params[:2]] == ["model", "tokens"]
+    assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[2:])
+
+
+def test_the_positional_trap_is_a_type_error_not_a_wrong_call(planted):
+    toks = plant_tokens(planted, 4, 12)
+    with pytest.raises(TypeError, match="positional"):
+        p0.attribution_patch(planted.model, toks, None, "shift", p0.NormRatio(1))
+    result = p0.attribution_patch(planted.model, toks, nodes=None, corruption="shift", metric=p0.NormRatio(1))
+    assert result.level == "node" and result.corruption == "shift"
+
+
+def test_discover_on_a_training_checkpoint_from_the_cli(tmp_path, capsys):
+    train = ["train", "--steps", "4", "--checkpoints", "1", "--warmup", "1", "--layers", "1", "--d-model", "16",
+             "--heads", "2", "--d-head", "8", "--seq-len", "16", "--batch-size", "4", "--out", str(tmp_path / "t"),
+             "--quiet"]
+    assert main(train) == 0
+    out = tmp_path / "d"
+    assert main(["discover", "--checkpoint", str(tmp_path / "t" / "step_4"), "--out", str(out), "--n-prompts", "4",
+                 "--seq-len", "8", "--methods", "activation"]) == 0
+    saved = json.loads((out / "circuit_activation.json").read_text())
+    assert saved["settings"]["level"] == "node" and saved["node_effects"]
+    assert "checkpoint" in capsys.readouterr().out
+
+
+def test_a_sweep_cell_on_a_training_checkpoint(tmp_path):
+    from p0circuit.sweep import run_sweep
+
+    assert main(["train", "--steps", "2", "--checkpoints", "1", "--warmup", "1", "--layers", "1", "--d-model", "16",
+                 "--heads", "2", "--d-head", "8", "--seq-len", "8", "--batch-size", "2", "--out",
+                 str(tmp_path / "t"), "--quiet"]) == 0
+    config = SweepConfig(models=[f"checkpoint:{tmp_path / 't' / 'step_2'}"], metrics=["norm_ratio:0"], n_prompts=2,
+                         seq_len=6)
+    (record,) = run_sweep(config, tmp_path / "sweep", progress=False)
+    assert record["circuit"]["settings"]["level"] == "node" and "scores" not in record
+
+
+# --- registries and levels ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_registered_method_runs_through_discover(planted, name):
+    method = METHODS[name]
+    circuit = p0.discover(planted.model, plant_tokens(planted, 6, 12), method=name, corruption="shift",
+                          metric=p0.NormRatio(1), threshold=0)
+    assert circuit.level == method.level == circuit.settings["level"]
+    effects = circuit.edge_effects if method.level == "edge" else circuit.node_effects
+    assert effects and (circuit.edges if method.level == "edge" else circuit.nodes)
+    assert circuit.settings["method"] == name and circuit.interpretation
+
+
+def test_discover_refuses_options_its_method_does_not_take(planted):
+    toks = plant_tokens(planted, 4, 12)
+    with pytest.raises(p0.ConfigError, match=r"does not take edges=; methods that do: \['attribution'"):
+        p0.discover(planted.model, toks, method="activation", edges=["M0@0->M1@0.mlp_in"], metric=p0.NormRatio(1))
+    with pytest.raises(p0.ConfigError, match="unknown method 'acdc'"):
+        p0.discover(planted.model, toks, method="acdc")
+
+
+def test_a_corruption_is_one_class(planted):
+    @dataclass(frozen=True)
+    class FirstToken(Corruption):
+        """A corruption written in a test: every prompt's first token replaced by ``token``."""
+
+        token: int = 1
+        name: ClassVar[str] = "first_token_test"
+
+        def prepare(self, model, tokens):
+            corrupt = tokens.clone()
+            corrupt[:, 0] = self.token
+            return Prepared(self, tokens, corrupt)
+
+    try:
+        assert CORRUPTIONS["first_token_test"] is FirstToken
+        circuit = p0.discover(planted.model, plant_tokens(planted, 6, 12), corruption="first_token_test",
+                              metric=p0.NormRatio(1), threshold=0)
+        assert circuit.settings["corruption"] == "first_token_test"
+        assert "first_token_test" in build_parser()._subparsers._group_actions[0].choices["discover"].format_help()
+        assert SweepConfig(corruptions=["first_token_test"]).corruptions == ["first_token_test"]
+    finally:
+        CORRUPTIONS.pop("first_token_test")
+
+
+def test_a_method_is_one_registration(planted):
+    def mlps_only(model, tokens, *, corruption="shift", metric=None, **kw):
+        nodes = [n for n in p0.candidate_nodes(model) if n.kind == p0.Kind.MLP]
+        return p0.activation_patch(model, tokens, nodes=nodes, corruption=corruption, metric=metric, **kw)
+
+    register(Method("mlps_only_test", mlps_only, "node"))
+    try:
+        circuit = p0.discover(planted.model, plant_tokens(planted, 6, 12), method="mlps_only_test",
+                              metric=p0.NormRatio(1))
+        assert circuit.node_names == {"M0@0", "M1@0"}
+        assert SweepConfig(methods=["mlps_only_test"]).methods == ["mlps_only_test"]
+        with pytest.raises(p0.ConfigError, match="already registered"):
+            register(Method("mlps_only_test", p0.activation_patch, "node"))
+    finally:
+        METHODS.pop("mlps_only_test")
+
+
+def test_one_metric_entry_parser(planted, generic):
+    assert metric_from_entry("norm_ratio:2", generic).name == "norm_ratio@L2"
+    assert metric_from_entry("sink_heads", planted.model, planted.sink_heads).heads == list(planted.sink_heads)
+    for bad in ("norm_ratio:x", "norm", 3):
+        with pytest.raises(p0.ConfigError, match="not valid; use one of"):
+            check_metric_entry(bad)
+    with pytest.raises(p0.ConfigError, match=r"sweep.metrics: metric 'norm' not valid"):
+        SweepConfig(metrics=["norm"])
+    with pytest.raises(p0.ConfigError, match="needs a planted model"):
+        metric_from_entry("sink_heads", generic)
+
+
+# --- views of a result ---------------------------------------------------------------------------
+
+
+def test_result_table_and_tensor_shaped_like_the_model(planted):
+    toks = plant_tokens(planted, 6, 12)
+    result = p0.activation_patch(planted.model, toks, metric=p0.NormRatio(1))
+    frame = result.to_frame()
+    assert list(frame.index[:3]) == sorted(result.names, key=lambda n: -abs(result.normalized[n]))[:3]
+    assert frame.loc["M0@0", "kind"] == "mlp" and frame.loc["A0.H1@rest", "head"] == 1
+    heads = result.to_tensor("head")
+    cfg = planted.model.cfg
+    assert heads.shape == (cfg.n_layers, 2, cfg.n_heads) and result.positions == [0, "rest"]
+    assert heads[0, 0, 0] == result.normalized["A0.H0@0"] and heads[2, 1, 1] == result.normalized["A2.H1@rest"]
+    mlps = result.to_tensor("mlp", normalized=False)
+    assert mlps.shape == (cfg.n_layers, 2) and mlps[1, 0] == result.raw["M1@0"]
+    partial = p0.activation_patch(planted.model, toks, nodes=["A0.H0@0"], metric=p0.NormRatio(1)).to_tensor()
+    assert partial.isnan().sum() == partial.numel() - 1
+    edges = p0.path_patch(planted.model, toks, edges=["M0@0->M1@0.mlp_in"], metric=p0.NormRatio(1))
+    assert edges.to_frame().loc["M0@0->M1@0.mlp_in", "sender"] == "M0@0"
+    with pytest.raises(p0.BadInputError, match="node-level"):
+        edges.to_tensor()
+
+
+def test_str_shows_enough_digits(planted):
+    result = p0.activation_patch(planted.model, plant_tokens(planted, 4, 12), nodes=["M0@0"], metric=p0.NormRatio(1))
+    assert f"{result.normalized['M0@0']:+.4g}" in str(result)
+
+
+# --- one resolver, one probe maker --------------------------------------------------------------
+
+
+def test_model_entries_resolve_in_one_place(tmp_path):
+    planted = load_model("planted:rope")
+    assert planted.truth is not None and planted.sink_heads and planted.model.cfg.n_layers == 4
+    spec = load_model("spec:nope", seed=3)
+    assert spec.truth is None and spec.model.cfg.positional_embedding_type == "standard"
+    for bad in ("planted:alibi", "spec:mamba", "checkpoint:", "gpt2", 7):
+        with pytest.raises(p0.ConfigError, match="not valid|not a string"):
+            check_model_entry(bad)
+    with pytest.raises(p0.CheckpointError, match="neither spec.json"):
+        load_any_checkpoint(tmp_path)
+    with pytest.raises(p0.CheckpointError, match="GGUF"):
+        load_any_checkpoint(tmp_path / "model.gguf")
+
+
+def test_probe_tokens_one_meaning_of_regular():
+    model = p0.ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=3, n_ctx=40).build()
+    toks = probe_tokens(model, 64, 40, seed=0, regular=True)
+    assert toks.shape == (64, 40)  # every row comes back, none is dropped
+    assert not p0_like_positions(toks)[:, 1:].any()  # only position 0 looks like a start
+    assert torch.equal(toks, probe_tokens(model, 64, 40, seed=0, regular=True))
+    model.p0circuit_bos_id = 2
+    plain = probe_tokens(model, 32, 10, seed=1)
+    assert not (plain == 2).any()
+    with_bos = probe_tokens(model, 32, 10, seed=1, bos=True)
+    assert (with_bos[:, 0] == 2).all() and not (with_bos[:, 1:] == 2).any()
+
+
+# --- renamed rooms answer with their new address --------------------------------------------------
+
+
+@pytest.mark.parametrize("old,new", [("p0circuit.faithfulness", "p0circuit.patching.faithfulness"),
+                                     ("p0circuit.validation", "p0circuit.models.checks"),
+                                     ("p0circuit.patching.runs", "PatchJob"),
+                                     ("p0circuit.experiments.plotting", "p0circuit.plotting")])
+def test_moved_modules_name_their_replacement(old, new):
+    with pytest.raises(ImportError, match=new):
+        __import__(old)
+
+
+def test_removed_names_name_their_replacement():
+    with pytest.raises(AttributeError, match="check_attribution"):
+        p0.disagreements  # noqa: B018
+
+
+def test_the_contributor_guide_examples_run(planted):
+    """The corruption and the method written out in docs/contributing.md work as the guide says."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "contributing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    try:
+        for block in blocks:
+            exec(compile(block, "docs/contributing.md", "exec"), {})
+        toks = plant_tokens(planted, 6, 12)
+        repeated = p0.discover(planted.model, toks, corruption="repeat_first", metric=p0.NormRatio(1), threshold=0)
+        assert repeated.settings["corruption"] == "repeat_first" and repeated.node_effects
+        mlps = p0.discover(planted.model, toks, method="mlp", metric=p0.NormRatio(1))
+        assert mlps.level == "node" and set(mlps.node_effects) == {f"M{l}@{p}" for l in range(4) for p in (0, "rest")}
+    finally:
+        CORRUPTIONS.pop("repeat_first", None)
+        METHODS.pop("mlp", None)
