@@ -19,6 +19,8 @@ def main(names: list[str]) -> None:
     paths = [HERE / n for n in names] if names else sorted(HERE.glob("*.ipynb"))
     for path in paths:
         nb = nbformat.read(path, as_version=4)
+        _, nb = nbformat.validator.normalize(nb)  # cell ids, as current nbformat wants them
+        nb = nbformat.from_dict(nb)
         with tempfile.TemporaryDirectory() as work:  # files the notebook writes stay out of the repo
             NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": work}}).execute()
         nbformat.write(nb, path)

@@ -6,6 +6,8 @@ corruption, compares both with the planted ground truth, and writes the circuits
 when Graphviz is installed, SVG) and the report under ``runs/discover/``.
 """
 
+# The subcommands import their modules inside their functions so that argument errors and --help
+# need no more than the registries imported below.
 import argparse
 import sys
 from pathlib import Path

@@ -11,6 +11,7 @@ import math
 import shutil
 from typing import Iterable, Mapping, Optional, Sequence
 
+import graphviz
 import networkx as nx
 
 from p0circuit.errors import BadInputError, ConfigError
@@ -94,8 +95,6 @@ def to_networkx(circuit: Circuit) -> "nx.DiGraph":
 
 def to_dot(circuit: Circuit, title: str = "") -> str:
     """Graphviz DOT source: one row per layer, edges labelled with the receiver input and effect."""
-    import graphviz
-
     dot = graphviz.Digraph("circuit", graph_attr={"rankdir": "BT", "label": title or _title(circuit)})
     for n in circuit.nodes:
         eff = circuit.node_effects.get(n.name)
@@ -116,8 +115,6 @@ def _title(circuit: Circuit) -> str:
 
 def to_svg(circuit: Circuit, title: str = "") -> str:
     """SVG text of :func:`to_dot` (needs Graphviz's ``dot`` program on PATH)."""
-    import graphviz
-
     if shutil.which("dot") is None:
         raise BadInputError("rendering SVG needs Graphviz's 'dot' program: install it (apt-get install graphviz)")
     return graphviz.Source(to_dot(circuit, title)).pipe(format="svg").decode("utf-8")

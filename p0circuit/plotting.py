@@ -4,10 +4,7 @@ saved as PNG on request."""
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # the user's backend is left alone: inline in Jupyter, Agg without a display
 
 
 def new_figure(n_axes: int = 1, width: float = 5.0, height: float = 3.5) -> tuple[Any, list[Any]]:

@@ -258,3 +258,17 @@ class Circuit:
         lines += [f"  node {n.name}" for n in self.nodes]
         lines += [f"  edge {e.name}" for e in self.edges]
         return "\n".join(lines)
+
+
+def parse_list(items: Any, cls: type, what: str, example: str) -> list:
+    """``cls`` objects (:class:`Node` or :class:`Edge`) from objects or names, e.g. ``example``;
+    a bare name instead of a list, an empty list and duplicates are errors naming the fix."""
+    if isinstance(items, (str, cls)):
+        raise BadInputError(f"{what} must be a list of {what} or names, got one: pass [{str(items)!r}]")
+    out = [x if isinstance(x, cls) else cls.parse(x) for x in items]
+    if not out:
+        raise BadInputError(f"no candidate {what} given: pass at least one (e.g. {example!r})")
+    if len(set(out)) != len(out):
+        dup = sorted({x.name for x in out if out.count(x) > 1})
+        raise BadInputError(f"duplicate {what} {dup}: list each once")
+    return out

@@ -42,7 +42,7 @@ def attention_html(
 
 def show_attention(model: Any, tokens: Tensor, layer: int, prompt: int = 0) -> Any:
     """An ``IPython.display.HTML`` of :func:`attention_html`, for notebooks."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # only notebooks have IPython; attention_html needs none
 
     return HTML(attention_html(model, tokens, layer, prompt))
 

@@ -18,7 +18,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from p0circuit import hooks
 from p0circuit.errors import BadInputError
+from p0circuit.models.spec import positional_kind
 from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.tokens import check_tokens
@@ -91,9 +93,6 @@ def repeated_token_spread(model: Any, token: int = 0, length: int = 16) -> pd.Da
     """Per layer: the largest distance between any position's residual and position 0's on a
     prompt of one repeated token, relative to ||h_0||. Without absolute positions it is 0 up to
     rounding in every layer (no position can be told from another: the NoPE/RoPE edge case)."""
-    from p0circuit import hooks
-    from p0circuit.models.spec import positional_kind
-
     kind = positional_kind(model)
     if kind == "learned":
         raise BadInputError(

@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from p0circuit.errors import CheckpointError
 
@@ -204,8 +206,6 @@ def _load_tokenizer(path: Path) -> Any:
     loaded as such: AutoTokenizer would pick the family's class from config.json (e.g.
     Qwen2Tokenizer), which rebuilds its own model and ignores the saved one.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         return None
     cls_name = ""
@@ -220,6 +220,18 @@ def _load_tokenizer(path: Path) -> Any:
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
+def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
+    """Attach ``tokenizer`` (or nothing, when None) as saved.
+
+    TransformerLens' ``set_tokenizer`` re-loads some families' tokenizers with ``add_bos_token=True``,
+    which is a silent BOS choice (and breaks simple local tokenizers)."""
+    if tokenizer is None:
+        return
+    tokenizer.padding_side = "right"
+    model.tokenizer = tokenizer
+    model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
+
+
 def load_checkpoint(
     path: Union[str, Path], device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> HookedTransformer:
@@ -230,9 +242,6 @@ def load_checkpoint(
     centering), so logits equal the HF model's. ``default_prepend_bos`` is False: text entry
     points in p0circuit always take ``prepend_bos`` explicitly anyway.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
-
     path = Path(path)
     architecture = _read_architecture(path)
     try:
@@ -247,12 +256,7 @@ def load_checkpoint(
     tokenizer = _load_tokenizer(path)
     state_dict = get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
-    if tokenizer is not None:
-        # Attached as saved: TransformerLens' set_tokenizer re-loads some families' tokenizers with
-        # add_bos_token=True, which is a silent BOS choice (and breaks simple local tokenizers).
-        tokenizer.padding_side = "right"
-        model.tokenizer = tokenizer
-        model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
+    attach_tokenizer(model, tokenizer)
     model.load_and_process_state_dict(
         state_dict,
         fold_ln=False,

@@ -14,7 +14,7 @@ from torch import Tensor
 from p0circuit import hooks
 from p0circuit.errors import BadInputError
 from p0circuit.hooks import HookRef
-from p0circuit.types import Edge, Input, Kind, Node
+from p0circuit.types import Edge, Input, Kind, Node, parse_list
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
 
@@ -100,11 +100,4 @@ def sender_hook(node: Node) -> str:
 
 def parse_edges(edges: Sequence[Union[Edge, str]]) -> list[Edge]:
     """Edges from Edge objects or names like 'M1@0->A2.H0@0.k'; duplicates and empties are errors."""
-    if isinstance(edges, (str, Edge)):
-        raise BadInputError(f"edges must be a list of edges or names, got one: pass [{str(edges)!r}]")
-    out = [e if isinstance(e, Edge) else Edge.parse(e) for e in edges]
-    if not out:
-        raise BadInputError("no candidate edges given: pass at least one edge (e.g. 'M1@0->A2.H0@0.k')")
-    if len(set(out)) != len(out):
-        raise BadInputError("duplicate edges: list each edge once")
-    return out
+    return parse_list(edges, Edge, "edges", "M1@0->A2.H0@0.k")

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, MissingHookError
 from p0circuit.hooks import HookRef
-from p0circuit.types import REST, Kind, Node
+from p0circuit.types import REST, Kind, Node, parse_list
 
 
 @dataclass(frozen=True)
@@ -103,15 +103,7 @@ def candidate_nodes(
 
 def parse_nodes(nodes: Sequence[Union[Node, str]]) -> list[Node]:
     """Nodes from Node objects or names like 'A0.H1@0'; duplicates and empties are errors."""
-    if isinstance(nodes, (str, Node)):
-        raise BadInputError(f"nodes must be a list of nodes or names, got one: pass [{str(nodes)!r}]")
-    out = [n if isinstance(n, Node) else Node.parse(n) for n in nodes]
-    if not out:
-        raise BadInputError("no candidate nodes given: pass at least one node (e.g. 'A0.H0@0')")
-    if len(set(out)) != len(out):
-        dup = sorted({n.name for n in out if out.count(n) > 1})
-        raise BadInputError(f"duplicate nodes {dup}: list each node once")
-    return out
+    return parse_list(nodes, Node, "nodes", "A0.H0@0")
 
 
 def named_positions(nodes: Iterable[Node]) -> list[int]:

@@ -65,7 +65,7 @@ def rebuild_index(out: Path) -> list[dict[str, Any]]:
 def _ray_results(todo: list[Cell], workers: int) -> Any:
     """Yield records as Ray tasks finish (a local cluster, or the one in ``RAY_ADDRESS``)."""
     try:
-        import ray
+        import ray  # optional extra: pip install "p0circuit[ray]"
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'p0circuit[ray]' (or pip install ray)") from None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -16,6 +16,7 @@ always explicit.
 """
 
 import functools
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -175,10 +176,8 @@ def hf_dataset_source(name: str, split: str = "train", field: str = "text", limi
                       **kwargs: Any) -> TextSource:
     """Write ``limit`` documents of a Hugging Face dataset to a local text file and read it as bytes
     (needs a hub or the datasets cache; raises a clear error without)."""
-    import tempfile
-
     try:
-        import datasets
+        import datasets  # optional: only this function needs it (pip install datasets)
 
         ds = datasets.load_dataset(name, split=split, streaming=True)
         docs = [row[field] for _, row in zip(range(limit), ds)]

