@@ -9,6 +9,7 @@ when Graphviz is installed, SVG) and the report under ``runs/discover/``.
 # The subcommands import their modules inside their functions so that argument errors and --help
 # need no more than the registries imported below.
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -21,6 +22,8 @@ from p0circuit.planted import VARIANTS
 
 
 def _model_entry(args: argparse.Namespace) -> str:
+    if args.model:
+        return args.model
     if args.checkpoint:
         return f"checkpoint:{args.checkpoint}"
     if args.spec:
@@ -28,20 +31,47 @@ def _model_entry(args: argparse.Namespace) -> str:
     return f"planted:{args.plant}"
 
 
+def _layers(text: str, n_layers: int) -> list[int]:
+    """``"0-3"``, ``"0,2,5"`` or ``"4"`` as a list of layers of the model."""
+    from p0circuit.errors import ConfigError
+
+    try:
+        layers = sorted({l for part in text.split(",") for l in (
+            range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [int(part)])})
+    except ValueError:
+        raise ConfigError(f"--layers {text!r}: use a range like 0-3 or a list like 0,2,5") from None
+    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+        raise ConfigError(f"--layers {text!r}: the model has layers 0..{n_layers - 1}")
+    return layers
+
+
 def _discover(args: argparse.Namespace) -> int:
     from p0circuit.discovery import run_discovery
     from p0circuit.models.resolve import load_model
+    from p0circuit.patching import candidate_nodes
     from p0circuit.patching.metrics import metric_from_entry
-    from p0circuit.tokens import probe_tokens
+    from p0circuit.patching.sites import parse_nodes
+    from p0circuit.tokens import probe_tokens, text_windows
 
     resolved = load_model(_model_entry(args), seed=args.seed)
-    tokens = probe_tokens(resolved.model, args.n_prompts, args.seq_len, seed=args.seed, regular=True)
-    metric = metric_from_entry(args.metric or ("sink_heads" if resolved.plant else "attn_to_p0"), resolved.model,
-                               resolved.sink_heads)
-    print(f"p0circuit discover: {resolved.label}, {tokens.shape[0]} regular random prompts x {tokens.shape[1]} "
-          "tokens, no BOS")
+    model = resolved.model
+    if args.text:
+        tokens = text_windows(model, Path(args.text).read_text(encoding="utf-8"), args.n_prompts, args.seq_len,
+                              prepend_bos=args.bos)
+        what = f"windows of {args.text}"
+    else:
+        tokens = probe_tokens(model, args.n_prompts, args.seq_len, seed=args.seed, regular=True, bos=args.bos)
+        what = "regular random prompts"
+    metric = metric_from_entry(args.metric, model, resolved.sink_heads) if args.metric else None
+    nodes = parse_nodes(args.nodes) if args.nodes else None
+    if args.layers:
+        layers = _layers(args.layers, model.cfg.n_layers)
+        nodes = [n for n in (nodes or candidate_nodes(model)) if n.layer in layers]
+    print(f"p0circuit discover: {resolved.label}, {tokens.shape[0]} {what} x {tokens.shape[1]} tokens, "
+          f"{'BOS' if args.bos else 'no BOS'}")
     found = run_discovery(resolved, tokens, methods=args.methods, corruption=args.corruption, metric=metric,
-                          threshold=args.threshold)
+                          threshold=args.threshold, bos=args.bos, nodes=nodes, edge_budget=args.edge_budget,
+                          progress=not args.quiet)
     print(found)
     out = found.write(args.out)
     print(f"\nwrote {out}/")
@@ -152,12 +182,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
-    d.add_argument("--checkpoint", help="a local checkpoint instead of a plant: a Hugging Face directory or a "
-                   "p0circuit training checkpoint (runs/train/step_N)")
+    d.add_argument("--model", help="any model entry: planted:<variant>, spec:<family>, checkpoint:<path>, "
+                   "real:smollm2, hub:<name>")
+    d.add_argument("--checkpoint", help="a local checkpoint instead of a plant: a Hugging Face directory, a "
+                   "p0circuit training checkpoint (runs/train/step_N) or a .gguf file")
     d.add_argument("--spec", choices=sorted(FAMILIES), help="a model family by name, freshly initialized")
     d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=sorted(METHODS))
     d.add_argument("--corruption", default="shift", choices=sorted(CORRUPTIONS))
-    d.add_argument("--metric", help=f"one of {list(METRIC_ENTRIES)} (default: sink_heads on a plant, else attn_to_p0)")
+    d.add_argument("--metric", help=f"one of {list(METRIC_ENTRIES)} (default: sink_heads on a plant, else "
+                   "norm_ratio at the layer where the P0 norm first passes 5x, else attn_to_p0)")
+    d.add_argument("--layers", help="candidate nodes only in these layers, e.g. 0-3 or 0,2,5")
+    d.add_argument("--nodes", nargs="+", help="candidate nodes by name, e.g. A0.H0@0 M1@0 M2@rest")
+    d.add_argument("--edge-budget", type=int, default=5000,
+                   help="most candidate edges path patching runs; above it, edges among an activation pass's nodes")
+    d.add_argument("--text", help="a UTF-8 text file: prompts are consecutive windows of it (needs a tokenizer)")
+    d.add_argument("--bos", action="store_true", help="prompts start with the model's BOS token (default: no BOS)")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.add_argument("--threshold", type=float, default=0.1)
     d.add_argument("--n-prompts", type=int, default=32)
     d.add_argument("--seq-len", type=int, default=32)
@@ -225,6 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from p0circuit.errors import P0CircuitError
 
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args.func(args))
     except P0CircuitError as e:
@@ -234,6 +275,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("p0circuit: interrupted; finished cells and checkpoints are kept, run the same command to resume",
               file=sys.stderr)
         return 130
+    except Terminated:
+        print("p0circuit: terminated (SIGTERM); finished cells and checkpoints are kept, run the same command to "
+              "resume", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind (closing files and progress bars) and exit with a message."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -57,11 +57,13 @@ def discover(
     bos: Optional[bool] = None,
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
+    progress: bool = False,
 ) -> Circuit:
     """Run ``method`` and keep every node (or edge) with |normalized effect| >= ``threshold``.
 
     The other arguments go to the method (see :func:`~p0circuit.activation_patch`); ``nodes``,
-    ``edges`` and ``reference`` only to a method that takes them. The circuit carries every
+    ``edges``, ``reference`` and ``progress`` only to a method that takes them (``progress`` is
+    dropped silently for a method without a bar, e.g. attribution, which is one forward and backward). The circuit carries every
     candidate's effect, the settings that produced it and an ``interpretation`` line; without
     signal (e.g. ``resample`` on a position-only circuit) it is empty and its settings say so.
     """
@@ -69,8 +71,9 @@ def discover(
     accepted = inspect.signature(record.fn).parameters
     options: dict[str, Any] = {"direction": direction, "min_signal": min_signal, "bos": bos,
                                "rows_per_forward": rows_per_forward}
-    for name, value in (("nodes", nodes), ("edges", edges), ("reference", reference or None)):
-        if value is None:
+    for name, value in (("nodes", nodes), ("edges", edges), ("reference", reference or None),
+                        ("progress", progress or None)):
+        if value is None or (name == "progress" and name not in accepted):
             continue
         if name not in accepted:
             raise ConfigError(f"method {method!r} ({record.level}s) does not take {name}=; "

@@ -14,12 +14,15 @@ from typing import Any, Optional, Sequence, Union
 from torch import Tensor
 
 from p0circuit.discover import discover
+from p0circuit.errors import BadInputError
 from p0circuit.graphs import compare, to_dot, to_svg
 from p0circuit.io import write_atomic
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
-from p0circuit.patching import Corruption, PatchMetric
-from p0circuit.types import Circuit
+from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
+from p0circuit.patching.engine import stop_layer
+from p0circuit.patching.metrics import metric_from_entry
+from p0circuit.types import Circuit, Edge, Node
 
 
 @dataclass
@@ -34,6 +37,8 @@ class Discovery:
     """The sink report on the prompts."""
     metric: PatchMetric
     """The patching metric."""
+    metric_reason: str = "given"
+    """Why this metric (when it was chosen by :func:`default_metric`)."""
     circuits: dict[str, Circuit] = field(default_factory=dict)
     """Method name -> circuit."""
 
@@ -56,7 +61,8 @@ class Discovery:
     def __str__(self) -> str:
         lines = [str(self.report)]
         for method, circuit in self.circuits.items():
-            lines += ["", f"== {method} patching, corruption={circuit.settings.get('corruption')}, metric={self.metric.name}",
+            lines += ["", f"== {method} patching, corruption={circuit.settings.get('corruption')}, metric={self.metric.name}"
+                          f" ({self.metric_reason})" + (f"; {circuit.settings['candidates']}" if "candidates" in circuit.settings else ""),
                       str(circuit), circuit.interpretation]
             scores = self.scores(method)
             if scores is not None:
@@ -77,14 +83,68 @@ class Discovery:
         return out
 
 
+EDGE_BUDGET = 5000
+"""Default most candidate edges path patching runs; above it, candidates come from a node pass."""
+
+
+def default_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, str]:
+    """The metric a discovery uses when none is given, and why: a planted model's sink heads; else
+    the P0 norm ratio where it first passes the norm threshold (the end of the amplification), so
+    no forward runs past that block; else attention to P0 of the layers >= 2."""
+    if resolved.sink_heads:
+        return metric_from_entry("sink_heads", resolved.model, resolved.sink_heads), "the planted sink heads"
+    if report.norm_onset_layer is not None:
+        return (NormRatio(report.norm_onset_layer),
+                f"P0 norm ratio at the norm onset layer {report.norm_onset_layer}")
+    return metric_from_entry("attn_to_p0", resolved.model), "no norm onset: attention to P0 of layers >= 2"
+
+
+def pruned_edges(model: Any, node_circuit: Circuit, metric: PatchMetric) -> list[Edge]:
+    """Candidate edges among the nodes a node pass kept: senders and receivers both in it."""
+    kept = set(node_circuit.nodes)
+    stop = stop_layer(model, metric)
+    return [e for e in candidate_edges(model, sorted(kept), receiver_layers=stop) if e.dst in kept]
+
+
 def run_discovery(
     resolved: Resolved, tokens: Tensor, *, methods: Sequence[str], corruption: Union[str, Corruption],
-    metric: PatchMetric, threshold: float = 0.1, bos: Optional[bool] = False, **options: Any,
+    metric: Optional[PatchMetric] = None, threshold: float = 0.1, bos: Optional[bool] = False,
+    nodes: Optional[Sequence[Node]] = None, edge_budget: int = EDGE_BUDGET, progress: bool = False, **options: Any,
 ) -> Discovery:
-    """The sink report and one :func:`~p0circuit.discover` circuit per method on ``tokens``."""
-    report = sink_report(resolved.model, tokens, bos=bos)
-    found = Discovery(resolved, tokens, report, metric)
+    """The sink report and one :func:`~p0circuit.discover` circuit per method on ``tokens``.
+
+    ``metric`` defaults to :func:`default_metric`. ``nodes`` restricts the candidate nodes (and the
+    senders and receivers of edges). An edge-level method whose candidates would exceed
+    ``edge_budget`` runs on the edges among the nodes an activation pass keeps (run first if not
+    among ``methods``); the circuit's settings say so.
+    """
+    model = resolved.model
+    report = sink_report(model, tokens, bos=bos)
+    reason = "given"
+    if metric is None:
+        metric, reason = default_metric(resolved, report)
+    found = Discovery(resolved, tokens, report, metric, metric_reason=reason)
+    common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
+                              "progress": progress, **options}
+    node_list = list(nodes) if nodes is not None else None
     for method in methods:
-        found.circuits[method] = discover(resolved.model, tokens, method=method, corruption=corruption, metric=metric,
-                                          threshold=threshold, bos=bos, **options)
+        if get_method(method).level == "node":
+            found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
+            continue
+        senders = node_list if node_list is not None else candidate_nodes(model)
+        edges = candidate_edges(model, senders, receiver_layers=stop_layer(model, metric))
+        if node_list is not None:
+            edges = [e for e in edges if e.dst in set(node_list)]
+        note = f"{len(edges)} candidate edges"
+        if len(edges) > edge_budget:
+            node_pass = found.circuits.get("activation") or discover(model, tokens, method="activation",
+                                                                     nodes=node_list, **common)
+            edges = pruned_edges(model, node_pass, metric)
+            note = (f"{len(edges)} edges among the {len(node_pass.nodes)} nodes of an activation pass (the full set "
+                    f"would exceed the edge budget of {edge_budget})")
+        if not edges:
+            raise BadInputError(f"{method}: no candidate edges ({note}); lower the threshold or widen the nodes")
+        circuit = discover(model, tokens, method=method, edges=edges, **common)
+        found.circuits[method] = Circuit(circuit.nodes, circuit.edges, circuit.node_effects, circuit.edge_effects,
+                                         {**circuit.settings, "candidates": note})
     return found

@@ -170,6 +170,38 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
     return tokens
 
 
+def text_windows(
+    model: HookedTransformer, text: str, n: int, length: int, *, prepend_bos: Any
+) -> Int[Tensor, "batch pos"]:
+    """``n`` prompts of exactly ``length`` tokens from natural text: ``text`` is tokenized once
+    (no special tokens) and cut into consecutive, non-overlapping windows; with ``prepend_bos=True``
+    each window holds the BOS id and ``length - 1`` text tokens. Sink metrics need prompts of equal
+    length, and windows give them without padding."""
+    if not isinstance(prepend_bos, bool):
+        raise BadInputError(f"prepend_bos must be True or False, got {prepend_bos!r}: p0circuit never picks the BOS choice")
+    if model.tokenizer is None:
+        raise BadInputError("this model has no tokenizer: text cannot be tokenized; pass token ids instead")
+    if not isinstance(text, str) or not text.strip():
+        raise BadInputError("text must be a non-empty string")
+    if n < 1 or length < 2:
+        raise BadInputError(f"text windows need n >= 1 and length >= 2, got n={n}, length={length}")
+    ids = list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    per = length - int(prepend_bos)
+    if len(ids) < n * per:
+        raise BadInputError(
+            f"the text holds {len(ids)} tokens, fewer than {n} windows of {per} need ({n * per}); pass more text, "
+            "fewer prompts or shorter ones"
+        )
+    rows = [ids[i * per:(i + 1) * per] for i in range(n)]
+    if prepend_bos:
+        if model.tokenizer.bos_token_id is None:
+            raise BadInputError("this tokenizer has no BOS token; use prepend_bos=False")
+        rows = [[model.tokenizer.bos_token_id] + r for r in rows]
+    tokens = torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
+    check_bos(model, tokens, prepend_bos, what="text windows")
+    return tokens
+
+
 def check_tokens(
     model: HookedTransformer, tokens: Any, *, min_len: int = 1, what: str = "tokens", bos: Any = None,
 ) -> Int[Tensor, "batch pos"]:

@@ -8,7 +8,7 @@ tokens are longer than Mistral's sliding window (8), so the window is exercised.
 import pytest
 import torch
 
-from p0circuit import BadInputError, CheckpointError, load_checkpoint, load_pretrained, sink_report, to_tokens
+from p0circuit import BadInputError, CheckpointError, ModelSpec, load_checkpoint, load_pretrained, sink_report, to_tokens
 from p0circuit.models import positional_kind
 
 from checkpoint_factory import VOCAB, family_configs, make_checkpoint
@@ -137,3 +137,16 @@ def test_pythia_checkpoint_index_path_offline(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["label"] == 4 and result["bos"] is False
     assert result["diff"] <= 1e-4  # unprocessed weights: the same logits as the HF model
+
+
+def test_linear_layout_changes_no_value():
+    """The gated MLP and unembedding weights are stored transposed-contiguous (no copy per forward);
+    every logit is bitwise the same."""
+    from p0circuit.models.layout import linear_layout
+
+    model = ModelSpec(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, d_vocab=50, n_ctx=16, mlp="gated").build()
+    toks = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(0))
+    before = model(toks)
+    linear_layout(model)
+    assert model.blocks[0].mlp.W_gate.T.is_contiguous() and model.unembed.W_U.T.is_contiguous()
+    assert torch.equal(before, model(toks))

@@ -205,8 +205,11 @@ def test_model_entries_resolve_in_one_place(tmp_path):
             check_model_entry(bad)
     with pytest.raises(p0.CheckpointError, match="neither spec.json"):
         load_any_checkpoint(tmp_path)
-    with pytest.raises(p0.CheckpointError, match="GGUF"):
+    with pytest.raises(p0.CheckpointError, match="GGUF file .* does not exist"):
         load_any_checkpoint(tmp_path / "model.gguf")
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    with pytest.raises(p0.CheckpointError, match="not a readable GGUF file"):
+        load_any_checkpoint(tmp_path / "broken.gguf")
 
 
 def test_probe_tokens_one_meaning_of_regular():

@@ -150,3 +150,48 @@ def test_positions_before_the_patch_are_not_recomputed(planted):
     assert tokens_seen == [4 * 12, 4 * 12, 3 * 4 * (12 - 5)]  # clean run, corrupted run, one suffix forward
     slow = p0.activation_patch(model, toks, nodes=nodes, corruption=other, metric=metric, direction="denoise", min_signal=0, reference=True)
     assert _max_diff(fast, slow) <= TOL
+
+
+def test_patches_that_cannot_reach_the_metric_are_not_run(planted):
+    """NormRatio(1) reads block 1's output: blocks 2-3 never run (not even in the cached runs), their
+    nodes get an effect of exactly 0, and the result equals the reference path that runs them all."""
+    calls = {1: 0, 2: 0, 3: 0}
+
+    def count(layer):
+        def hook(act, hook):
+            calls[layer] += act.shape[0]
+        return hook
+
+    model = planted.model
+    for layer in calls:
+        model.add_hook(p0.hooks.resid_pre(layer), count(layer), is_permanent=True)
+    try:
+        toks = random_tokens(4, 12, 32, seed=3)
+        fast = p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(1))
+        seen = dict(calls)
+        edges = p0.path_patch(model, toks, edges=["M0@0->M1@0.mlp_in", "M0@0->A2.H0@0.k", "M1@0->A3.H1@0.q"],
+                              corruption="shift", metric=p0.NormRatio(1))
+        assert calls[2] == calls[3] == 0
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert seen[2] == seen[3] == 0 and seen[1] > 0
+    late = [n for n in fast.names if n.startswith(("A2", "A3", "M2", "M3"))]
+    assert len(late) == 12 and fast.settings["unreachable"] == 12  # 2 heads + 1 MLP, 2 layers, 2 positions
+    assert all(fast.normalized[n] == 0.0 and fast.raw[n] == fast.clean_metric for n in late)
+    slow = p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(1), reference=True)
+    assert all(slow.normalized[n] == 0.0 for n in late)  # the reference runs them: truly no effect
+    assert _max_diff(fast, slow) <= TOL
+    assert edges.normalized["M0@0->A2.H0@0.k"] == 0.0 and edges.normalized["M0@0->M1@0.mlp_in"] > 0.5
+
+
+def test_heads_of_the_metric_block_cannot_reach_its_pattern(planted):
+    """AttnToP0 at layer 2 reads block 2's attention pattern, which block 2's own head outputs and
+    MLP come after: they are not run; layer-1 nodes are."""
+    toks = random_tokens(4, 12, 32, seed=4)
+    metric = p0.AttnToP0(heads=[(2, 0)])
+    nodes = ["A1.H0@0", "M1@0", "A2.H0@0", "A2.H1@0", "M2@0"]
+    fast = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric=metric)
+    slow = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric=metric, reference=True)
+    assert fast.settings["unreachable"] == 3 and slow.settings["unreachable"] == 0
+    assert fast.normalized == slow.normalized or _max_diff(fast, slow) <= TOL
+    assert abs(fast.normalized["M1@0"]) > 0.5

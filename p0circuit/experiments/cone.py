@@ -112,7 +112,7 @@ def measure_attention_output(model: Any, tokens: Tensor, layer: int = 0, head: O
     else:
         _, cache = model.run_with_cache(tokens, names_filter=hooks.head_z(layer))
         z = cache[hooks.head_z(layer)][:, :, head].double()
-        o = z @ model.W_O[layer, head].double()  # (B, T, d_head) x (d_head, d) -> (B, T, d)
+        o = z @ model.blocks[layer].attn.W_O[head].double()  # (B, T, d_head) x (d_head, d) -> (B, T, d)
     sq = o.pow(2).sum(-1)  # (B, T)
     u = torch.nn.functional.normalize(o.mean(dim=(0, 1)), dim=0)
     cos = (o @ u) / o.norm(dim=-1).clamp_min(1e-12)

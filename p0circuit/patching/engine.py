@@ -65,23 +65,36 @@ def start_layer(group: Sequence[PatchOp]) -> int:
     return max(0, min(op.hook.layer if op.hook.layer >= 0 else 0 for op in group)) if group else 0
 
 
-def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef]) -> set[str]:
-    """Hooks the base-run cache must hold: every block's input and output (and its middle and MLP
-    output, for :func:`skip_block`), the metric's, and ``extra``."""
-    names = {hooks.resid_pre(l) for l in range(n_layers)}
-    names |= {hooks.resid_post(l) for l in range(n_layers)} | {hooks.mlp_out(l) for l in range(n_layers)}
-    names |= {hooks.resid_mid(l) for l in range(n_layers)}
-    names |= {hooks.head_vector(l, w) for l in range(n_layers) for w in ("k", "v")}
+def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef], stop: Optional[int] = None) -> set[str]:
+    """Hooks the base-run cache must hold: the input and output of every block before ``stop``
+    (and its middle and MLP output, for :func:`skip_block`; its keys and values, for suffix
+    forwards), the metric's, and ``extra``."""
+    layers = range(n_layers if stop is None else min(stop, n_layers))
+    names = {hooks.resid_pre(l) for l in layers} | {hooks.resid_post(l) for l in layers}
+    names |= {hooks.mlp_out(l) for l in layers} | {hooks.resid_mid(l) for l in layers}
+    names |= {hooks.head_vector(l, w) for l in layers for w in ("k", "v")}
     names |= {h.name for h in metric.needs(n_layers)}
     names |= {h.name for h in extra}
     return names
 
 
-def _stop_layer(model: Any, metric: PatchMetric) -> Optional[int]:
+def stop_layer(model: Any, metric: PatchMetric) -> Optional[int]:
+    """The block after the last one the metric reads (None when it reads the logits): no forward
+    needs to run further."""
     if metric.needs_logits:
         return None
     needed = [h.layer for h in metric.needs(model.cfg.n_layers)]
     return max(needed) + 1 if needed else None
+
+
+def reaches(hook: HookRef, metric: PatchMetric, n_layers: int) -> bool:
+    """Whether a change at ``hook`` can change anything ``metric`` reads. Under causality a write
+    in block ``l`` reaches a read in block ``L`` only when ``l < L`` or, in the same block, when
+    the write comes first (:func:`p0circuit.hooks.stage`); logits are reached by everything."""
+    if metric.needs_logits:
+        return True
+    return any(hook.layer < h.layer or (hook.layer == h.layer and hooks.stage(hook.name) <= hooks.stage(h.name))
+               for h in metric.needs(n_layers))
 
 
 def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool:
@@ -120,7 +133,7 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
         return out
     z = base[:, pos, op.head]
     delta_z = op.value if op.add else op.value - z
-    delta = delta_z @ model.W_O[layer, op.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
+    delta = delta_z @ model.blocks[layer].attn.W_O[op.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
     if model.cfg.parallel_attn_mlp:
         out[:, pos] += delta
         return out
@@ -148,10 +161,11 @@ def _skip_blocks(model: Any, base_cache: dict[str, Tensor], items: Sequence[tupl
     layer = heads[0][1].hook.layer
     pos = list(heads[0][1].positions)
     base_z = base_cache[hooks.head_z(layer)][:, pos]  # (B, P, H, d_head)
+    W_O = model.blocks[layer].attn.W_O  # (H, d_head, d_model); model.W_O would re-stack every block
     deltas = []
     for _, op in heads:
         dz = op.value if op.add else op.value - base_z[:, :, op.head]
-        deltas.append(dz @ model.W_O[layer, op.head])  # (B, P, d_head) x (d_head, d) -> (B, P, d)
+        deltas.append(dz @ W_O[op.head])  # (B, P, d_head) x (d_head, d) -> (B, P, d)
     mid = base_cache[hooks.resid_mid(layer)][:, pos].repeat(len(heads), 1, 1) + torch.cat(deltas)  # (k*B, P, d)
     block = model.blocks[layer]
     new = mid + block.apply_mlp(block.ln2(mid))
@@ -205,14 +219,16 @@ def run_groups(
     p0: int,
     rows_per_forward: int,
     base_logits: Optional[Tensor] = None,
+    on_done: Optional[Callable[[int], None]] = None,
 ) -> list[float]:
     """Metric value of the base run with each group applied (fast path).
 
-    ``base_logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards.
+    ``base_logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards;
+    ``on_done(n)`` is called as groups finish (a progress bar).
     """
     base = BaseRun(model, base_cache, metric, p0, base_logits)
     needs = metric.needs(model.cfg.n_layers)
-    stop = _stop_layer(model, metric)
+    stop = stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)
     by_start: dict[tuple[int, int], list[int]] = {}
     skip: dict[int, bool] = {}
@@ -230,12 +246,16 @@ def run_groups(
                     patched = skip_block(model, base_cache, groups[i][0])
                     acts = {k: (patched if k == hooks.resid_post(start - 1) else v) for k, v in acts.items()}
                 out[i] = float(metric(RunView(acts, None, p0)))
+            if on_done is not None:
+                on_done(len(idx))
             continue
         for c in range(0, len(idx), per_chunk):
             part = idx[c : c + per_chunk]
             chunk = Chunk([groups[i] for i in part], start, stop, [skip[i] for i in part], first)
             for i, v in zip(part, _run_chunk(base, chunk)):
                 out[i] = v
+            if on_done is not None:
+                on_done(len(part))
     return [float(v) for v in out]  # type: ignore[arg-type]
 
 
@@ -310,20 +330,25 @@ def _suffix_ok(model: Any, metric: PatchMetric, base_logits: Optional[Tensor], b
         return False
     if model.cfg.positional_embedding_type not in ("rotary", "standard"):
         return False
-    return all(hooks.head_vector(l, w) in base_cache for l in range(model.cfg.n_layers) for w in ("k", "v"))
+    stop = stop_layer(model, metric)
+    layers = range(model.cfg.n_layers if stop is None else stop)
+    return all(hooks.head_vector(l, w) in base_cache for l in layers for w in ("k", "v"))
 
 
 def _prefix_cache(model: Any, base_cache: dict[str, Tensor], start: int, first: int, n: int) -> Any:
-    """A frozen key-value cache holding the base run's keys and values of positions < ``first``."""
+    """A frozen key-value cache holding the base run's keys and values of positions < ``first``
+    (empty placeholders for the blocks that do not run: before ``start``, or past the cached ones)."""
+    cached = [l for l in range(model.cfg.n_layers) if hooks.head_vector(l, "k") in base_cache]
+    like_k, like_v = (base_cache[hooks.head_vector(cached[0], w)][:, :0] for w in ("k", "v"))
     entries = []
     for layer in range(model.cfg.n_layers):
-        k = base_cache[hooks.head_vector(layer, "k")]
-        v = base_cache[hooks.head_vector(layer, "v")]
-        if layer < start:  # not run: an empty placeholder
-            k, v = k[:, :0], v[:, :0]
+        if layer < start or layer not in cached:  # not run: an empty placeholder
+            k, v = like_k, like_v
+        else:
+            k, v = base_cache[hooks.head_vector(layer, "k")], base_cache[hooks.head_vector(layer, "v")]
         entries.append(TransformerLensKeyValueCacheEntry(
             k[:, :first].repeat(n, 1, 1, 1), v[:, :first].repeat(n, 1, 1, 1), frozen=True))
-    mask = torch.ones(k.shape[0] * n, first, dtype=torch.int, device=k.device)
+    mask = torch.ones(like_k.shape[0] * n, first, dtype=torch.int, device=like_k.device)
     return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
 
 
@@ -357,7 +382,8 @@ def run_groups_reference(
     return values
 
 
-def cache_run(model: Any, tokens: Tensor, names: set[str]) -> tuple[dict[str, Tensor], Tensor]:
-    """Run ``tokens`` once, keeping only ``names``; returns (cache dict, logits)."""
-    logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return dict(cache.cache_dict), logits
+def cache_run(model: Any, tokens: Tensor, names: set[str], stop: Optional[int] = None) -> tuple[dict[str, Tensor], Optional[Tensor]]:
+    """Run ``tokens`` once through the blocks before ``stop`` (all of them and the unembedding when
+    None), keeping only ``names``; returns (cache dict, logits or None when stopped early)."""
+    out, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, stop_at_layer=stop)
+    return dict(cache.cache_dict), (out if stop is None else None)

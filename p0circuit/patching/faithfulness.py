@@ -109,13 +109,15 @@ def faithfulness_curve(
         items = [Node.parse(n) for n in ranked]
         named = named_positions(items)
         extra = {site_of(n, model).hook.name for n in items}
+    # items that cannot reach the metric change nothing whether dropped or kept: never patched
+    live = {x for x in items if job.reaches(receiver_site(x, model)[0] if is_edge else site_of(x, model).hook)}
     job.cache(extra)
     gap = result.clean_metric - result.corrupted_metric
     curve = []
     with receiver_hooks(model):
         for f in fractions:
             k = math.ceil(f * len(items))
-            dropped = items[k:]
+            dropped = [x for x in items[k:] if x in live]
             if not dropped:
                 value = job.clean_metric
             elif is_edge:

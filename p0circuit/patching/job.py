@@ -4,22 +4,29 @@ runs cached once and shared by every patch of the call.
 Every method (:mod:`p0circuit.patching.methods`) follows the same three steps::
 
     job = PatchJob(model, tokens, corruption=..., metric=..., direction=..., bos=...)
-    job.cache(hooks the method's patches read)           # two cached forwards
+    live = [n for n in nodes if job.reaches(site_of(n, model).hook)]
+    job.cache(hooks the live patches read)               # two cached forwards, stopped at the metric
     ops = [node_op(job, ...) or edge_op(job, ...)]       # p0circuit.patching.ops
-    job.result(method, level, raw=job.patch_each(ops), corrupted=job.corrupted_metric(...))
+    job.result(method, level, raw=job.patch_each(ops), corrupted=job.corrupted_metric(...), candidates=...)
 
-so a new method is one file that builds its patch ops.
+so a new method is one file that builds its patch ops. A patch that cannot reach anything the
+metric reads (a node in a block after the metric's, say) changes nothing, by causality: it is not
+run, and :meth:`PatchJob.result` gives it the base run's metric exactly (effect 0). The reference
+path (``reference=True``) runs every patch, so the tests can check that this is exact.
 """
 
-from typing import Any, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from p0circuit.errors import ConfigError
 from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, get_corruption
-from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, run_groups, run_groups_reference
+from p0circuit.hooks import HookRef
+from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric
 from p0circuit.patching.result import PatchResult, normalize
 from p0circuit.tokens import check_tokens
@@ -37,7 +44,8 @@ class PatchJob:
 
     def __init__(
         self, model: Any, tokens: Any, *, corruption: Any = "shift", metric: Any = None, direction: str = "noise",
-        bos: Any = None, min_signal: float = 0.05, rows_per_forward: Optional[int] = None,
+        bos: Any = None, min_signal: float = 0.05, rows_per_forward: Optional[int] = None, reference: bool = False,
+        progress: bool = False,
     ) -> None:
         check_model(model)
         self.model = model
@@ -51,6 +59,10 @@ class PatchJob:
             raise ConfigError(f"rows_per_forward must be >= 1, got {rows_per_forward}")
         self.rows_per_forward = 8 * self.tokens.shape[0] if rows_per_forward is None else rows_per_forward
         self.min_signal = min_signal
+        self.reference = reference
+        self.progress = progress
+        self._bar: Optional[tqdm] = None
+        self.stop = None if reference else stop_layer(model, self.metric)
         self.prep: Prepared = get_corruption(corruption).prepare(model, self.tokens)
         if direction == "denoise" and self.prep.is_ablation:
             raise ConfigError(
@@ -62,15 +74,23 @@ class PatchJob:
         self.clean_logits: Optional[Tensor] = None
         self.corr_logits: Optional[Tensor] = None
         self.clean_metric = float("nan")
+        self.base_metric = float("nan")
+
+    def reaches(self, hook: HookRef) -> bool:
+        """Whether a patch at ``hook`` can change the metric (always, on the reference path)."""
+        return self.reference or reaches(hook, self.metric, self.model.cfg.n_layers)
 
     def cache(self, extra: set[str]) -> "PatchJob":
-        """Run the clean (and corrupted) prompts once, keeping the engine's hooks and ``extra``."""
-        names = base_hooks(self.model.cfg.n_layers, self.metric, []) | extra
+        """Run the clean (and corrupted) prompts once, up to the last block the metric reads,
+        keeping the engine's hooks and ``extra``."""
+        names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop) | extra
         with torch.no_grad():
-            self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names)
+            self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop)
             if self.prep.corrupt_tokens is not None:
-                self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names)
+                self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names, self.stop)
         self.clean_metric = self.metric_of(self.clean, self.clean_logits, 0)
+        cache, _, logits, p0 = self.base()
+        self.base_metric = self.clean_metric if cache is self.clean else self.metric_of(cache, logits, p0)
         return self
 
     @property
@@ -98,13 +118,30 @@ class PatchJob:
             return self.clean, self.prep.clean_tokens, self.clean_logits, 0
         return self.corr, self.prep.corrupt_tokens, self.corr_logits, self.offset  # type: ignore[return-value]
 
-    def patch_each(self, ops: Sequence[PatchOp], reference: bool = False) -> list[float]:
-        """Metric of the base run with each op applied alone (``reference``: the slow path)."""
+    @contextmanager
+    def tracking(self, total: int, what: str) -> Iterator[None]:
+        """A progress bar (with an ETA) over ``total`` patches while the block runs, when the job
+        was made with ``progress=True``; :meth:`patch_each` advances it."""
+        self._bar = tqdm(total=total, desc=what, unit="patch", disable=not self.progress, mininterval=0.5)
+        try:
+            yield
+        finally:
+            self._bar.close()
+            self._bar = None
+
+    def _tick(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def patch_each(self, ops: Sequence[PatchOp]) -> list[float]:
+        """Metric of the base run with each op applied alone (the slow path with ``reference``)."""
         cache, tokens, logits, p0 = self.base()
         groups = [[op] for op in ops]
-        if reference:
-            return run_groups_reference(self.model, tokens, groups, self.metric, p0)
-        return run_groups(self.model, cache, groups, self.metric, p0, self.rows_per_forward, logits)
+        if self.reference:
+            values = run_groups_reference(self.model, tokens, groups, self.metric, p0)
+            self._tick(len(groups))
+            return values
+        return run_groups(self.model, cache, groups, self.metric, p0, self.rows_per_forward, logits, self._tick)
 
     def corrupted_metric(self, full: Sequence[PatchOp]) -> float:
         """Metric of the fully corrupted reference: the corrupted run, or for an ablation the clean
@@ -113,8 +150,16 @@ class PatchJob:
             return self.metric_of(self.corr, self.corr_logits, self.offset)  # type: ignore[arg-type]
         return run_groups(self.model, self.clean, [list(full)], self.metric, 0, self.rows_per_forward)[0]
 
-    def result(self, method: str, level: str, raw: dict[str, float], corrupted: float, **settings: Any) -> PatchResult:
-        """Normalize ``raw`` and wrap everything in a :class:`PatchResult` of ``level`` node or edge."""
+    def result(self, method: str, level: str, raw: dict[str, float], corrupted: float,
+               candidates: Optional[Sequence[str]] = None, **settings: Any) -> PatchResult:
+        """Normalize ``raw`` and wrap everything in a :class:`PatchResult` of ``level`` node or edge.
+
+        ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
+        ``raw`` was not run because it cannot reach the metric, and gets the base run's metric."""
+        names = list(raw) if candidates is None else list(candidates)
+        unreachable = [n for n in names if n not in raw]
+        raw = {n: raw.get(n, self.base_metric) for n in names}
+        settings = {**settings, "unreachable": len(unreachable)}
         norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction, self.min_signal)
         tokens = self.prep.clean_tokens
         return PatchResult(

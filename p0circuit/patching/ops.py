@@ -43,7 +43,7 @@ def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]
     clean_out = sender_output(model, job.clean, src, pos)
     corr_act = job.corrupted_value(sender_hook(src), pos)
     if src.kind == Kind.HEAD:
-        corr_out = corr_act[:, :, src.head] @ model.W_O[src.layer, src.head]  # (B, P, d_head) x (d_head, d) -> (B, P, d)
+        corr_out = corr_act[:, :, src.head] @ model.blocks[src.layer].attn.W_O[src.head]  # (B, P, d_head) x (d_head, d) -> (B, P, d)
     else:
         corr_out = corr_act
     if direction == "noise":

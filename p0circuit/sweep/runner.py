@@ -8,6 +8,7 @@ cells are read once at the start), again atomically, so it never holds a duplica
 line. On restart, cells whose file exists are skipped.
 """
 
+import functools
 import json
 import multiprocessing
 import os
@@ -21,17 +22,24 @@ from tqdm import tqdm
 from p0circuit.discovery import run_discovery
 from p0circuit.errors import ConfigError
 from p0circuit.io import write_atomic
-from p0circuit.models.resolve import load_model
+from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.sweep.config import Cell, SweepConfig
 from p0circuit.tokens import probe_tokens
 from p0circuit.types import Circuit
 
 
+@functools.lru_cache(maxsize=2)
+def _model(entry: str, seed: int) -> Resolved:
+    """Each model once per process (a worker runs many cells of the same model); patching leaves
+    the weights as they were."""
+    return load_model(entry, seed=seed)
+
+
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell and return its JSON-able record."""
     start = time.perf_counter()
-    resolved = load_model(cell.model, seed=cell.seed)
+    resolved = _model(cell.model, cell.seed)
     model = resolved.model
     length = min(cell.seq_len, model.cfg.n_ctx - 1)  # room for the shift corruption's prepended token
     tokens = probe_tokens(model, cell.n_prompts, length, seed=cell.seed, regular=cell.prompts == "regular")

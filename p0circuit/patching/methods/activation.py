@@ -43,26 +43,29 @@ def activation_patch(
     bos: Optional[bool] = None,
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
+    progress: bool = False,
 ) -> PatchResult:
     """Patch each node alone and return raw and normalized effects on ``metric``.
 
     ``nodes`` defaults to :func:`candidate_nodes` (every head and MLP at position 0 and "rest",
     plus the position embedding for learned positions). ``rows_per_forward`` bounds the batch of a
-    patched forward (default 8 copies of the prompts). ``reference=True`` uses the slow path.
+    patched forward (default 8 copies of the prompts). ``reference=True`` uses the slow path;
+    ``progress=True`` shows a progress bar with an ETA.
     ``bos`` is the run's BOS choice, checked against ``tokens`` (the BOS id at position 0 of a
     run that says no BOS is an error, and the reverse); None makes no claim. The same holds for
     :func:`path_patch` and :func:`attribution_patch`.
     """
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
-                   min_signal=min_signal, rows_per_forward=rows_per_forward)
+                   min_signal=min_signal, rows_per_forward=rows_per_forward, reference=reference, progress=progress)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     named = named_positions(node_list)
-    job.cache({site_of(n, model).hook.name for n in node_list})
-    ops = [node_op(job, n, direction, named) for n in node_list]
+    live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
+    job.cache({site_of(n, model).hook.name for n in live})
+    ops = [node_op(job, n, direction, named) for n in live]
     corrupted = job.corrupted_metric(ops)
-    values = job.patch_each(ops, reference)
-    raw = {n.name: v for n, v in zip(node_list, values)}
-    return job.result("activation", "node", raw, corrupted)
+    with job.tracking(len(ops), "activation patching"):
+        raw = {n.name: v for n, v in zip(live, job.patch_each(ops))}
+    return job.result("activation", "node", raw, corrupted, candidates=[n.name for n in node_list])
 
 
 register(Method("activation", activation_patch, "node",

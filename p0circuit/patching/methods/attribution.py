@@ -34,7 +34,8 @@ from p0circuit.patching.sites import candidate_nodes, named_positions, parse_nod
 from p0circuit.types import Edge, Node
 
 
-def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str], p0: int) -> tuple[float, dict[str, Tensor]]:
+def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str], p0: int,
+               stop: Optional[int]) -> tuple[float, dict[str, Tensor]]:
     """Metric value and d metric / d activation for every hook in ``names``."""
     acts: dict[str, Tensor] = {}
     metric_names = {h.name for h in metric.needs(model.cfg.n_layers)}
@@ -56,9 +57,9 @@ def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str],
             return act.detach().requires_grad_(True)
 
         roots: list[tuple[str, Callable]] = [(n, leaf) for n in (hooks.EMBED, hooks.POS_EMBED) if n in model.hook_dict]
-        with model.hooks(fwd_hooks=roots + fwd):
-            logits = model(tokens)
-            value = metric(RunView({n: acts[n] for n in metric_names}, logits, p0))
+        with model.hooks(fwd_hooks=roots + fwd), torch.enable_grad():  # also under a global no_grad
+            out = model(tokens, stop_at_layer=stop)  # the logits, or the residual stream where the metric ends
+            value = metric(RunView({n: acts[n] for n in metric_names}, out if stop is None else None, p0))
             value.backward()
     finally:
         for p, o in zip(params, old):
@@ -93,34 +94,40 @@ def attribution_patch(
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
                    min_signal=min_signal, rows_per_forward=rows_per_forward)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
-    edge_list = parse_edges(edges if edges is not None else candidate_edges(model, node_list)) if level == "edge" else []
+    if level == "edge" and edges is None:
+        edges = candidate_edges(model, node_list, receiver_layers=job.stop)
+    edge_list = parse_edges(edges) if level == "edge" else []
     named = named_positions(node_list)
-    job.cache({site_of(n, model).hook.name for n in node_list} | {sender_hook(e.src) for e in edge_list})
+    live_nodes = [n for n in node_list if job.reaches(site_of(n, model).hook)]
+    live_edges = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
+    job.cache({site_of(n, model).hook.name for n in live_nodes} | {sender_hook(e.src) for e in live_edges})
     base_cache, base_tokens, _, p0 = job.base()
     scores: dict[str, float] = {}
     with receiver_hooks(model):
         if level == "node":
-            ops = [node_op(job, n, direction, named) for n in node_list]
-            base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0)
-            for n, op in zip(node_list, ops):
+            ops = [node_op(job, n, direction, named) for n in live_nodes]
+            base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0, job.stop)
+            for n, op in zip(live_nodes, ops):
                 cur = base_cache[op.hook.name][:, list(op.positions)]
                 g = grads[op.hook.name][:, list(op.positions)]
                 if op.head is not None:
                     cur, g = cur[:, :, op.head], g[:, :, op.head]
                 scores[n.name] = float(((op.value - cur) * g).sum())
         else:
-            sites = {e: receiver_site(e, model) for e in edge_list}
-            base_value, grads = _gradients(model, base_tokens, job.metric, {h.name for h, _ in sites.values()}, p0)
-            for e in edge_list:
+            sites = {e: receiver_site(e, model) for e in live_edges}
+            base_value, grads = _gradients(model, base_tokens, job.metric, {h.name for h, _ in sites.values()}, p0,
+                                           job.stop)
+            for e in live_edges:
                 pos, delta = sender_delta(job, e, direction, named)
                 hook, head = sites[e]
                 g = grads[hook.name][:, pos]
                 if head is not None:
                     g = g[:, :, head]
                 scores[e.name] = float((delta.detach() * g).sum())
-        corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in node_list])
+        corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in live_nodes])
     raw = {k: base_value + v for k, v in scores.items()}
-    return job.result("attribution", level, raw, corrupted)
+    names = [n.name for n in node_list] if level == "node" else [e.name for e in edge_list]
+    return job.result("attribution", level, raw, corrupted, candidates=names)
 
 
 register(Method("attribution", attribution_patch, "node", exact=False,

@@ -18,14 +18,14 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError, entry_point
 from p0circuit.patching.corruptions import Corruption
-from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, sender_hook
+from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric
 from p0circuit.patching.ops import edge_op, node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.sites import candidate_nodes, named_positions
+from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
 from p0circuit.types import Edge
 
 
@@ -42,11 +42,19 @@ def path_patch(
     bos: Optional[bool] = None,
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
+    progress: bool = False,
+    chunk: int = 512,
 ) -> PatchResult:
-    """Patch each edge alone; ``edges`` defaults to every valid edge between candidate nodes."""
+    """Patch each edge alone; ``edges`` defaults to every valid edge between candidate nodes whose
+    receiver sits in a block the metric reads from (the others cannot change it).
+
+    Sender deltas (one ``[batch, positions, d_model]`` tensor per edge) are built ``chunk`` edges
+    at a time, so memory stays bounded however many edges there are."""
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
-                   min_signal=min_signal, rows_per_forward=rows_per_forward)
-    edge_list = parse_edges(edges if edges is not None else candidate_edges(model, candidate_nodes(model)))
+                   min_signal=min_signal, rows_per_forward=rows_per_forward, reference=reference, progress=progress)
+    if edges is None:  # receivers past the metric's last block cannot change it: not candidates
+        edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.stop)
+    edge_list = parse_edges(edges)
     parallel = bool(model.cfg.parallel_attn_mlp)
     bad = [e for e in edge_list if not is_valid_edge(e, parallel)]
     if bad:
@@ -56,13 +64,18 @@ def path_patch(
         )
     senders = sorted({e.src for e in edge_list})
     named = named_positions(senders)
-    job.cache({sender_hook(n) for n in senders})
-    with receiver_hooks(model):
-        ops = [edge_op(job, e, direction, named) for e in edge_list]
-        corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in senders])
-        values = job.patch_each(ops, reference)
-    raw = {e.name: v for e, v in zip(edge_list, values)}
-    return job.result("path", "edge", raw, corrupted)
+    live = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
+    reaching = [n for n in senders if job.reaches(site_of(n, model).hook)]  # for the fully corrupted reference
+    job.cache({sender_hook(n) for n in reaching} | {sender_hook(e.src) for e in live})
+    if chunk < 1:
+        raise BadInputError(f"chunk must be >= 1 edges, got {chunk}")
+    raw: dict[str, float] = {}
+    with receiver_hooks(model), job.tracking(len(live), "path patching"):
+        corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in reaching])
+        for start in range(0, len(live), chunk):
+            part = live[start:start + chunk]
+            raw.update(zip((e.name for e in part), job.patch_each([edge_op(job, e, direction, named) for e in part])))
+    return job.result("path", "edge", raw, corrupted, candidates=[e.name for e in edge_list])
 
 
 register(Method("path", path_patch, "edge",

@@ -1,0 +1,104 @@
+"""Triage: attribution over every candidate first, exact patching where it matters.
+
+Exact activation patching costs one (partial) forward per node; on a large model with a metric
+read late, that is many forwards. :func:`triage_patch` runs attribution patching over all
+candidates (one forward and one backward), then exact activation patching of the ``top`` nodes by
+estimated effect and of a random ``sample`` of the others. Only exact values are reported:
+
+* the top nodes and the sampled ones carry their exact effect;
+* nodes that cannot reach the metric (causality) carry an exact 0;
+* every other node is *unexamined*: NaN, never in a circuit.
+
+The sample measures what the triage may have missed: its largest |effect|, how many of its nodes
+pass 0.1, and an estimate of the summed |effect| of the unexamined nodes (the sample's mean |effect|
+times their number). All of it is in ``settings["triage"]``, and the result's message warns when a
+sampled node passes 0.1 (raise ``top``). Attribution is a first-order estimate (see
+:func:`p0circuit.check_attribution`); the sample is the check that its ranking did not hide a component.
+"""
+
+import math
+import random
+from typing import Optional, Sequence, Union
+
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from p0circuit.errors import BadInputError, entry_point
+from p0circuit.patching.corruptions import Corruption
+from p0circuit.patching.engine import reaches
+from p0circuit.patching.methods.activation import activation_patch
+from p0circuit.patching.methods.attribution import attribution_patch
+from p0circuit.patching.metrics import PatchMetric, default_metric
+from p0circuit.patching.registry import Method, register
+from p0circuit.patching.result import PatchResult
+from p0circuit.patching.sites import candidate_nodes, parse_nodes, site_of
+from p0circuit.types import Node
+
+NOTABLE = 0.1
+"""|normalized effect| of a sampled node that counts as missed by the triage."""
+
+
+@entry_point
+def triage_patch(
+    model: HookedTransformer,
+    tokens: Tensor,
+    *,
+    nodes: Optional[Sequence[Union[Node, str]]] = None,
+    corruption: Union[str, Corruption] = "shift",
+    metric: Optional[PatchMetric] = None,
+    top: int = 20,
+    sample: int = 20,
+    seed: int = 0,
+    direction: str = "noise",
+    min_signal: float = 0.05,
+    bos: Optional[bool] = None,
+    rows_per_forward: Optional[int] = None,
+    progress: bool = False,
+) -> PatchResult:
+    """Attribution over ``nodes`` (default :func:`candidate_nodes`), exact activation patching of
+    the ``top`` by estimate and of ``sample`` others drawn with ``seed`` (see the module docstring)."""
+    for name, value in (("top", top), ("sample", sample)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
+    node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
+    common = dict(corruption=corruption, metric=metric, direction=direction, bos=bos, rows_per_forward=rows_per_forward)
+    approx = attribution_patch(model, tokens, nodes=node_list, min_signal=0.0, **common)
+    used = metric if metric is not None else default_metric(model.cfg.n_layers)
+    live = [n for n in node_list if reaches(site_of(n, model).hook, used, model.cfg.n_layers)]
+    base = approx.clean_metric if direction == "noise" else approx.corrupted_metric
+    ranked = sorted(live, key=lambda n: -abs(approx.raw[n.name] - base))
+    chosen, rest = ranked[:top], ranked[top:]
+    sampled = random.Random(seed).sample(rest, min(sample, len(rest)))
+    exact = activation_patch(model, tokens, nodes=chosen + sampled or node_list[:1], min_signal=min_signal,
+                             progress=progress, **common)
+    unexamined = len(rest) - len(sampled)
+    seen = [abs(exact.normalized[n.name]) for n in sampled if not math.isnan(exact.normalized[n.name])]
+    mean_seen = sum(seen) / len(seen) if seen else math.nan
+    notable = sum(v >= NOTABLE for v in seen)
+    report = {"candidates": len(node_list), "reachable": len(live), "exact_top": len(chosen), "sampled": len(sampled),
+              "unexamined": unexamined, "sample_max_abs_effect": max(seen, default=math.nan),
+              "sample_mean_abs_effect": mean_seen, "sample_notable": notable,
+              "estimated_missed_abs_effect": mean_seen * unexamined if seen else (0.0 if not unexamined else math.nan)}
+    patched = {n.name for n in chosen + sampled}
+    raw, normalized = {}, {}
+    for n in node_list:
+        if n.name in patched:
+            raw[n.name], normalized[n.name] = exact.raw[n.name], exact.normalized[n.name]
+        elif n in live:
+            raw[n.name], normalized[n.name] = math.nan, math.nan
+        else:  # cannot reach the metric: exactly the base run
+            raw[n.name], normalized[n.name] = base, (0.0 if exact.signal else math.nan)
+    message = exact.message
+    if notable:
+        message = (f"{notable} of {len(sampled)} sampled nodes outside the top {len(chosen)} have |effect| >= {NOTABLE}: "
+                   "the triage may have missed components; raise top (or use method='activation')")
+    return PatchResult(
+        method="triage", level="node", corruption=exact.corruption, metric=exact.metric, direction=direction,
+        clean_metric=exact.clean_metric, corrupted_metric=exact.corrupted_metric, raw=raw, normalized=normalized,
+        signal=exact.signal, message=message,
+        settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed},
+    )
+
+
+register(Method("triage", triage_patch, "node",
+                summary="attribution over all nodes, then exact patching of the top ones and a random sample"))
