@@ -18,8 +18,11 @@ TransformerLens' convention); 7200 nodes at 8 x 24 tokens.
 
 Timings are ratios measured in the same run; ``forward`` is one plain forward of the batch.
 Peak memory: live tensor bytes of the call vs one ``run_with_cache`` of the same batch.
-Results go to stdout and ``benchmarks/results/real.json``. ``--device cuda`` runs it on a GPU.
-Targets (issue 12): ours >= 10x faster than tl, ours <= 1.3x limit, values equal to 1e-4.
+Also timed: ``sink_report`` against one forward, and the peak memory of what one sweep cell runs
+(sink report, activation and path patching) against ``run_with_cache``.
+Results go to stdout and ``benchmarks/results/real_<device>.json``. ``--device cuda`` runs it on a
+GPU (the prepared GPU check). Targets (issue 12): ours >= 10x faster than tl, ours <= 1.3x limit,
+values equal to 1e-4, sink_report <= 2 forwards, a cell's peak memory <= 2x run_with_cache.
 """
 
 import argparse
@@ -37,10 +40,13 @@ from transformer_lens import patching as tl_patching
 
 import p0circuit as p0
 from p0circuit import Kind, Node
+from p0circuit.discovery import run_discovery
 from p0circuit.models.gguf import load_smollm2
+from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Resample
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_sweep import run_ideal  # noqa: E402  (the same layer-forward limit as the toy benchmark)
 from memtrack import PeakMemory  # noqa: E402
 
 LAYER = 2
@@ -92,24 +98,6 @@ def run_ours(model, clean, corrupt, nodes):
                                metric=p0.NormRatio(LAYER), direction="denoise", min_signal=0)
 
 
-@torch.no_grad()
-def run_limit(model, clean, corrupt, reachable, rows):
-    """Plain batched suffix forwards: from the block after the patched one, positions p.., to LAYER."""
-    _, cache = model.run_with_cache(corrupt, names_filter=lambda n: n.endswith("hook_resid_post"), stop_at_layer=LAYER + 1)
-    batch = clean.shape[0]
-    per_cell = {}
-    for n in reachable:
-        per_cell[(n.layer, n.pos)] = per_cell.get((n.layer, n.pos), 0) + 1
-    per_chunk = max(1, rows // batch)
-    for (layer, pos), count in per_cell.items():
-        if layer + 1 > LAYER:
-            continue  # the metric reads this block's output: no forward
-        resid = cache[p0.hooks.resid_post(layer)][:, pos:]
-        for c in range(0, count, per_chunk):
-            k = min(per_chunk, count - c)
-            model(resid.repeat(k, 1, 1), start_at_layer=layer + 1, stop_at_layer=LAYER + 1)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4 x 12 tokens")
@@ -129,7 +117,7 @@ def main():
     forward = timed(lambda: model(clean), args.device, repeats=3)
     ours = run_ours(model, clean, corrupt, nodes)  # warm-up, and the values
     t_ours = timed(lambda: run_ours(model, clean, corrupt, nodes), args.device, repeats=2)
-    t_limit = timed(lambda: run_limit(model, clean, corrupt, reachable, 8 * batch), args.device, repeats=2)
+    t_limit = timed(lambda: run_ideal(model, clean, corrupt, reachable, 8 * batch, stop=LAYER + 1), args.device, repeats=2)
     t = time.perf_counter()
     tl = run_tl(model, clean, corrupt, reachable)
     sync(args.device)
@@ -140,6 +128,10 @@ def main():
         model.run_with_cache(clean)
     with PeakMemory() as m_ours:
         run_ours(model, clean, corrupt, nodes)
+    t_report = timed(lambda: p0.sink_report(model, clean, bos=False), args.device, repeats=2)
+    resolved = Resolved("real:smollm2", model, "SmolLM2")
+    with PeakMemory() as m_discovery:  # what one sweep cell runs: sink report, activation and path patching
+        run_discovery(resolved, clean, methods=["activation", "path"], corruption="shift", metric=p0.NormRatio(LAYER))
     r = {
         "device": args.device, "batch": batch, "seq": seq, "nodes": len(nodes), "reachable": len(reachable),
         "load_s": load_s, "forward_s": forward, "ours_s": t_ours, "tl_s": t_tl, "limit_s": t_limit,
@@ -147,15 +139,22 @@ def main():
         "speedup_vs_tl": t_tl / t_ours, "ratio_to_limit": t_ours / t_limit, "max_abs_diff_vs_tl": diff,
         "max_inert_effect": inert, "peak_mem_cache_mib": m_cache.peak_bytes / 2**20,
         "peak_mem_ours_mib": m_ours.peak_bytes / 2**20, "mem_ratio": m_ours.peak_bytes / max(m_cache.peak_bytes, 1),
+        "sink_report_s": t_report, "sink_report_in_forwards": t_report / forward,
+        "peak_mem_discovery_mib": m_discovery.peak_bytes / 2**20,
+        "discovery_mem_ratio": m_discovery.peak_bytes / max(m_cache.peak_bytes, 1),
     }
-    r["pass"] = bool(r["speedup_vs_tl"] >= 10 and r["ratio_to_limit"] <= 1.3 and diff <= 1e-4)
+    r["pass"] = bool(r["speedup_vs_tl"] >= 10 and r["ratio_to_limit"] <= 1.3 and diff <= 1e-4
+                     and r["sink_report_in_forwards"] <= 2 and r["discovery_mem_ratio"] <= 2)
     print(f"SmolLM2 {batch}x{seq}, {len(nodes)} nodes ({len(reachable)} can reach NormRatio({LAYER})), "
           f"{args.device}; load {load_s:.1f}s; one forward {forward:.3f}s")
     print(f"  ours {t_ours:.2f}s ({r['ours_in_forwards']:.1f} forwards), TransformerLens {t_tl:.1f}s on the reachable "
           f"nodes ({r['tl_in_forwards']:.0f} forwards), limit {t_limit:.2f}s")
     print(f"  -> {r['speedup_vs_tl']:.0f}x faster than TransformerLens, {r['ratio_to_limit']:.2f}x the layer-forward limit; "
           f"max |diff| vs TL {diff:.1e}; inert nodes {inert:.1e}; peak memory {r['peak_mem_ours_mib']:.0f} MiB vs "
-          f"run_with_cache {r['peak_mem_cache_mib']:.0f} MiB ({r['mem_ratio']:.2f}x) -> {'PASS' if r['pass'] else 'FAIL'}")
+          f"run_with_cache {r['peak_mem_cache_mib']:.0f} MiB ({r['mem_ratio']:.2f}x)")
+    print(f"  sink_report {t_report:.2f}s ({r['sink_report_in_forwards']:.2f} forwards); a sweep cell's discovery "
+          f"(report, activation, path) peaks at {r['peak_mem_discovery_mib']:.0f} MiB ({r['discovery_mem_ratio']:.2f}x "
+          f"run_with_cache) -> {'PASS' if r['pass'] else 'FAIL'}")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / f"real_{args.device}.json").write_text(json.dumps(r, indent=2))

@@ -70,21 +70,24 @@ def run_ours(model, clean, corrupt, nodes, rows=None):
 
 
 @torch.no_grad()
-def run_ideal(model, clean, corrupt, nodes, rows):
+def run_ideal(model, clean, corrupt, nodes, rows, stop=None):
     """The token-layer-forwards the sweep needs, as plain batched forwards: a node at (layer l,
     position p) changes block l's output only at p, and under the causal mask nothing before p,
-    so blocks l+1.. must run on positions p.. (here without even the prefix keys to attend to)."""
-    _, cache = model.run_with_cache(corrupt, names_filter=lambda n: n.endswith("hook_resid_post"))
+    so blocks l+1.. (up to ``stop``, when the metric reads no later block) must run on positions
+    p.. (here without even the prefix keys to attend to)."""
+    _, cache = model.run_with_cache(corrupt, names_filter=lambda n: n.endswith("hook_resid_post"), stop_at_layer=stop)
     batch = clean.shape[0]
     per_cell = {}
     for n in nodes:
         per_cell[(n.layer, n.pos)] = per_cell.get((n.layer, n.pos), 0) + 1
     per_chunk = max(1, rows // batch)
     for (layer, pos), count in per_cell.items():
+        if stop is not None and layer + 1 >= stop:
+            continue  # the metric reads this block's output: no forward
         resid = cache[p0.hooks.resid_post(layer)][:, pos:]
         for c in range(0, count, per_chunk):
             k = min(per_chunk, count - c)
-            model(resid.repeat(k, 1, 1), start_at_layer=layer + 1)
+            model(resid.repeat(k, 1, 1), start_at_layer=layer + 1, stop_at_layer=stop)
 
 
 def timed(fn, repeats=1):

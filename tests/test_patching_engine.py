@@ -13,6 +13,20 @@ from conftest import random_tokens
 TOL = 1e-5
 
 
+def _count_rows(model, layers):
+    """Rows entering each of ``layers`` from now on (permanent hooks: reset them when done)."""
+    calls = {layer: 0 for layer in layers}
+
+    def count(layer):
+        def hook(act, hook):
+            calls[layer] += act.shape[0]
+        return hook
+
+    for layer in layers:
+        model.add_hook(p0.hooks.resid_pre(layer), count(layer), is_permanent=True)
+    return calls
+
+
 def _max_diff(a, b):
     assert a.raw.keys() == b.raw.keys()
     return max(abs(a.raw[k] - b.raw[k]) for k in a.raw)
@@ -108,16 +122,8 @@ def test_hooks_never_leak(planted):
 def test_patched_forwards_skip_the_unchanged_prefix(planted):
     """Patches of layer-2 outputs never re-run blocks 0-2 (block 2's output is updated in place at
     the patched positions): only the clean and corrupted cache runs do; block 3 runs once per node."""
-    calls = {0: 0, 2: 0, 3: 0}
-
-    def count(layer):
-        def hook(act, hook):
-            calls[layer] += act.shape[0]
-        return hook
-
     model = planted.model
-    for layer in calls:
-        model.add_hook(p0.hooks.resid_pre(layer), count(layer), is_permanent=True)
+    calls = _count_rows(model, (0, 2, 3))
     try:
         toks = random_tokens(4, 12, 32, seed=9)
         nodes = [f"A2.H{h}@{p}" for h in range(2) for p in (0, "rest")] + ["M2@0", "M2@rest"]
@@ -155,16 +161,8 @@ def test_positions_before_the_patch_are_not_recomputed(planted):
 def test_patches_that_cannot_reach_the_metric_are_not_run(planted):
     """NormRatio(1) reads block 1's output: blocks 2-3 never run (not even in the cached runs), their
     nodes get an effect of exactly 0, and the result equals the reference path that runs them all."""
-    calls = {1: 0, 2: 0, 3: 0}
-
-    def count(layer):
-        def hook(act, hook):
-            calls[layer] += act.shape[0]
-        return hook
-
     model = planted.model
-    for layer in calls:
-        model.add_hook(p0.hooks.resid_pre(layer), count(layer), is_permanent=True)
+    calls = _count_rows(model, (1, 2, 3))
     try:
         toks = random_tokens(4, 12, 32, seed=3)
         fast = p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(1))

@@ -86,21 +86,23 @@ def test_resume_loses_and_repeats_nothing(config_file, tmp_path):
     assert by_corruption["resample"]["signal"] is False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL, signal.SIGTERM])
 def test_killed_sweep_resumes(config_file, tmp_path, sig):
     """Kill a sweep at a random point after its first cell: on restart every cell is there once,
-    none half-written."""
+    none half-written. SIGTERM ends it with a message and exit status 143."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "p0circuit.cli", "sweep", str(config_file), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline and not list((out / "cells").glob("*.json")):
         time.sleep(0.05)
     assert list((out / "cells").glob("*.json")), "no cell finished in time"
-    time.sleep(random.Random(int(sig)).uniform(0, 1.0))  # a random point inside a later cell
+    time.sleep(random.Random(int(sig)).uniform(0, 0.5))  # a random point inside a later cell
     os.kill(proc.pid, sig)
-    proc.wait(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143 and b"terminated (SIGTERM)" in err and b"Traceback" not in err
     partial = {json.loads(p.read_text())["key"] for p in (out / "cells").glob("*.json")}  # every file parses
     assert 1 <= len(partial) < 4  # interrupted before the end
     index = out / "results.jsonl"  # the kill may land between a cell file and the index: both are whole
