@@ -71,7 +71,7 @@ def _discover(args: argparse.Namespace) -> int:
           f"{'BOS' if args.bos else 'no BOS'}")
     found = run_discovery(resolved, tokens, methods=args.methods, corruption=args.corruption, metric=metric,
                           threshold=args.threshold, bos=args.bos, nodes=nodes, edge_budget=args.edge_budget,
-                          progress=not args.quiet)
+                          node_budget=args.node_budget, progress=not args.quiet)
     print(found)
     out = found.write(args.out)
     print(f"\nwrote {out}/")
@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--layers", help="candidate nodes only in these layers, e.g. 0-3 or 0,2,5")
     d.add_argument("--nodes", nargs="+", help="candidate nodes by name, e.g. A0.H0@0 M1@0 M2@rest")
     d.add_argument("--edge-budget", type=int, default=5000,
-                   help="most candidate edges path patching runs; above it, edges among an activation pass's nodes")
+                   help="most candidate edges path patching runs; above it, edges from an activation pass's nodes")
+    d.add_argument("--node-budget", type=int, default=5000,
+                   help="most candidate nodes that can reach the metric (beyond it: an error saying how to narrow)")
     d.add_argument("--text", help="a UTF-8 text file: prompts are consecutive windows of it (needs a tokenizer)")
     d.add_argument("--bos", action="store_true", help="prompts start with the model's BOS token (default: no BOS)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")

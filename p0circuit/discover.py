@@ -5,7 +5,7 @@ circuit's level (nodes or edges) comes from the result, and :func:`interpret` re
 """
 
 import inspect
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from torch import Tensor
 from transformer_lens import HookedTransformer
@@ -58,17 +58,19 @@ def discover(
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
     progress: bool = False,
+    record: Optional[Mapping[str, Any]] = None,
 ) -> Circuit:
     """Run ``method`` and keep every node (or edge) with |normalized effect| >= ``threshold``.
 
     The other arguments go to the method (see :func:`~p0circuit.activation_patch`); ``nodes``,
     ``edges``, ``reference`` and ``progress`` only to a method that takes them (``progress`` is
-    dropped silently for a method without a bar, e.g. attribution, which is one forward and backward). The circuit carries every
-    candidate's effect, the settings that produced it and an ``interpretation`` line; without
-    signal (e.g. ``resample`` on a position-only circuit) it is empty and its settings say so.
+    dropped for a method without a bar, e.g. attribution: one forward and backward). The circuit
+    carries every candidate's effect, the settings that produced it (plus ``record``, e.g. where
+    the candidates came from) and an ``interpretation`` line; without signal (e.g. ``resample``
+    on a position-only circuit) it is empty and its settings say so.
     """
-    record = get_method(method)
-    accepted = inspect.signature(record.fn).parameters
+    registered = get_method(method)
+    accepted = inspect.signature(registered.fn).parameters
     options: dict[str, Any] = {"direction": direction, "min_signal": min_signal, "bos": bos,
                                "rows_per_forward": rows_per_forward}
     for name, value in (("nodes", nodes), ("edges", edges), ("reference", reference or None),
@@ -76,13 +78,13 @@ def discover(
         if value is None or (name == "progress" and name not in accepted):
             continue
         if name not in accepted:
-            raise ConfigError(f"method {method!r} ({record.level}s) does not take {name}=; "
+            raise ConfigError(f"method {method!r} ({registered.level}s) does not take {name}=; "
                               f"methods that do: {_taking(name)}")
         options[name] = value
-    result = record.fn(model, tokens, corruption=corruption, metric=metric, **options)
-    if result.level != record.level:
-        raise ConfigError(f"method {method!r} is registered as {record.level}-level but returned {result.level}s")
-    return result.to_circuit(threshold, method=method, interpretation=interpret(result, threshold))
+    result = registered.fn(model, tokens, corruption=corruption, metric=metric, **options)
+    if result.level != registered.level:
+        raise ConfigError(f"method {method!r} is registered as {registered.level}-level but returned {result.level}s")
+    return result.to_circuit(threshold, method=method, interpretation=interpret(result, threshold), **(record or {}))
 
 
 def _taking(param: str) -> list[str]:

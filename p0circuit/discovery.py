@@ -14,13 +14,14 @@ from typing import Any, Optional, Sequence, Union
 from torch import Tensor
 
 from p0circuit.discover import discover
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, ConfigError
 from p0circuit.graphs import compare, to_dot, to_svg
 from p0circuit.io import write_atomic
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
-from p0circuit.patching.engine import stop_layer
+from p0circuit.patching.engine import reaches, stop_layer
+from p0circuit.patching.sites import site_of
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.types import Circuit, Edge, Node
 
@@ -85,6 +86,8 @@ class Discovery:
 
 EDGE_BUDGET = 5000
 """Default most candidate edges path patching runs; above it, candidates come from a node pass."""
+NODE_BUDGET = 5000
+"""Default most candidate nodes (that can reach the metric) a node-level method patches exactly."""
 
 
 def default_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, str]:
@@ -100,23 +103,25 @@ def default_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric,
 
 
 def pruned_edges(model: Any, node_circuit: Circuit, metric: PatchMetric) -> list[Edge]:
-    """Candidate edges among the nodes a node pass kept: senders and receivers both in it."""
-    kept = set(node_circuit.nodes)
+    """Candidate edges from the nodes a node pass kept into every receiver that can reach the metric
+    (a receiver need not matter as a node: the sink heads' outputs do not change their own attention)."""
     stop = stop_layer(model, metric)
-    return [e for e in candidate_edges(model, sorted(kept), receiver_layers=stop) if e.dst in kept]
+    return candidate_edges(model, sorted(node_circuit.nodes), receiver_layers=stop)
 
 
 def run_discovery(
     resolved: Resolved, tokens: Tensor, *, methods: Sequence[str], corruption: Union[str, Corruption],
     metric: Optional[PatchMetric] = None, threshold: float = 0.1, bos: Optional[bool] = False,
-    nodes: Optional[Sequence[Node]] = None, edge_budget: int = EDGE_BUDGET, progress: bool = False, **options: Any,
+    nodes: Optional[Sequence[Node]] = None, edge_budget: int = EDGE_BUDGET, node_budget: int = NODE_BUDGET,
+    progress: bool = False, **options: Any,
 ) -> Discovery:
     """The sink report and one :func:`~p0circuit.discover` circuit per method on ``tokens``.
 
     ``metric`` defaults to :func:`default_metric`. ``nodes`` restricts the candidate nodes (and the
-    senders and receivers of edges). An edge-level method whose candidates would exceed
-    ``edge_budget`` runs on the edges among the nodes an activation pass keeps (run first if not
-    among ``methods``); the circuit's settings say so.
+    senders and receivers of edges). More than ``node_budget`` candidates that can reach the metric
+    is an error that says how to narrow them (exact patching costs about one suffix forward each).
+    An edge-level method whose candidates would exceed ``edge_budget`` runs on the edges whose senders
+    an activation pass keeps (run first if not among ``methods``); the circuit's settings say so.
     """
     model = resolved.model
     report = sink_report(model, tokens, bos=bos)
@@ -127,6 +132,14 @@ def run_discovery(
     common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
                               "progress": progress, **options}
     node_list = list(nodes) if nodes is not None else None
+    n_layers = model.cfg.n_layers
+    live = [n for n in (node_list or candidate_nodes(model)) if reaches(site_of(n, model).hook, metric, n_layers)]
+    if len(live) > node_budget:
+        raise ConfigError(
+            f"{len(live)} candidate nodes can reach metric {metric.name!r}, more than the node budget of {node_budget}: "
+            "narrow them (--layers, --nodes), read the metric at an earlier layer, screen with method 'triage', "
+            "or raise the budget (--node-budget)"
+        )
     for method in methods:
         if get_method(method).level == "node":
             found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
@@ -140,11 +153,10 @@ def run_discovery(
             node_pass = found.circuits.get("activation") or discover(model, tokens, method="activation",
                                                                      nodes=node_list, **common)
             edges = pruned_edges(model, node_pass, metric)
-            note = (f"{len(edges)} edges among the {len(node_pass.nodes)} nodes of an activation pass (the full set "
+            note = (f"{len(edges)} edges from the {len(node_pass.nodes)} nodes of an activation pass (the full set "
                     f"would exceed the edge budget of {edge_budget})")
         if not edges:
             raise BadInputError(f"{method}: no candidate edges ({note}); lower the threshold or widen the nodes")
-        circuit = discover(model, tokens, method=method, edges=edges, **common)
-        found.circuits[method] = Circuit(circuit.nodes, circuit.edges, circuit.node_effects, circuit.edge_effects,
-                                         {**circuit.settings, "candidates": note})
+        found.circuits[method] = discover(model, tokens, method=method, edges=edges, record={"candidates": note},
+                                          **common)
     return found

@@ -31,3 +31,18 @@ def test_survey_with_a_local_checkpoint(tmp_path, capsys):
     assert len(frame) == 11  # 10 built-in models + the checkpoint
     assert frame.loc["planted learned", "identified_by"] == "position embedding"
     assert frame.loc[str(path), "kind"] == "checkpoint" and frame.loc[str(path), "positions"] == "rope"
+
+
+def test_discover_options_and_budgets(tmp_path, capsys):
+    """--layers/--nodes narrow the candidates; the edge budget prunes path candidates through an
+    activation pass; the node budget refuses with the ways to narrow."""
+    out = tmp_path / "d"
+    args = ["discover", "--out", str(out), "--n-prompts", "6", "--seq-len", "12", "--quiet"]
+    assert main(args + ["--layers", "0-1", "--methods", "activation", "--metric", "norm_ratio:1"]) == 0  # finds the truth
+    saved = json.loads((out / "circuit_activation.json").read_text())
+    assert saved["node_effects"] and all(n.startswith(("A0", "A1", "M0", "M1")) for n in saved["node_effects"])
+    assert main(args + ["--methods", "path", "--edge-budget", "10"]) == 0
+    saved = json.loads((out / "circuit_path.json").read_text())
+    assert "activation pass" in saved["settings"]["candidates"] and "M1@0->A2.H0@0.k" in saved["edges"]
+    assert main(args + ["--node-budget", "5"]) == 2
+    assert "more than the node budget of 5" in capsys.readouterr().err

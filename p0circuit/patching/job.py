@@ -23,9 +23,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from p0circuit.errors import ConfigError
+from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, get_corruption
-from p0circuit.hooks import HookRef
 from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric
 from p0circuit.patching.result import PatchResult, normalize
@@ -112,9 +112,9 @@ class PatchJob:
         """The corrupted activation of ``hook`` at clean-frame ``positions``."""
         return self.prep.corrupted_value(self.clean[hook], None if self.corr is None else self.corr[hook], positions)
 
-    def base(self, direction: Optional[str] = None) -> tuple[dict[str, Tensor], Tensor, Optional[Tensor], int]:
+    def base(self) -> tuple[dict[str, Tensor], Tensor, Optional[Tensor], int]:
         """(cache, tokens, logits, P0 index) of the run patches go into: clean for ``noise``."""
-        if (direction or self.direction) == "noise":
+        if self.direction == "noise":
             return self.clean, self.prep.clean_tokens, self.clean_logits, 0
         return self.corr, self.prep.corrupt_tokens, self.corr_logits, self.offset  # type: ignore[return-value]
 
