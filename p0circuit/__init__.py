@@ -43,9 +43,10 @@ from p0circuit.patching import (
     path_patch,
 )
 from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
+from p0circuit.models.gguf import load_gguf, load_smollm2
 from p0circuit.models.resolve import load_model
 from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
-from p0circuit.tokens import check_tokens, probe_tokens, to_tokens
+from p0circuit.tokens import check_tokens, probe_tokens, text_windows, to_tokens
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
@@ -54,9 +55,9 @@ __all__ = [
     "NonFiniteError", "NormRatio", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Zero", "activation_patch", "attribution_patch", "auroc",
     "build_planted", "candidate_edges", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
-    "faithfulness_curve", "interpret", "load_checkpoint", "load_model", "load_pretrained", "p0_like_positions",
-    "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts", "sink_report", "to_dot",
-    "to_networkx", "to_svg", "to_tokens",
+    "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
+    "load_smollm2", "p0_like_positions", "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts",
+    "sink_report", "text_windows", "to_dot", "to_networkx", "to_svg", "to_tokens",
 ]
 
 

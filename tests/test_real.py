@@ -7,7 +7,9 @@ from transformer_lens import patching as tl_patching
 
 import p0circuit as p0
 from p0circuit.cli import main
-from p0circuit.models.gguf import gguf_header, load_gguf, load_smollm2, smollm2_path
+from p0circuit.models.gguf import gguf_header, smollm2_path
+
+load_gguf, load_smollm2 = p0.load_gguf, p0.load_smollm2  # the public names the README uses
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -112,3 +112,19 @@ def test_meta_tokens_and_split_or_mismatched_models_are_rejected():
     m.cfg.device = "cuda"  # what a half-done move leaves behind
     with pytest.raises(BadInputError, match="model.cfg.device is 'cuda' but the weights are on cpu"):
         p0.activation_patch(m, tokens)
+
+
+def test_text_windows_give_equal_length_prompts(worded):
+    import p0circuit as p0
+
+    text = " ".join(f"w{3 + i % 60}" for i in range(20))  # w3 .. w22
+    plain = p0.text_windows(worded, text, 3, 5, prepend_bos=False)
+    assert plain.tolist() == [[3, 4, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
+    with_bos = p0.text_windows(worded, text, 2, 5, prepend_bos=True)
+    assert with_bos.tolist() == [[0, 3, 4, 5, 6], [0, 7, 8, 9, 10]]
+    with pytest.raises(BadInputError, match="holds 20 tokens, fewer than 5 windows of 5 need"):
+        p0.text_windows(worded, text, 5, 5, prepend_bos=False)
+    with pytest.raises(BadInputError, match="prepend_bos must be True or False"):
+        p0.text_windows(worded, text, 2, 5, prepend_bos=None)
+    with pytest.raises(BadInputError, match="says no BOS, but 1 of 2 rows start with the BOS id"):
+        p0.text_windows(worded, "w3 w4 <bos> w5 w6 w7", 2, 2, prepend_bos=False)
