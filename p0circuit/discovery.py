@@ -132,27 +132,30 @@ def run_discovery(
     common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
                               "progress": progress, **options}
     node_list = list(nodes) if nodes is not None else None
+    candidates = node_list if node_list is not None else candidate_nodes(model)
     n_layers = model.cfg.n_layers
-    live = [n for n in (node_list or candidate_nodes(model)) if reaches(site_of(n, model).hook, metric, n_layers)]
+    live = [n for n in candidates if reaches(site_of(n, model).hook, metric, n_layers)]
     if len(live) > node_budget:
         raise ConfigError(
             f"{len(live)} candidate nodes can reach metric {metric.name!r}, more than the node budget of {node_budget}: "
             "narrow them (--layers, --nodes), read the metric at an earlier layer, screen with method 'triage', "
             "or raise the budget (--node-budget)"
         )
+    receivers = None if node_list is None else set(node_list)
+
+    def within(edges: list[Edge]) -> list[Edge]:  # receivers restricted like the nodes, when nodes are given
+        return edges if receivers is None else [e for e in edges if e.dst in receivers]
+
     for method in methods:
         if get_method(method).level == "node":
             found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
             continue
-        senders = node_list if node_list is not None else candidate_nodes(model)
-        edges = candidate_edges(model, senders, receiver_layers=stop_layer(model, metric))
-        if node_list is not None:
-            edges = [e for e in edges if e.dst in set(node_list)]
+        edges = within(candidate_edges(model, candidates, receiver_layers=stop_layer(model, metric)))
         note = f"{len(edges)} candidate edges"
         if len(edges) > edge_budget:
             node_pass = found.circuits.get("activation") or discover(model, tokens, method="activation",
                                                                      nodes=node_list, **common)
-            edges = pruned_edges(model, node_pass, metric)
+            edges = within(pruned_edges(model, node_pass, metric))
             note = (f"{len(edges)} edges from the {len(node_pass.nodes)} nodes of an activation pass (the full set "
                     f"would exceed the edge budget of {edge_budget})")
         if not edges:

@@ -65,7 +65,9 @@ def probe_tokens(
     """
     vocab, bid = model.cfg.d_vocab, bos_id(model)
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
-    allowed = torch.tensor([i for i in range(vocab) if i != bid])
+    allowed = torch.arange(vocab)
+    if bid is not None:
+        allowed = allowed[allowed != bid]
     if n < 1 or length < 1 or len(allowed) < 2:
         raise BadInputError(f"probe prompts need n >= 1, length >= 1 and 2 usable ids; got n={n}, length={length}")
 
