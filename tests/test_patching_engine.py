@@ -193,3 +193,17 @@ def test_heads_of_the_metric_block_cannot_reach_its_pattern(planted):
     assert fast.settings["unreachable"] == 3 and slow.settings["unreachable"] == 0
     assert fast.normalized == slow.normalized or _max_diff(fast, slow) <= TOL
     assert abs(fast.normalized["M1@0"]) > 0.5
+
+
+@pytest.mark.parametrize("metric", [p0.NormRatio(1), p0.LogitMetric(logit_diff)], ids=["norm", "logits"])
+def test_skipped_blocks_batch_mixed_positions(generic, metric):
+    """The patched block's output is computed for a whole layer at once (heads at one position,
+    at several, at the rest of the positions, MLPs among them): equal to running each patch in full."""
+    toks = random_tokens(3, 10, 50, seed=8)
+    nodes = [Node(Kind.HEAD, l, h, p) for l in range(2) for h in range(4) for p in (0, 3, "rest")]
+    nodes += [Node(Kind.MLP, l, pos=p) for l in range(2) for p in (0, 5, "rest")]
+    kw = dict(nodes=nodes, corruption=Resample(), metric=metric, min_signal=0)
+    fast = p0.activation_patch(generic, toks, rows_per_forward=7, **kw)
+    slow = p0.activation_patch(generic, toks, reference=True, **kw)
+    assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
+    assert max(abs(v) for v in fast.raw.values()) > 1e-3  # the patches do something

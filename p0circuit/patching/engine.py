@@ -144,36 +144,64 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     return out
 
 
-def _skip_blocks(model: Any, base_cache: dict[str, Tensor], items: Sequence[tuple[int, PatchOp]], resid: Tensor,
-                 batch: int) -> None:
-    """:func:`skip_block` for many groups of one chunk, writing into ``resid`` (rows of group i).
+def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[PatchOp]) -> list[Tensor]:
+    """:func:`skip_block` for many ops of one layer at once, each at its own positions only:
+    ``out[i]`` is the patched block output at ``ops[i].positions``, shaped (B, P_i, d_model).
 
-    Head-output ops at the same positions share one MLP call over all their rows."""
-    heads = [(i, op) for i, op in items if op.head is not None]
-    same_pos = len({op.positions for _, op in heads}) == 1
-    if not heads or not same_pos or model.cfg.parallel_attn_mlp:
-        for i, op in items:
-            resid[i * batch:(i + 1) * batch] = skip_block(model, base_cache, op)
-        return
-    for i, op in items:
-        if op.head is None:
-            resid[i * batch:(i + 1) * batch] = skip_block(model, base_cache, op)
-    layer = heads[0][1].hook.layer
-    pos = list(heads[0][1].positions)
-    base_z = base_cache[hooks.head_z(layer)][:, pos]  # (B, P, H, d_head)
-    W_O = model.blocks[layer].attn.W_O  # (H, d_head, d_model); model.W_O would re-stack every block
-    deltas = []
-    for _, op in heads:
-        dz = op.value if op.add else op.value - base_z[:, :, op.head]
-        deltas.append(dz @ W_O[op.head])  # (B, P, d_head) x (d_head, d) -> (B, P, d)
-    mid = base_cache[hooks.resid_mid(layer)][:, pos].repeat(len(heads), 1, 1) + torch.cat(deltas)  # (k*B, P, d)
-    block = model.blocks[layer]
-    new = mid + block.apply_mlp(block.ln2(mid))
+    The MLP and its norm act position by position, so the head ops' MLP inputs (at their own
+    positions) are concatenated along the position axis and run through one MLP call."""
+    if not ops:
+        return []
+    layer = ops[0].hook.layer
+    if model.cfg.parallel_attn_mlp:
+        return [skip_block(model, base_cache, op)[:, list(op.positions)] for op in ops]
     post = base_cache[hooks.resid_post(layer)]
-    for k, (i, _) in enumerate(heads):
-        rows = slice(i * batch, (i + 1) * batch)
-        resid[rows] = post
-        resid[rows, pos] = new[k * batch:(k + 1) * batch]
+    out: list[Optional[Tensor]] = [None] * len(ops)
+    heads = []
+    for i, op in enumerate(ops):
+        pos = list(op.positions)
+        if op.head is None:  # MLP output: the change is the change of the output itself
+            delta = op.value if op.add else op.value - base_cache[op.hook.name][:, pos]
+            out[i] = post[:, pos] + delta
+        else:
+            heads.append(i)
+    if not heads:
+        return out  # type: ignore[return-value]
+    base_z = base_cache[hooks.head_z(layer)]  # (B, T, H, d_head)
+    W_O = model.blocks[layer].attn.W_O  # (H, d_head, d_model); model.W_O would re-stack every block
+    mid_base = base_cache[hooks.resid_mid(layer)]
+    mids: list[Tensor] = []
+    by_len: dict[int, list[int]] = {}
+    for i in heads:
+        by_len.setdefault(len(ops[i].positions), []).append(i)
+    for p_len, idx in by_len.items():  # ops with as many positions: one batched matmul
+        pos = torch.tensor([list(ops[i].positions) for i in idx], device=base_z.device)  # (k, P)
+        heads_ix = torch.tensor([ops[i].head for i in idx], device=base_z.device)
+        z = base_z[:, pos, heads_ix[:, None]]  # (B, k, P, d_head)
+        values = torch.stack([ops[i].value for i in idx], dim=1)  # (B, k, P, d_head)
+        adds = [ops[i].add for i in idx]
+        if all(adds):
+            dz = values
+        elif not any(adds):
+            dz = values - z
+        else:
+            keep = torch.tensor(adds, device=z.device)[None, :, None, None]
+            dz = torch.where(keep, values, values - z)
+        b, k = dz.shape[:2]
+        delta = dz.new_empty(b, k, p_len, W_O.shape[-1])  # (B, k, P, d_model)
+        for head in heads_ix.unique().tolist():  # by head: no per-op copy of W_O
+            of_head = (heads_ix == head).nonzero().flatten()
+            delta[:, of_head] = dz[:, of_head] @ W_O[head]
+        mids.append((mid_base[:, pos] + delta).reshape(b, k * p_len, -1))
+    block = model.blocks[layer]
+    mid = torch.cat(mids, dim=1)  # (B, sum of P, d_model)
+    new = mid + block.apply_mlp(block.ln2(mid))
+    part = 0
+    for p_len, idx in by_len.items():
+        for i in idx:
+            out[i] = new[:, part:part + p_len]
+            part += p_len
+    return out  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -208,6 +236,8 @@ class Chunk:
     """Per group: whether its patched block is replaced by :func:`skip_block`."""
     first: int = 0
     """First position run (positions before it are taken from the base run)."""
+    patched: Sequence[Optional[Tensor]] = ()
+    """Per skipped group: its patched block's output at its positions (:func:`skipped_outputs`)."""
 
 
 @torch.no_grad()
@@ -238,25 +268,39 @@ def run_groups(
         first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
         by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
     per_chunk = max(1, rows_per_forward // base.batch)
+    patched: dict[int, Tensor] = {}
+    current = None
     for (start, first), idx in sorted(by_start.items()):
+        if start != current:  # a new start block: the outputs of its skipped groups in one go
+            current = start
+            todo = [i for (s, _), ids in by_start.items() if s == start for i in ids if skip[i]]
+            patched = dict(zip(todo, skipped_outputs(model, base_cache, [groups[i][0] for i in todo])))
         if stop is not None and start >= stop:  # no forward needed: the metric reads only earlier hooks
             for i in idx:
                 acts = {h.name: base_cache[h.name] for h in needs}
                 if skip[i]:
-                    patched = skip_block(model, base_cache, groups[i][0])
-                    acts = {k: (patched if k == hooks.resid_post(start - 1) else v) for k, v in acts.items()}
+                    name = hooks.resid_post(start - 1)
+                    acts[name] = _with_positions(acts[name], groups[i][0].positions, patched[i])
                 out[i] = float(metric(RunView(acts, None, p0)))
             if on_done is not None:
                 on_done(len(idx))
             continue
         for c in range(0, len(idx), per_chunk):
             part = idx[c : c + per_chunk]
-            chunk = Chunk([groups[i] for i in part], start, stop, [skip[i] for i in part], first)
+            chunk = Chunk([groups[i] for i in part], start, stop, [skip[i] for i in part], first,
+                          [patched.get(i) for i in part])
             for i, v in zip(part, _run_chunk(base, chunk)):
                 out[i] = v
             if on_done is not None:
                 on_done(len(part))
     return [float(v) for v in out]  # type: ignore[arg-type]
+
+
+def _with_positions(act: Tensor, positions: Sequence[int], values: Tensor) -> Tensor:
+    """A copy of ``act`` (B, T, ...) with ``values`` at ``positions``."""
+    out = act.clone()
+    out[:, list(positions)] = values
+    return out
 
 
 def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
@@ -271,9 +315,10 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
         resid = base_cache[hooks.resid_post(start - 1)].repeat(n, 1, 1)
     by_hook: dict[str, list[tuple[slice, PatchOp]]] = {}
     early: dict[str, Tensor] = {}  # hooks below `start` that differ per group (the skipped block's output)
-    skip_ops = [(i, g[0]) for i, g in enumerate(groups) if chunk.skipped[i]]
-    if skip_ops:
-        _skip_blocks(model, base_cache, skip_ops, resid, batch)
+    if any(chunk.skipped):
+        for i, g in enumerate(groups):  # resid holds block start-1's base output: write the patched positions
+            if chunk.skipped[i]:
+                resid[i * batch:(i + 1) * batch, list(g[0].positions)] = chunk.patched[i]
         # block start-1's output, per group: the patched rows just written, the base run elsewhere
         if any(h.name == hooks.resid_post(start - 1) for h in metric.needs(model.cfg.n_layers)):
             early[hooks.resid_post(start - 1)] = resid.clone()
@@ -336,8 +381,9 @@ def _suffix_ok(model: Any, metric: PatchMetric, base_logits: Optional[Tensor], b
 
 
 def _prefix_cache(model: Any, base_cache: dict[str, Tensor], start: int, first: int, n: int) -> Any:
-    """A frozen key-value cache holding the base run's keys and values of positions < ``first``
-    (empty placeholders for the blocks that do not run: before ``start``, or past the cached ones)."""
+    """A frozen key-value cache holding the base run's keys and values of positions < ``first``,
+    repeated for ``n`` groups (empty placeholders for the blocks that do not run: before
+    ``start``, or past the cached ones)."""
     cached = [l for l in range(model.cfg.n_layers) if hooks.head_vector(l, "k") in base_cache]
     like_k, like_v = (base_cache[hooks.head_vector(cached[0], w)][:, :0] for w in ("k", "v"))
     entries = []
