@@ -4,7 +4,9 @@ TransformerLens prepends BOS by default. The P0 sink is about what sits at posit
 p0circuit no entry point decides that silently: ``prepend_bos`` is a required keyword.
 """
 
-from typing import Any, Optional, Sequence, Union
+from functools import lru_cache
+from importlib import resources
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Bool, Int
@@ -245,3 +247,86 @@ def check_tokens(
     tokens = tokens.long().to(model.cfg.device)
     check_bos(model, tokens, bos, what)
     return tokens
+
+
+@lru_cache(maxsize=1)
+def english_lines() -> tuple[str, ...]:
+    """The shipped natural-English passages (``p0circuit/data/english.txt``): 201 lines of plain
+    prose written for p0circuit, one or two sentences each, on everyday subjects. They need no
+    download and make the default prompts for models with a tokenizer."""
+    text = resources.files("p0circuit").joinpath("data/english.txt").read_text(encoding="utf-8")
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def english_prompts(
+    model: HookedTransformer, n: int, length: int, *, prepend_bos: Any, seed: int = 0,
+) -> Int[Tensor, "batch pos"]:
+    """``n`` natural-English prompts of exactly ``length`` tokens: each is the start of one shipped
+    passage (:func:`english_lines`), tokenized without special tokens and cut to length, so every
+    prompt begins where a text begins. With ``prepend_bos=True`` position 0 holds the BOS id and
+    ``length - 1`` text tokens follow. Passages are picked in an order shuffled by ``seed``; those
+    too short for ``length`` are skipped, and asking for more prompts than remain is an error."""
+    if not isinstance(prepend_bos, bool):
+        raise BadInputError(f"prepend_bos must be True or False, got {prepend_bos!r}: p0circuit never picks the BOS choice")
+    if model.tokenizer is None:
+        raise BadInputError("english prompts need a tokenizer; this model has none (use probe_tokens for random ids)")
+    for name, value, low in (("n", n, 1), ("length", length, 1 + int(prepend_bos))):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise BadInputError(f"english_prompts: {name} must be an int >= {low}, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise BadInputError(f"english_prompts: seed must be an int, got {seed!r}")
+    per = length - int(prepend_bos)
+    lines = english_lines()
+    order = torch.randperm(len(lines), generator=torch.Generator().manual_seed(seed)).tolist()
+    rows = []
+    for i in order:
+        ids = list(model.tokenizer(lines[i], add_special_tokens=False)["input_ids"])
+        if len(ids) >= per:
+            rows.append(ids[:per])
+        if len(rows) == n:
+            break
+    if len(rows) < n:
+        raise BadInputError(
+            f"only {len(rows)} of the {len(lines)} shipped passages hold {per} tokens; ask for fewer prompts "
+            f"(n <= {len(rows)}) or shorter ones, or pass your own text (text_windows)"
+        )
+    if prepend_bos:
+        bid = model.tokenizer.bos_token_id
+        if bid is None:
+            raise BadInputError("this tokenizer has no BOS token; use prepend_bos=False")
+        rows = [[bid] + r for r in rows]
+    tokens = torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
+    check_bos(model, tokens, prepend_bos, what="english prompts")
+    return tokens
+
+
+PROMPT_SOURCES = ("auto", "english", "random", "regular")
+"""Where prompts come from: ``english`` (:func:`english_prompts`), ``random`` / ``regular``
+(:func:`probe_tokens`, random ids; regular: only position 0 looks like a start), ``auto``:
+english for a model with a tokenizer, regular random ids for one without."""
+
+
+class Prompts(NamedTuple):
+    """Prompts and what they are."""
+
+    tokens: Tensor
+    source: str
+    """``english``, ``random`` or ``regular`` (never ``auto``: what was used)."""
+
+    def describe(self) -> str:
+        """E.g. ``"8 english prompts x 24 tokens"``."""
+        kind = {"english": "natural-English", "random": "random-id", "regular": "regular random-id"}[self.source]
+        return f"{self.tokens.shape[0]} {kind} prompts x {self.tokens.shape[1]} tokens"
+
+
+def make_prompts(
+    model: HookedTransformer, n: int, length: int, *, source: str = "auto", seed: int = 0, bos: bool = False,
+) -> Prompts:
+    """Prompts from ``source`` (see :data:`PROMPT_SOURCES`), with the run's BOS choice ``bos``."""
+    if source not in PROMPT_SOURCES:
+        raise BadInputError(f"prompt source {source!r} is not one of {', '.join(PROMPT_SOURCES)}")
+    if source == "auto":
+        source = "english" if getattr(model, "tokenizer", None) is not None else "regular"
+    if source == "english":
+        return Prompts(english_prompts(model, n, length, prepend_bos=bos, seed=seed), source)
+    return Prompts(probe_tokens(model, n, length, seed=seed, regular=source == "regular", bos=bos), source)

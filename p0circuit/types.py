@@ -34,6 +34,13 @@ class Kind(str, enum.Enum):
     """One block's MLP output."""
     RESID = "resid"
     """The residual stream leaving a block (``resid_post``)."""
+    KV_HEAD = "kv_head"
+    """A key/value head of grouped-query attention, shared by a group of query heads: only a
+    receiver of key and value edges (``A2.KV1@0.k``), since its keys and values are computed once
+    for the whole group."""
+    NEURON = "neuron"
+    """One MLP neuron: its activation after the nonlinearity (``M1.N507@0``); it writes its
+    activation times its row of ``W_out`` into the residual stream."""
 
 
 class Input(str, enum.Enum):
@@ -51,8 +58,9 @@ class Input(str, enum.Enum):
     """The residual stream itself (read by everything downstream)."""
 
 
-_SHORT = {Kind.EMBED: "E", Kind.POS_EMBED: "PE", Kind.HEAD: "A", Kind.MLP: "M", Kind.RESID: "R"}
-_FROM_SHORT = {v: k for k, v in _SHORT.items()}
+_SHORT = {Kind.EMBED: "E", Kind.POS_EMBED: "PE", Kind.HEAD: "A", Kind.MLP: "M", Kind.RESID: "R", Kind.KV_HEAD: "A",
+          Kind.NEURON: "M"}
+_FROM_SHORT = {"E": Kind.EMBED, "PE": Kind.POS_EMBED, "M": Kind.MLP, "R": Kind.RESID}
 
 
 def _check_pos(pos: Pos) -> None:
@@ -76,26 +84,37 @@ class Node:
     """Head index for ``Kind.HEAD``; -1 otherwise."""
     pos: Pos = 0
     """Position class: an index or ``"rest"``."""
+    neuron: int = -1
+    """Neuron index for ``Kind.NEURON``; -1 otherwise."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))
         _check_pos(self.pos)
+        for name in ("layer", "head", "neuron"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BadInputError(f"Node.{name} must be an int, got {value!r}")
         if self.kind in (Kind.EMBED, Kind.POS_EMBED):
             if self.layer != -1 or self.head != -1:
                 raise BadInputError(f"{self.kind.value} nodes take no layer or head")
         elif self.layer < 0:
             raise BadInputError(f"{self.kind.value} nodes need a layer >= 0, got {self.layer}")
-        if (self.kind == Kind.HEAD) != (self.head >= 0):
+        if (self.kind in (Kind.HEAD, Kind.KV_HEAD)) != (self.head >= 0):
             raise BadInputError(
-                "a head index is required for head nodes and forbidden for other kinds; "
+                "a head index is required for head and kv_head nodes and forbidden for other kinds; "
                 f"got kind={self.kind.value}, head={self.head}"
+            )
+        if (self.kind == Kind.NEURON) != (self.neuron >= 0):
+            raise BadInputError(
+                "a neuron index is required for neuron nodes and forbidden for other kinds; "
+                f"got kind={self.kind.value}, neuron={self.neuron}"
             )
 
     def sort_key(self) -> tuple:
         """Forward order: layer, then heads before MLPs, then position (indices before "rest")."""
         kind_rank = list(Kind).index(self.kind)
         pos_key = (0, self.pos) if isinstance(self.pos, int) else (1, 0)
-        return (self.layer, kind_rank, self.head, pos_key)
+        return (self.layer, kind_rank, self.head, self.neuron, pos_key)
 
     def __lt__(self, other: "Node") -> bool:
         return self.sort_key() < other.sort_key()
@@ -108,6 +127,10 @@ class Node:
             return short
         if self.kind == Kind.HEAD:
             return f"A{self.layer}.H{self.head}"
+        if self.kind == Kind.KV_HEAD:
+            return f"A{self.layer}.KV{self.head}"
+        if self.kind == Kind.NEURON:
+            return f"M{self.layer}.N{self.neuron}"
         return f"{short}{self.layer}"
 
     @property
@@ -117,7 +140,7 @@ class Node:
 
     def at(self, pos: Pos) -> "Node":
         """The same component at another position class."""
-        return Node(self.kind, self.layer, self.head, pos)
+        return Node(self.kind, self.layer, self.head, pos, self.neuron)
 
     def __str__(self) -> str:
         return self.name
@@ -125,15 +148,21 @@ class Node:
     @classmethod
     def parse(cls, name: str) -> "Node":
         """Inverse of :attr:`name`; raises a clear error for malformed names."""
-        hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'E@0', 'PE@0' or 'R2@0'"
+        hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'M1.N507@0', 'A2.KV1@0', 'E@0', 'PE@0' or 'R2@0'"
         try:
             comp, pos_s = name.split("@")
             pos: Pos = int(pos_s) if pos_s.isdigit() else pos_s
             if comp in ("E", "PE"):
                 return cls(_FROM_SHORT[comp], pos=pos)
+            if comp.startswith("A") and ".KV" in comp:
+                layer_s, head_s = comp[1:].split(".KV")
+                return cls(Kind.KV_HEAD, int(layer_s), int(head_s), pos)
             if comp.startswith("A"):
                 layer_s, head_s = comp[1:].split(".H")
                 return cls(Kind.HEAD, int(layer_s), int(head_s), pos)
+            if comp.startswith("M") and ".N" in comp:
+                layer_s, neuron_s = comp[1:].split(".N")
+                return cls(Kind.NEURON, int(layer_s), pos=pos, neuron=int(neuron_s))
             if comp[0] in ("M", "R"):
                 return cls(_FROM_SHORT[comp[0]], int(comp[1:]), pos=pos)
         except (ValueError, KeyError, IndexError):
@@ -154,8 +183,14 @@ class Edge:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input", Input(self.input))
-        if self.input in (Input.Q, Input.K, Input.V) and self.dst.kind != Kind.HEAD:
-            raise BadInputError(f"only heads have a {self.input.value} input, not {self.dst}")
+        if self.input == Input.Q and self.dst.kind != Kind.HEAD:
+            raise BadInputError(f"only query heads have a q input, not {self.dst}")
+        if self.input in (Input.K, Input.V) and self.dst.kind not in (Kind.HEAD, Kind.KV_HEAD):
+            raise BadInputError(f"only heads and key/value heads have a {self.input.value} input, not {self.dst}")
+        if self.dst.kind == Kind.KV_HEAD and self.input not in (Input.K, Input.V):
+            raise BadInputError(f"a key/value head ({self.dst}) only has k and v inputs, not {self.input.value}")
+        if self.src.kind == Kind.KV_HEAD:
+            raise BadInputError(f"a key/value head ({self.src}) writes nothing to the residual stream: it cannot send an edge")
         if self.input == Input.MLP and self.dst.kind != Kind.MLP:
             raise BadInputError(f"only MLPs have an mlp_in input, not {self.dst}")
 
@@ -174,6 +209,8 @@ class Edge:
             src, rest = name.split("->")
             dst, inp = rest.rsplit(".", 1)
             return cls(Node.parse(src), Node.parse(dst), Input(inp))
+        except BadInputError as e:
+            raise BadInputError(f"edge name {name!r}: {e}") from None
         except ValueError:
             raise BadInputError(
                 f"unknown edge name {name!r}; expected e.g. 'M1@0->A2.H0@rest.k'"

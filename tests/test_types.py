@@ -30,7 +30,7 @@ def test_invalid_nodes_and_edges():
         Node(Kind.HEAD, 0)
     with pytest.raises(BadInputError, match="non-negative int or 'rest'"):
         Node(Kind.MLP, 0, pos=-1)
-    with pytest.raises(BadInputError, match="only heads have a k input"):
+    with pytest.raises(BadInputError, match="only heads and key/value heads have a k input"):
         Edge(Node(Kind.MLP, 0), Node(Kind.MLP, 1), Input.K)
 
 

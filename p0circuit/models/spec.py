@@ -56,10 +56,19 @@ class ModelSpec:
     """Sliding-window size for every layer (Mistral style); None for full causal attention."""
     rotary_dim: Optional[int] = None
     """Rotated dimensions per head with ``pos="rope"``; None rotates all ``d_head``."""
+    n_kv_heads: Optional[int] = None
+    """Key/value heads for grouped-query attention (Llama/SmolLM2 style: ``n_heads / n_kv_heads``
+    query heads share each); None gives every query head its own keys and values."""
     seed: int = 0
     """Seed for the weight initialization."""
 
     def __post_init__(self) -> None:
+        if self.n_kv_heads is not None and (
+            isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1
+            or not isinstance(self.n_heads, int) or self.n_heads % self.n_kv_heads
+        ):
+            raise ConfigError(f"ModelSpec.n_kv_heads must be None or a positive int dividing n_heads={self.n_heads}, "
+                              f"got {self.n_kv_heads!r}")
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -109,6 +118,7 @@ class ModelSpec:
             use_local_attn=local,
             window_size=self.window,
             attn_types=["local"] * self.n_layers if local else None,
+            n_key_value_heads=self.n_kv_heads,
             default_prepend_bos=False,
             seed=self.seed,
             device=device,

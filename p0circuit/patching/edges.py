@@ -25,14 +25,29 @@ def receiver_site(edge: Edge, model: Any) -> tuple[HookRef, Optional[int]]:
     if dst.layer >= model.cfg.n_layers:
         raise BadInputError(f"edge {edge}: receiver layer {dst.layer} is outside the model's 0..{model.cfg.n_layers - 1}")
     if edge.input in _QKV:
-        head = dst.head
-        n_kv = model.cfg.n_key_value_heads
-        if edge.input != Input.Q and n_kv is not None and not model.cfg.ungroup_grouped_query_attention:
-            head = dst.head // (model.cfg.n_heads // n_kv)  # grouped-query attention: the shared k/v head
-        return HookRef(dst.layer, hooks.head_input(dst.layer, _QKV[edge.input])), head
+        n_kv = kv_heads(model)
+        if edge.input != Input.Q and n_kv != model.cfg.n_heads and dst.kind == Kind.HEAD:
+            group = model.cfg.n_heads // n_kv
+            raise BadInputError(
+                f"edge {edge}: in grouped-query attention keys and values belong to the shared key/value head, "
+                f"not to a query head ({group} query heads share each); name the receiver "
+                f"A{dst.layer}.KV{dst.head // group}@{dst.pos}.{edge.input.value}")
+        if dst.kind == Kind.KV_HEAD and dst.head >= n_kv:
+            raise BadInputError(f"edge {edge}: the model has key/value heads 0..{n_kv - 1}")
+        if dst.kind == Kind.HEAD and dst.head >= model.cfg.n_heads:
+            raise BadInputError(f"edge {edge}: the model has heads 0..{model.cfg.n_heads - 1}")
+        return HookRef(dst.layer, hooks.head_input(dst.layer, _QKV[edge.input])), dst.head
     if edge.input == Input.MLP:
         return HookRef(dst.layer, hooks.mlp_in(dst.layer)), None
     return HookRef(dst.layer, hooks.resid_post(dst.layer)), None
+
+
+def kv_heads(model: Any) -> int:
+    """Key/value heads per block: fewer than the query heads under grouped-query attention."""
+    n_kv = model.cfg.n_key_value_heads
+    if n_kv is None or model.cfg.ungroup_grouped_query_attention:
+        return int(model.cfg.n_heads)
+    return int(n_kv)
 
 
 def is_valid_edge(edge: Edge, parallel: bool) -> bool:
@@ -55,7 +70,9 @@ def candidate_edges(
     model: Any, senders: Sequence[Node], qkv: Sequence[str] = ("q", "k", "v"), receiver_layers: Optional[int] = None,
 ) -> list[Edge]:
     """Every valid edge from ``senders`` into the q/k/v inputs of every head and every MLP input
-    (of the first ``receiver_layers`` blocks when given)."""
+    (of the first ``receiver_layers`` blocks when given). Under grouped-query attention the
+    receivers of key and value edges are the key/value heads (``A2.KV1@0.k``), each once: a query
+    head has no keys or values of its own."""
     parallel = bool(model.cfg.parallel_attn_mlp)
     pos_classes = sorted({n.pos for n in senders}, key=str)
     layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))
@@ -65,9 +82,11 @@ def candidate_edges(
             if p != src.pos:
                 continue
             for layer in layers:
-                for h in range(model.cfg.n_heads):
-                    for which in qkv:
-                        e = Edge(src, Node(Kind.HEAD, layer, h, p), Input(which))
+                for which in qkv:
+                    grouped = which != "q" and kv_heads(model) != model.cfg.n_heads
+                    kind, count = (Kind.KV_HEAD, kv_heads(model)) if grouped else (Kind.HEAD, model.cfg.n_heads)
+                    for h in range(count):
+                        e = Edge(src, Node(kind, layer, h, p), Input(which))
                         if is_valid_edge(e, parallel):
                             edges.append(e)
                 if not model.cfg.attn_only:
@@ -79,16 +98,20 @@ def candidate_edges(
 
 def sender_output(model: Any, cache: dict[str, Tensor], node: Node, positions: list[int]) -> Tensor:
     """What ``node`` adds to the residual stream at ``positions``: ``[batch, len(positions), d_model]``."""
+    if node.kind in (Kind.RESID, Kind.KV_HEAD):
+        raise BadInputError(f"{node}: residual-stream nodes and key/value heads cannot be edge senders; use heads, "
+                            "MLPs, neurons or embeddings")
+    return written(model, node, cache[sender_hook(node)][:, positions])
+
+
+def written(model: Any, node: Node, act: Tensor) -> Tensor:
+    """What ``node`` writes into the residual stream, from its sender hook's activation ``act``
+    (already cut to the positions): ``[batch, pos, d_model]``."""
     if node.kind == Kind.HEAD:
-        z = cache[hooks.head_z(node.layer)][:, positions, node.head]  # (B, P, d_head)
-        return z @ model.blocks[node.layer].attn.W_O[node.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
-    if node.kind == Kind.MLP:
-        return cache[hooks.mlp_out(node.layer)][:, positions]
-    if node.kind == Kind.EMBED:
-        return cache[hooks.EMBED][:, positions]
-    if node.kind == Kind.POS_EMBED:
-        return cache[hooks.POS_EMBED][:, positions]
-    raise BadInputError(f"{node}: residual-stream nodes cannot be edge senders; use heads, MLPs or embeddings")
+        return act[:, :, node.head] @ model.blocks[node.layer].attn.W_O[node.head]  # (B, P, d_head) x (d_head, d) -> (B, P, d)
+    if node.kind == Kind.NEURON:
+        return act[:, :, node.neuron, None] * model.blocks[node.layer].mlp.W_out[node.neuron]  # (B, P, 1) x (d,) -> (B, P, d)
+    return act
 
 
 def sender_hook(node: Node) -> str:
@@ -96,6 +119,7 @@ def sender_hook(node: Node) -> str:
     return {
         Kind.HEAD: lambda: hooks.head_z(node.layer),
         Kind.MLP: lambda: hooks.mlp_out(node.layer),
+        Kind.NEURON: lambda: hooks.mlp_post(node.layer),
         Kind.EMBED: lambda: hooks.EMBED,
         Kind.POS_EMBED: lambda: hooks.POS_EMBED,
         Kind.RESID: lambda: hooks.resid_post(node.layer),

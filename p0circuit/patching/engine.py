@@ -105,7 +105,7 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
     layer = op.hook.layer
     if layer < 0 or model.cfg.original_architecture in _POST_NORM or model.cfg.use_normalization_before_and_after:
         return False
-    if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer)):
+    if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer)):
         return False
     allowed = {hooks.resid_post(layer), hooks.pattern(layer)}
     return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
@@ -115,11 +115,13 @@ _POST_NORM = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeF
 
 
 def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor:
-    """The patched output of block ``l`` without re-running it, for a head-output or MLP-output op.
+    """The patched output of block ``l`` without re-running it, for a head-output, MLP-output or
+    neuron op.
 
     A head output or MLP output changes the residual stream only at the patched positions; the
     MLP and its norm act position by position. So the block's output is the cached one plus, at
-    those positions: the change of the MLP output (MLP op); or the change of the head's output
+    those positions: the change of the MLP output (MLP op; a neuron's change times its row of
+    ``W_out`` for a neuron op); or the change of the head's output
     ``(z' - z) W_O`` plus, in sequential blocks, the resulting change of the MLP output,
     recomputed on those positions alone. ``run_groups_reference`` checks this against full runs.
     """
@@ -127,9 +129,8 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     pos = list(op.positions)
     out = base_cache[hooks.resid_post(layer)].clone()
     base = base_cache[op.hook.name]
-    if op.hook.name == hooks.mlp_out(layer):
-        delta = op.value if op.add else op.value - base[:, pos]
-        out[:, pos] += delta
+    if op.hook.name in (hooks.mlp_out(layer), hooks.mlp_post(layer)):
+        out[:, pos] += _mlp_change(model, base_cache, op)
         return out
     z = base[:, pos, op.head]
     delta_z = op.value if op.add else op.value - z
@@ -142,6 +143,16 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     mlp_new = block.apply_mlp(block.ln2(mid))
     out[:, pos] = mid + mlp_new
     return out
+
+
+def _mlp_change(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor:
+    """The change of block ``l``'s MLP output at ``op.positions`` for an MLP-output or neuron op."""
+    pos = list(op.positions)
+    base = base_cache[op.hook.name][:, pos]
+    if op.hook.name == hooks.mlp_out(op.hook.layer):
+        return op.value if op.add else op.value - base
+    change = op.value if op.add else op.value - base[:, :, op.head]  # (B, P): the neuron's activation
+    return change[..., None] * model.blocks[op.hook.layer].mlp.W_out[op.head]  # (B, P, 1) x (d_model,) -> (B, P, d_model)
 
 
 def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[PatchOp]) -> list[Tensor]:
@@ -160,9 +171,8 @@ def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[Pat
     heads = []
     for i, op in enumerate(ops):
         pos = list(op.positions)
-        if op.head is None:  # MLP output: the change is the change of the output itself
-            delta = op.value if op.add else op.value - base_cache[op.hook.name][:, pos]
-            out[i] = post[:, pos] + delta
+        if op.hook.name != hooks.head_z(layer):  # MLP output or neuron: no MLP call needed
+            out[i] = post[:, pos] + _mlp_change(model, base_cache, op)
         else:
             heads.append(i)
     if not heads:

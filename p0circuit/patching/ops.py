@@ -12,11 +12,11 @@ from typing import Sequence
 
 from torch import Tensor
 
-from p0circuit.patching.edges import receiver_site, sender_hook, sender_output
+from p0circuit.patching.edges import receiver_site, sender_hook, sender_output, written
 from p0circuit.patching.engine import PatchOp
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
-from p0circuit.types import Edge, Kind, Node
+from p0circuit.types import Edge, Node
 
 
 def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> PatchOp:
@@ -41,11 +41,7 @@ def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]
     model, src = job.model, edge.src
     pos = positions_of(src, job.seq_len, named)
     clean_out = sender_output(model, job.clean, src, pos)
-    corr_act = job.corrupted_value(sender_hook(src), pos)
-    if src.kind == Kind.HEAD:
-        corr_out = corr_act[:, :, src.head] @ model.blocks[src.layer].attn.W_O[src.head]  # (B, P, d_head) x (d_head, d) -> (B, P, d)
-    else:
-        corr_out = corr_act
+    corr_out = written(model, src, job.corrupted_value(sender_hook(src), pos))
     if direction == "noise":
         return pos, corr_out - clean_out
     return [p + job.offset for p in pos], clean_out - corr_out

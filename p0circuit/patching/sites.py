@@ -21,7 +21,8 @@ class Site:
     hook: HookRef
     """Hook (with its block) holding the node's activation."""
     head: Optional[int]
-    """Head index for per-head hooks, else None."""
+    """Index along the activation's third axis: the head of per-head hooks, the neuron of
+    ``mlp.hook_post``; None for whole activations."""
     start_layer: int
     """First block a patched forward must run."""
 
@@ -29,16 +30,23 @@ class Site:
 def site_of(node: Node, model: Any) -> Site:
     """The site of ``node`` in ``model``; clear errors for nodes the model does not have."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    if node.kind in (Kind.HEAD, Kind.MLP, Kind.RESID) and node.layer >= n_layers:
+    if node.kind not in (Kind.EMBED, Kind.POS_EMBED) and node.layer >= n_layers:
         raise BadInputError(f"node {node} names layer {node.layer}, but the model has layers 0..{n_layers - 1}")
     if node.kind == Kind.HEAD:
         if node.head >= n_heads:
             raise BadInputError(f"node {node} names head {node.head}, but layers have heads 0..{n_heads - 1}")
         return Site(HookRef(node.layer, hooks.head_z(node.layer)), node.head, node.layer)
+    if node.kind in (Kind.MLP, Kind.NEURON) and model.cfg.attn_only:
+        raise BadInputError(f"node {node}: this model is attention-only and has no MLPs")
     if node.kind == Kind.MLP:
-        if model.cfg.attn_only:
-            raise BadInputError(f"node {node}: this model is attention-only and has no MLPs")
         return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None, node.layer)
+    if node.kind == Kind.NEURON:
+        if node.neuron >= model.cfg.d_mlp:
+            raise BadInputError(f"node {node} names neuron {node.neuron}, but MLPs have neurons 0..{model.cfg.d_mlp - 1}")
+        return Site(HookRef(node.layer, hooks.mlp_post(node.layer)), node.neuron, node.layer)
+    if node.kind == Kind.KV_HEAD:
+        raise BadInputError(f"node {node}: a key/value head is only a receiver of k/v edges (path patching); "
+                            "patch the query heads' outputs (A{l}.H{h}) as nodes instead")
     if node.kind == Kind.RESID:
         return Site(HookRef(node.layer, hooks.resid_post(node.layer)), None, node.layer + 1)
     if node.kind == Kind.EMBED:
@@ -99,6 +107,16 @@ def candidate_nodes(
             if resid:
                 nodes.append(Node(Kind.RESID, layer, pos=p))
     return nodes
+
+
+def candidate_neurons(model: Any, layers: Iterable[int], positions: Iterable[Any] = (0,)) -> list[Node]:
+    """Every neuron of the MLPs of ``layers`` at each position class (``"rest"`` included when named)."""
+    layers = list(layers)
+    bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
+    if bad or model.cfg.attn_only:
+        raise BadInputError(f"candidate_neurons: layers {bad or layers} are not MLP layers of this model "
+                            f"(0..{model.cfg.n_layers - 1}{', attention-only' if model.cfg.attn_only else ''})")
+    return [Node(Kind.NEURON, l, pos=p, neuron=n) for l in layers for p in positions for n in range(model.cfg.d_mlp)]
 
 
 def parse_nodes(nodes: Sequence[Union[Node, str]]) -> list[Node]:
