@@ -37,6 +37,7 @@ from p0circuit.patching import (
     activation_patch,
     attribution_patch,
     candidate_edges,
+    candidate_neurons,
     candidate_nodes,
     check_attribution,
     faithfulness_curve,
@@ -46,7 +47,8 @@ from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positi
 from p0circuit.models.gguf import load_gguf, load_smollm2
 from p0circuit.models.resolve import load_model
 from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
-from p0circuit.tokens import check_tokens, probe_tokens, text_windows, to_tokens
+from p0circuit.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
+                              text_windows, to_tokens)
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
@@ -54,10 +56,10 @@ __all__ = [
     "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
     "NonFiniteError", "NormRatio", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Zero", "activation_patch", "attribution_patch", "auroc",
-    "build_planted", "candidate_edges", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
+    "build_planted", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
     "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
     "load_smollm2", "p0_like_positions", "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts",
-    "sink_report", "text_windows", "to_dot", "to_networkx", "to_svg", "to_tokens",
+    "sink_report", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
 ]
 
 

@@ -51,24 +51,25 @@ def _discover(args: argparse.Namespace) -> int:
     from p0circuit.patching import candidate_nodes
     from p0circuit.patching.metrics import metric_from_entry
     from p0circuit.patching.sites import parse_nodes
-    from p0circuit.tokens import probe_tokens, text_windows
+    from p0circuit.tokens import bos_label, make_prompts, set_bos, text_windows
 
     resolved = load_model(_model_entry(args), seed=args.seed)
     model = resolved.model
+    if args.bos_token is not None:
+        set_bos(model, int(args.bos_token) if args.bos_token.isdigit() else args.bos_token)
     if args.text:
         tokens = text_windows(model, Path(args.text).read_text(encoding="utf-8"), args.n_prompts, args.seq_len,
                               prepend_bos=args.bos)
-        what = f"windows of {args.text}"
+        what = f"{tokens.shape[0]} windows of {args.text} x {tokens.shape[1]} tokens"
     else:
-        tokens = probe_tokens(model, args.n_prompts, args.seq_len, seed=args.seed, regular=True, bos=args.bos)
-        what = "regular random prompts"
+        prompts = make_prompts(model, args.n_prompts, args.seq_len, source=args.prompts, seed=args.seed, bos=args.bos)
+        tokens, what = prompts.tokens, prompts.describe()
     metric = metric_from_entry(args.metric, model, resolved.sink_heads) if args.metric else None
     nodes = parse_nodes(args.nodes) if args.nodes else None
     if args.layers:
         layers = _layers(args.layers, model.cfg.n_layers)
         nodes = [n for n in (nodes or candidate_nodes(model)) if n.layer in layers]
-    print(f"p0circuit discover: {resolved.label}, {tokens.shape[0]} {what} x {tokens.shape[1]} tokens, "
-          f"{'BOS' if args.bos else 'no BOS'}")
+    print(f"p0circuit discover: {resolved.label}, {what}, {bos_label(model) if args.bos else 'no BOS'}")
     found = run_discovery(resolved, tokens, methods=args.methods, corruption=args.corruption, metric=metric,
                           threshold=args.threshold, bos=args.bos, nodes=nodes, edge_budget=args.edge_budget,
                           node_budget=args.node_budget, progress=not args.quiet)
@@ -198,7 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--node-budget", type=int, default=5000,
                    help="most candidate nodes that can reach the metric (beyond it: an error saying how to narrow)")
     d.add_argument("--text", help="a UTF-8 text file: prompts are consecutive windows of it (needs a tokenizer)")
+    d.add_argument("--prompts", default="auto", choices=["auto", "english", "random", "regular"],
+                   help="english: the shipped natural-English passages; random/regular: random token ids; "
+                   "auto (default): english with a tokenizer, regular random ids without")
     d.add_argument("--bos", action="store_true", help="prompts start with the model's BOS token (default: no BOS)")
+    d.add_argument("--bos-token", help="the token (string or id) --bos prepends, e.g. '<|endoftext|>' (needed when "
+                   "the tokenizer's bos_token is not a start-of-text token, as with SmolLM2's <|im_start|>)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.add_argument("--threshold", type=float, default=0.1)
     d.add_argument("--n-prompts", type=int, default=32)

@@ -12,11 +12,18 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import ConfigError, entry_point
 from p0circuit.patching import METHODS, Corruption, PatchMetric, PatchResult, get_method
-from p0circuit.types import Circuit, Edge, Kind, Node
+from p0circuit.types import Circuit, Edge, Kind, Node, format_effect
 
 
 def interpret(result: PatchResult, threshold: float) -> str:
-    """A one-line reading of a P0 circuit: what identifies P0 and which MLPs amplify it."""
+    """A one-line reading of a P0 circuit: what identifies P0, which components raise the metric
+    and which lower it.
+
+    A component *raises* the metric when its clean value pushes the metric above what the
+    corrupted run gives: with ``clean > corrupted`` that is a positive normalized effect (noising
+    it loses part of the change), a negative one *lowers* it (noising it moves the metric further
+    from the corrupted value: the component works against the change).
+    """
     if not result.signal:
         return "no signal: " + result.message
     keep = set(result.kept(threshold))
@@ -24,11 +31,15 @@ def interpret(result: PatchResult, threshold: float) -> str:
     nodes = sorted({n for item in kept for n in ((item.src, item.dst) if isinstance(item, Edge) else (item,))})
     if not nodes:
         return "no component passes the threshold"
+    up = 1.0 if result.clean_metric >= result.corrupted_metric else -1.0  # both directions share this sign
+    raising = [n for n in kept if up * result.normalized[n.name] > 0]
+    lowering = [n for n in kept if up * result.normalized[n.name] < 0]
     pe = [n for n in nodes if n.kind == Kind.POS_EMBED]
     heads = [n for n in nodes if n.kind == Kind.HEAD]
-    mlps = [n for n in nodes if n.kind == Kind.MLP]
+    mlps = [n for n in nodes if n.kind in (Kind.MLP, Kind.NEURON)]
     first_mlp = min((n.layer for n in mlps), default=None)
-    ident_heads = [n for n in heads if first_mlp is None or n.layer <= first_mlp]
+    lowered = {n for n in lowering if isinstance(n, Node)}
+    ident_heads = [n for n in heads if (first_mlp is None or n.layer <= first_mlp) and n not in lowered]
     if pe:
         ident = "the position embedding (" + ", ".join(n.name for n in pe) + "); no attention head is needed to find P0"
         if ident_heads:
@@ -37,8 +48,13 @@ def interpret(result: PatchResult, threshold: float) -> str:
         ident = "attention under the causal mask (" + ", ".join(n.name for n in ident_heads) + ")"
     else:
         ident = "no identified component"
-    amp = ", ".join(n.name for n in mlps) or "none"
-    return f"P0 is identified by {ident}; MLPs in the circuit: {amp}"
+
+    def listed(items: list) -> str:
+        return ", ".join(f"{i.name} {format_effect(result.normalized[i.name])}" for i in items) or "none"
+
+    what = "edges" if result.level == "edge" else "components"
+    return (f"P0 is identified by {ident}; {what} raising {result.metric}: {listed(raising)}; "
+            f"lowering it: {listed(lowering)}")
 
 
 @entry_point

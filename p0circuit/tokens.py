@@ -28,6 +28,59 @@ def bos_id(model: HookedTransformer) -> Optional[int]:
     return None if value is None else int(value)
 
 
+START_OF_TEXT = ("<s>", "<bos>", "<|begin_of_text|>", "<|endoftext|>", "<|startoftext|>", "<BOS>", "[BOS]")
+"""Tokenizer BOS strings p0circuit accepts as a start-of-text token without being told."""
+
+
+def set_bos(model: HookedTransformer, token: Union[str, int]) -> int:
+    """Say which token ``prepend_bos=True`` puts at position 0 of ``model`` (a token string or id);
+    returns its id. Needed when the tokenizer's ``bos_token`` is not a start-of-text token, e.g.
+    SmolLM2's ``<|im_start|>`` (a chat-turn marker; its documents were separated by
+    ``<|endoftext|>``), or to choose another start token on purpose."""
+    if isinstance(token, bool) or not isinstance(token, (str, int)):
+        raise BadInputError(f"set_bos: token must be a token string or id, got {token!r}")
+    if isinstance(token, str):
+        if model.tokenizer is None:
+            raise BadInputError("set_bos: this model has no tokenizer; pass the token id instead of a string")
+        ids = model.tokenizer.convert_tokens_to_ids([token])
+        if not ids or ids[0] is None or (model.tokenizer.unk_token_id is not None and ids[0] == model.tokenizer.unk_token_id
+                                         and token != model.tokenizer.unk_token):
+            raise BadInputError(f"set_bos: {token!r} is not a token of this tokenizer")
+        token = int(ids[0])
+    if not 0 <= token < model.cfg.d_vocab:
+        raise BadInputError(f"set_bos: id {token} is outside the vocabulary 0..{model.cfg.d_vocab - 1}")
+    setattr(model, BOS_ATTR, int(token))
+    return int(token)
+
+
+def bos_label(model: HookedTransformer) -> str:
+    """What ``prepend_bos=True`` prepends, e.g. ``"BOS '<|endoftext|>' (id 0)"``; ``"no BOS id"`` when none."""
+    bid = bos_id(model)
+    if bid is None:
+        return "no BOS id"
+    tok = getattr(model, "tokenizer", None)
+    text = tok.convert_ids_to_tokens([bid])[0] if tok is not None else None
+    return f"BOS {text!r} (id {bid})" if text is not None else f"BOS id {bid}"
+
+
+def prepend_id(model: HookedTransformer) -> int:
+    """The id ``prepend_bos=True`` / ``bos=True`` puts at position 0, refusing a tokenizer BOS that
+    is not a start-of-text token (see :data:`START_OF_TEXT`) unless :func:`set_bos` chose it."""
+    bid = bos_id(model)
+    if bid is None:
+        raise BadInputError("this model has no BOS token (no tokenizer BOS, no set_bos); use prepend_bos=False, "
+                            "or choose one with p0circuit.set_bos(model, token)")
+    if getattr(model, BOS_ATTR, None) is None:
+        text = model.tokenizer.bos_token
+        if text not in START_OF_TEXT:
+            raise BadInputError(
+                f"this tokenizer's bos_token is {text!r} (id {bid}), which is not a start-of-text token "
+                f"(accepted: {', '.join(START_OF_TEXT)}); prepending it would measure a sink on that marker. "
+                f"Say which token to prepend: p0circuit.set_bos(model, {text!r}) to use it anyway, or another "
+                "start token, e.g. p0circuit.set_bos(model, '<|endoftext|>')")
+    return bid
+
+
 def avoid_ids(tokens: Tensor, ids: Sequence[int], vocab: int) -> Tensor:
     """Replace every occurrence of ``ids`` (e.g. a BOS id) in random probe tokens by the next id, in place."""
     for i in ids:
@@ -87,9 +140,7 @@ def probe_tokens(
             break
         tokens[flagged] = draw(len(flagged))
     if bos:
-        if bid is None:
-            raise BadInputError("bos=True but this model has no BOS id (no tokenizer BOS, no p0circuit_bos_id)")
-        tokens = torch.cat([torch.full((n, 1), bid), tokens[:, : length - 1]], dim=1)
+        tokens = torch.cat([torch.full((n, 1), prepend_id(model)), tokens[:, : length - 1]], dim=1)
     return tokens.to(model.cfg.device)
 
 
@@ -135,8 +186,10 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
     """Tokenize ``text`` with the model's tokenizer; ``prepend_bos`` must be given.
 
     ``prepend_bos`` must be a bool; it is annotated loosely so that a wrong value gets the message
-    below rather than a type-checker error. The tokenizer's own special tokens are never added: with ``prepend_bos=True`` exactly one
-    BOS id is put at position 0, with ``False`` position 0 holds the first token of the text.
+    below rather than a type-checker error. The tokenizer's own special tokens are never added: with
+    ``prepend_bos=True`` exactly one BOS id is put at position 0 (:func:`bos_label` says which: the
+    tokenizer's ``bos_token`` when it is a start-of-text token, else the one :func:`set_bos`
+    chose), with ``False`` position 0 holds the first token of the text.
     """
     if not isinstance(prepend_bos, bool):
         raise BadInputError(
@@ -157,9 +210,8 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
     tok = model.tokenizer
     ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in text]
     if prepend_bos:
-        if tok.bos_token_id is None:
-            raise BadInputError("this tokenizer has no BOS token; use prepend_bos=False")
-        ids = [[tok.bos_token_id] + row for row in ids]
+        bid = prepend_id(model)
+        ids = [[bid] + row for row in ids]
     lengths = sorted({len(row) for row in ids})
     if len(lengths) > 1:
         raise BadInputError(
@@ -198,9 +250,8 @@ def text_windows(
         )
     rows = [ids[i * per:(i + 1) * per] for i in range(n)]
     if prepend_bos:
-        if model.tokenizer.bos_token_id is None:
-            raise BadInputError("this tokenizer has no BOS token; use prepend_bos=False")
-        rows = [[model.tokenizer.bos_token_id] + r for r in rows]
+        bid = prepend_id(model)
+        rows = [[bid] + r for r in rows]
     tokens = torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
     check_bos(model, tokens, prepend_bos, what="text windows")
     return tokens
@@ -261,11 +312,12 @@ def english_lines() -> tuple[str, ...]:
 def english_prompts(
     model: HookedTransformer, n: int, length: int, *, prepend_bos: Any, seed: int = 0,
 ) -> Int[Tensor, "batch pos"]:
-    """``n`` natural-English prompts of exactly ``length`` tokens: each is the start of one shipped
-    passage (:func:`english_lines`), tokenized without special tokens and cut to length, so every
-    prompt begins where a text begins. With ``prepend_bos=True`` position 0 holds the BOS id and
-    ``length - 1`` text tokens follow. Passages are picked in an order shuffled by ``seed``; those
-    too short for ``length`` are skipped, and asking for more prompts than remain is an error."""
+    """``n`` natural-English prompts of exactly ``length`` tokens: each starts at the beginning of
+    a different shipped passage (:func:`english_lines`; a passage shorter than ``length`` runs on
+    into the passages after it), tokenized without special tokens and cut to length, so every
+    prompt begins where a text begins. With ``prepend_bos=True`` position 0 holds the BOS id (see
+    :func:`prepend_id`) and ``length - 1`` text tokens follow. The passages are picked in an order
+    shuffled by ``seed``; at most as many prompts as passages (201)."""
     if not isinstance(prepend_bos, bool):
         raise BadInputError(f"prepend_bos must be True or False, got {prepend_bos!r}: p0circuit never picks the BOS choice")
     if model.tokenizer is None:
@@ -277,23 +329,23 @@ def english_prompts(
         raise BadInputError(f"english_prompts: seed must be an int, got {seed!r}")
     per = length - int(prepend_bos)
     lines = english_lines()
-    order = torch.randperm(len(lines), generator=torch.Generator().manual_seed(seed)).tolist()
+    if n > len(lines):
+        raise BadInputError(f"english_prompts: n={n} but {len(lines)} passages ship; ask for at most {len(lines)} "
+                            "prompts, or pass your own text (text_windows)")
+    if per > model.cfg.n_ctx:
+        raise BadInputError(f"english_prompts: length {length} exceeds the model's n_ctx={model.cfg.n_ctx}")
+    order = torch.randperm(len(lines), generator=torch.Generator().manual_seed(seed)).tolist()[:n]
     rows = []
     for i in order:
-        ids = list(model.tokenizer(lines[i], add_special_tokens=False)["input_ids"])
-        if len(ids) >= per:
-            rows.append(ids[:per])
-        if len(rows) == n:
-            break
-    if len(rows) < n:
-        raise BadInputError(
-            f"only {len(rows)} of the {len(lines)} shipped passages hold {per} tokens; ask for fewer prompts "
-            f"(n <= {len(rows)}) or shorter ones, or pass your own text (text_windows)"
-        )
+        text, j = lines[i], i
+        ids = list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        while len(ids) < per:  # a short passage continues with the ones after it
+            j += 1
+            text += " " + lines[j % len(lines)]
+            ids = list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        rows.append(ids[:per])
     if prepend_bos:
-        bid = model.tokenizer.bos_token_id
-        if bid is None:
-            raise BadInputError("this tokenizer has no BOS token; use prepend_bos=False")
+        bid = prepend_id(model)
         rows = [[bid] + r for r in rows]
     tokens = torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
     check_bos(model, tokens, prepend_bos, what="english prompts")

@@ -291,10 +291,26 @@ class Circuit:
         return cls.from_dict(json.loads(text))
 
     def __str__(self) -> str:
-        lines = [f"Circuit: {len(self.nodes)} nodes, {len(self.edges)} edges"]
-        lines += [f"  node {n.name}" for n in self.nodes]
-        lines += [f"  edge {e.name}" for e in self.edges]
+        s = self.settings
+        how = ", ".join(f"{k}={s[k]}" for k in ("method", "corruption", "metric", "threshold") if k in s)
+        lines = [f"Circuit: {len(self.nodes)} nodes, {len(self.edges)} edges" + (f" ({how})" if how else "")]
+        effects = self.edge_effects if self.level == "edge" else self.node_effects
+        if effects:
+            lines.append("  normalized effect: share of the clean-to-corrupted change of the metric that this "
+                         f"{self.level} alone carries")
+        for n in self.nodes:
+            lines.append(f"  node {n.name}" + (f"  {format_effect(self.node_effects[n.name])}"
+                                                 if n.name in self.node_effects else ""))
+        for e in self.edges:
+            lines.append(f"  edge {e.name}" + (f"  {format_effect(self.edge_effects[e.name])}"
+                                                 if e.name in self.edge_effects else ""))
         return "\n".join(lines)
+
+
+def format_effect(value: float) -> str:
+    """An effect with four significant digits and its sign (``+0.09962``, ``-0.4107``): enough
+    to see on which side of a threshold like 0.1 it falls."""
+    return f"{value:+.4g}"
 
 
 def parse_list(items: Any, cls: type, what: str, example: str) -> list:

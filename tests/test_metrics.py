@@ -135,3 +135,16 @@ def test_report_names_first_nonfinite_layer():
         model.blocks[1].mlp.W_in[0, 0] = float("nan")
     with pytest.raises(NonFiniteError, match=r"NaN or inf first appears at 'blocks.1.hook_mlp_out'"):
         sink_report(model, torch.randint(0, 40, (2, 6)))
+
+
+def test_sink_report_lists_every_norm_onset_and_erasure():
+    from p0circuit.metrics.report import SinkReport
+
+    ratios = [1.0, 1.2, 9.7, 8.0, 6.0, 1.1, 0.9, 151.0, 140.0]
+    rep = SinkReport(n_prompts=2, seq_len=8, eps=0.3, norm_threshold=5.0, alpha=[[0.0]] * 9, sink_rate=0.0,
+                     sink_rate_per_layer=[0.0] * 9, norm_ratio_resid=ratios, norm_ratio_resid_min=ratios,
+                     norm_ratio_attn=ratios, norm_ratio_mlp=ratios, direction_stability=None, massive=[],
+                     norm_onset_layer=2, head_onset_layer=None, sink_position=0)
+    assert rep.norm_stages == [("onset", 2, 9.7), ("erasure", 5, 1.1), ("onset", 7, 151.0)]
+    assert rep.norm_onsets == [2, 7]
+    assert "onset at layer 2 (9.7x), erasure at layer 5 (1.1x), onset at layer 7 (151x)" in str(rep)

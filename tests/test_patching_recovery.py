@@ -126,3 +126,19 @@ def test_triage_finds_what_full_activation_patching_finds(planted_models, varian
     assert len(unexamined) == report["unexamined"] > 0
     for name in small.node_names:
         assert result.normalized[name] == pytest.approx(full.node_effects[name], abs=1e-5)
+
+
+def test_interpretation_says_what_raises_and_lowers_the_metric():
+    """A hand-made result: A0.H0 raises the metric, M1 lowers it (negative effect, clean > corrupted)."""
+    from p0circuit.discover import interpret
+    from p0circuit.patching import PatchResult
+
+    res = PatchResult("activation", "node", "shift", "norm_ratio@L2", "noise", clean_metric=10.0, corrupted_metric=2.0,
+                      raw={"A0.H0@0": 3.0, "M0@0": 4.0, "M1@0": 13.0, "A1.H1@0": 9.99},
+                      normalized={"A0.H0@0": 0.875, "M0@0": 0.75, "M1@0": -0.375, "A1.H1@0": 0.00125}, signal=True)
+    line = interpret(res, 0.1)
+    assert "identified by attention under the causal mask (A0.H0@0)" in line
+    assert "raising norm_ratio@L2: A0.H0@0 +0.875, M0@0 +0.75" in line and "lowering it: M1@0 -0.375" in line
+    flipped = PatchResult("activation", "node", "shift", "m", "noise", clean_metric=2.0, corrupted_metric=10.0,
+                          raw=res.raw, normalized=res.normalized, signal=True)
+    assert "lowering it: A0.H0@0 +0.875, M0@0 +0.75" in interpret(flipped, 0.1)

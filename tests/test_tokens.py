@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import p0circuit as p0
 from p0circuit import BadInputError, ModelSpec, check_tokens, to_tokens
 
 
@@ -128,3 +129,42 @@ def test_text_windows_give_equal_length_prompts(worded):
         p0.text_windows(worded, text, 2, 5, prepend_bos=None)
     with pytest.raises(BadInputError, match="says no BOS, but 1 of 2 rows start with the BOS id"):
         p0.text_windows(worded, "w3 w4 <bos> w5 w6 w7", 2, 2, prepend_bos=False)
+
+
+def test_english_prompts_refuse_what_they_cannot_give(worded):
+    lines = p0.tokens.english_lines()
+    assert len(lines) == 201 and len(set(lines)) == 201
+    assert all(line[0].isupper() and line.endswith((".", "?")) for line in lines)
+    with pytest.raises(BadInputError, match="at most 201"):
+        p0.english_prompts(worded, 202, 8, prepend_bos=False)
+    with pytest.raises(BadInputError, match="prepend_bos must be True or False"):
+        p0.english_prompts(worded, 2, 8, prepend_bos=None)
+    spec_model = p0.ModelSpec(n_layers=1, d_vocab=64, n_ctx=16).build()
+    with pytest.raises(BadInputError, match="need a tokenizer"):
+        p0.english_prompts(spec_model, 2, 8, prepend_bos=False)
+    made = p0.make_prompts(spec_model, 3, 8, source="auto", seed=1)
+    assert made.source == "regular" and "regular random-id prompts" in made.describe()
+    with pytest.raises(BadInputError, match="not one of auto, english, random, regular"):
+        p0.make_prompts(spec_model, 3, 8, source="books")
+
+
+def test_the_bos_prepended_is_said_and_chosen(worded):
+    assert p0.bos_label(worded) == "BOS '<bos>' (id 0)"
+    assert p0.to_tokens(worded, "w4 w5", prepend_bos=True)[0, 0] == 0
+    worded.tokenizer.bos_token = "<unk>"  # a "BOS" that is no start-of-text token
+    try:
+        with pytest.raises(BadInputError, match=r"bos_token is '<unk>' \(id 2\), which is not a start-of-text"):
+            p0.to_tokens(worded, "w4 w5", prepend_bos=True)
+        with pytest.raises(BadInputError, match="not a start-of-text"):
+            p0.probe_tokens(worded, 2, 4, bos=True)
+        assert p0.to_tokens(worded, "w4 w5", prepend_bos=False).shape == (1, 2)  # no BOS: nothing to refuse
+        assert p0.set_bos(worded, "<eos>") == 1
+        assert p0.bos_label(worded) == "BOS '<eos>' (id 1)"
+        assert p0.to_tokens(worded, "w4 w5", prepend_bos=True).tolist() == [[1, 4, 5]]
+        with pytest.raises(BadInputError, match="not a token of this tokenizer"):
+            p0.set_bos(worded, "<nope>")
+        with pytest.raises(BadInputError, match="outside the vocabulary"):
+            p0.set_bos(worded, 10_000)
+    finally:
+        worded.tokenizer.bos_token = "<bos>"
+        delattr(worded, p0.tokens.BOS_ATTR)

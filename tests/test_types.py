@@ -42,3 +42,12 @@ def test_circuit_json_round_trip():
     c2 = Circuit.from_json(c.to_json())
     assert c2 == c
     assert c2.node_names == {"A0.H0@0", "M0@0"}
+
+
+def test_circuit_prints_effects_with_enough_digits():
+    a, m = Node(Kind.HEAD, 0, 1, 0), Node(Kind.MLP, 1, pos=0)
+    c = Circuit((a, m), node_effects={a.name: 0.09962, m.name: -0.41071},
+                settings={"method": "activation", "metric": "norm_ratio@L2", "threshold": 0.1})
+    text = str(c)
+    assert "A0.H1@0  +0.09962" in text and "M1@0  -0.4107" in text  # +0.100 would hide the miss of 0.1
+    assert "method=activation" in text and "threshold=0.1" in text

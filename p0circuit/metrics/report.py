@@ -75,6 +75,26 @@ class SinkReport:
         """Number of layers measured."""
         return len(self.norm_ratio_resid)
 
+    @property
+    def norm_stages(self) -> list[tuple[str, int, float]]:
+        """Every ``("onset", layer, ratio)`` where the P0 norm ratio of the residual stream reaches
+        ``norm_threshold`` and every ``("erasure", layer, ratio)`` where it falls back below, in
+        layer order. A model can amplify P0 more than once: SmolLM2-135M does near layer 2, erases
+        it around layers 9-10 and amplifies it again, far more, at layer 11."""
+        stages = []
+        above = False
+        for layer, ratio in enumerate(self.norm_ratio_resid):
+            now = not math.isnan(ratio) and ratio >= self.norm_threshold
+            if now != above:
+                stages.append(("onset" if now else "erasure", layer, float(ratio)))
+                above = now
+        return stages
+
+    @property
+    def norm_onsets(self) -> list[int]:
+        """Layers where the P0 norm ratio reaches the threshold (see :attr:`norm_stages`)."""
+        return [layer for kind, layer, _ in self.norm_stages if kind == "onset"]
+
     def to_frame(self) -> pd.DataFrame:
         """One row per layer."""
         rows = []
@@ -113,6 +133,9 @@ class SinkReport:
             f"(ratio >= {self.norm_threshold}); head onset layer = {self.head_onset_layer}; "
             f"sink position = {self.sink_position}"
         )
+        if self.norm_stages:
+            lines.append("P0 norm stages: " + ", ".join(f"{kind} at layer {layer} ({ratio:.3g}x)"
+                                                        for kind, layer, ratio in self.norm_stages))
         if self.massive:
             top = ", ".join(f"L{l}[{d}]={v:.1f} ({r:.0f}x)" for l, d, v, r in self.massive[:5])
             lines.append(f"massive activations at P0: {top}")

@@ -19,11 +19,11 @@ from p0circuit.patching.registry import METHODS, Method, get_method, register
 from p0circuit.patching.check import AttributionCheck, check_attribution
 from p0circuit.patching.faithfulness import faithfulness_curve
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.sites import candidate_nodes
+from p0circuit.patching.sites import candidate_neurons, candidate_nodes
 
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
     "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "RunView", "Shift", "Zero", "activation_patch",
-    "attribution_patch", "candidate_edges", "candidate_nodes", "check_attribution", "faithfulness_curve",
+    "attribution_patch", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "faithfulness_curve",
     "get_corruption", "get_method", "path_patch", "register",
 ]

@@ -102,8 +102,14 @@ class AttnToP0(PatchMetric):
     @property
     def name(self) -> str:  # type: ignore[override]
         if self.layers and not self.heads:
-            return "attn_to_p0@L" + ",".join(map(str, self.layers))
-        return "attn_to_p0@" + ",".join(f"L{l}H{h}" for l, h in self.heads)
+            return "attn_to_p0@L" + _ranges(self.layers)
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in self.heads:
+            by_layer.setdefault(layer, []).append(head)
+        name = "attn_to_p0@" + ",".join(f"L{l}H{_ranges(h)}" for l, h in sorted(by_layer.items()))
+        if self.layers:
+            name += "+L" + _ranges(self.layers)
+        return name
 
     def validate(self, n_layers: int, n_heads: int) -> None:
         if not self.heads and not self.layers:
@@ -173,6 +179,17 @@ class CacheMetric(PatchMetric):
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         return _scalar(self.fn(view.acts, view.p0), self.label)
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """Sorted ints as short ranges: ``[2, 3, 4, 7]`` -> ``"2-4,7"``."""
+    out: list[str] = []
+    for v in sorted(set(values)):
+        if out and out[-1].split("-")[-1] == str(v - 1):
+            out[-1] = out[-1].split("-")[0] + f"-{v}"
+        else:
+            out.append(str(v))
+    return ",".join(out)
 
 
 def _scalar(value: Any, label: str) -> Tensor:

@@ -5,7 +5,7 @@ Example::
 
     [sweep]
     models = ["planted:rope", "planted:nope", "checkpoint:/data/my-model"]   # or spec:<family>, hub:<name>
-    prompts = ["regular"]                 # random | regular (only position 0 looks like a start)
+    prompts = ["auto"]                    # auto | english | random | regular (auto: english text with a tokenizer)
     corruptions = ["shift", "pos_mean", "resample"]
     methods = ["activation", "path"]
     metrics = ["sink_heads"]              # sink_heads | attn_to_p0 | norm_ratio:<layer>
@@ -27,8 +27,9 @@ from p0circuit.errors import ConfigError, from_known_keys
 from p0circuit.models.resolve import check_model_entry
 from p0circuit.patching import CORRUPTIONS, METHODS
 from p0circuit.patching.metrics import check_metric_entry
+from p0circuit.tokens import PROMPT_SOURCES
 
-PROMPT_SETS = ("random", "regular")
+PROMPT_SETS = PROMPT_SOURCES
 
 
 def _check_list(name: str, values: Any) -> list[str]:
@@ -60,9 +61,11 @@ class SweepConfig:
     models: list[str] = field(default_factory=lambda: ["planted:rope"])
     """Model entries (:mod:`p0circuit.models.resolve`): ``planted:<variant>``, ``spec:<family>``,
     ``checkpoint:<path>``, ``hub:<name>``."""
-    prompts: list[str] = field(default_factory=lambda: ["regular"])
-    """Prompt sets: ``random`` (uniform ids) or ``regular`` (random ids where only position 0 looks like
-    a start; see :func:`p0circuit.tokens.probe_tokens`). Neither holds the model's BOS id."""
+    prompts: list[str] = field(default_factory=lambda: ["auto"])
+    """Prompt sets: ``english`` (the shipped natural-English passages, cut to ``seq_len``; needs a
+    tokenizer), ``random`` (uniform ids), ``regular`` (random ids where only position 0 looks like a
+    start; see :func:`p0circuit.tokens.probe_tokens`) or ``auto`` (the default: english for a model
+    with a tokenizer, regular for one without; the record says which ran). None holds a BOS id."""
     corruptions: list[str] = field(default_factory=lambda: ["shift"])
     """Corruption names."""
     methods: list[str] = field(default_factory=lambda: ["activation"])

@@ -25,7 +25,7 @@ from p0circuit.io import write_atomic
 from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.sweep.config import Cell, SweepConfig
-from p0circuit.tokens import probe_tokens
+from p0circuit.tokens import make_prompts
 from p0circuit.types import Circuit
 
 
@@ -42,12 +42,15 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     resolved = _model(cell.model, cell.seed)
     model = resolved.model
     length = min(cell.seq_len, model.cfg.n_ctx - 1)  # room for the shift corruption's prepended token
-    tokens = probe_tokens(model, cell.n_prompts, length, seed=cell.seed, regular=cell.prompts == "regular")
+    prompts = make_prompts(model, cell.n_prompts, length, source=cell.prompts, seed=cell.seed)
+    tokens = prompts.tokens
     metric = metric_from_entry(cell.metric, model, resolved.sink_heads)
     found = run_discovery(resolved, tokens, methods=[cell.method], corruption=cell.corruption, metric=metric,
                           threshold=cell.threshold, bos=False)
     circuit = found.circuits[cell.method]
-    record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "circuit": circuit.to_dict(),
+    record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "prompts": prompts.source,
+                              "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+                              "circuit": circuit.to_dict(),
                               "signal": circuit.settings.get("signal"), "interpretation": circuit.interpretation,
                               "sink_report": {k: v for k, v in found.report.to_dict().items() if k != "massive"},
                               "seconds": time.perf_counter() - start}
