@@ -28,6 +28,7 @@ from p0circuit.patching import (
     LogitMetric,
     Method,
     NormRatio,
+    ResidDim,
     PatchMetric,
     PatchResult,
     PosMean,
@@ -54,7 +55,7 @@ from p0circuit.types import Circuit, Edge, Input, Kind, Node
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "ConfigError",
     "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
-    "NonFiniteError", "NormRatio", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
+    "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Zero", "activation_patch", "attribution_patch", "auroc",
     "build_planted", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
     "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",

@@ -89,6 +89,8 @@ def _survey(args: argparse.Namespace) -> int:
     for kind, names in (("checkpoint", args.checkpoint or []), ("hub", args.hub or [])):
         for name in names:
             models[name] = (kind, load_model(f"{kind}:{name}").model)
+    for entry in args.model or []:
+        models[entry] = (entry.partition(":")[0], load_model(entry).model)
     frame = survey(models, n_prompts=args.n_prompts, seq_len=args.seq_len, seed=args.seed)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(frame)
@@ -129,7 +131,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _track(args: argparse.Namespace) -> int:
     from p0circuit.errors import BadInputError
-    from p0circuit.tokens import avoid_ids, bos_id, probe_tokens
+    from p0circuit.tokens import avoid_ids, bos_id, make_prompts
     from p0circuit.tracking import checkpoint_series, plot_tracking, track
 
     series = checkpoint_series(args.directory)
@@ -138,8 +140,17 @@ def _track(args: argparse.Namespace) -> int:
     if args.bos and len(ids) != 1:
         raise BadInputError(f"--bos needs one known BOS id across the checkpoints, found {ids or 'none'}")
     length = min(args.seq_len, min(m.cfg.n_ctx for _, m in series))
-    tokens = probe_tokens(smallest, args.n_prompts, length, seed=args.seed, bos=args.bos)
-    avoid_ids(tokens[:, 1:] if args.bos else tokens, ids, smallest.cfg.d_vocab)  # no checkpoint's BOS id by chance
+    vocabs = {None if m.tokenizer is None else hash(frozenset(m.tokenizer.get_vocab().items())) for _, m in series}
+    source = args.prompts
+    if source in ("auto", "english") and (None in vocabs or len(vocabs) != 1):
+        if source == "english":
+            raise BadInputError("--prompts english needs every checkpoint to have the same tokenizer")
+        source = "random"  # checkpoints without one shared tokenizer: random ids
+    prompts = make_prompts(smallest, args.n_prompts, length, source=source, seed=args.seed, bos=args.bos)
+    tokens = prompts.tokens
+    if prompts.source != "english":
+        avoid_ids(tokens[:, 1:] if args.bos else tokens, ids, smallest.cfg.d_vocab)  # no checkpoint's BOS id by chance
+    print(f"p0circuit track: {len(series)} checkpoints, {prompts.describe()}")
     frame = track(series, tokens, bos=args.bos, locate=args.locate)
     print(frame.to_string())
     out = Path(args.out)
@@ -213,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/discover")
     d.set_defaults(func=_discover)
     s = sub.add_parser("survey", help="P0 sink and identification signal across architectures")
-    s.add_argument("--checkpoint", nargs="*", help="local Hugging Face checkpoint directories to add")
+    s.add_argument("--model", nargs="*", help="model entries to add, e.g. real:smollm2 or spec:llama")
+    s.add_argument("--checkpoint", nargs="*", help="local checkpoints to add (Hugging Face directories, .gguf files)")
     s.add_argument("--hub", nargs="*", help="hub names to add (needs a hub or the HF cache), e.g. pythia-14m")
     s.add_argument("--no-defaults", action="store_true", help="skip the built-in tiny and planted models")
     s.add_argument("--n-prompts", type=int, default=16)
@@ -241,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq-len", type=int, default=32)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--bos", action="store_true", help="probe prompts start with the checkpoints' BOS id (default: no BOS)")
+    t.add_argument("--prompts", default="auto", choices=["auto", "english", "random", "regular"],
+                   help="auto (default): english when every checkpoint has the same tokenizer, else random ids")
     t.add_argument("--locate", default="auto", choices=["auto", "patching", "norm"],
                    help="locate the circuit by patching (auto: where affordable) or from the norm profile")
     t.add_argument("--out", default="runs/track")

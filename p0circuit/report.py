@@ -22,7 +22,7 @@ from p0circuit.io import write_atomic
 from p0circuit.models.resolve import load_model
 from p0circuit.plotting import finish, new_figure
 from p0circuit.sweep.runner import summary_table
-from p0circuit.tokens import probe_tokens
+from p0circuit.tokens import make_prompts
 from p0circuit.types import Circuit
 from p0circuit.viz import attention_html
 
@@ -57,9 +57,10 @@ def _attention(records: list[dict[str, Any]]) -> str:
     cell = records[0]["cell"]
     model = load_model(cell["model"], seed=cell["seed"]).model
     layer = min(2, model.cfg.n_layers - 1)
-    tokens = probe_tokens(model, 1, min(16, model.cfg.n_ctx), seed=cell["seed"])
-    return (f"<p>Attention patterns of layer {layer} of <code>{html.escape(cell['model'])}</code> on one random "
-            f"prompt:</p>" + attention_html(model, tokens, layer))
+    prompts = make_prompts(model, 1, min(16, model.cfg.n_ctx), source=cell.get("prompts", "auto"), seed=cell["seed"])
+    what = "natural-English" if prompts.source == "english" else "random-id"
+    return (f"<p>Attention patterns of layer {layer} of <code>{html.escape(cell['model'])}</code> on one {what} "
+            f"prompt:</p>" + attention_html(model, prompts.tokens, layer))
 
 
 def _graph(circuit: Circuit) -> str:

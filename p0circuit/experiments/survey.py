@@ -28,7 +28,7 @@ from p0circuit.metrics import sink_report
 from p0circuit.models.spec import FAMILIES, ModelSpec, positional_kind
 from p0circuit.planted import build_planted
 from p0circuit.plotting import finish, new_figure
-from p0circuit.tokens import probe_tokens
+from p0circuit.tokens import make_prompts
 
 
 
@@ -59,14 +59,17 @@ def _signals(model: Any, tokens: Tensor) -> tuple[float, Optional[float]]:
 
 def survey(
     models: dict[str, tuple[str, Any]], n_prompts: int = 16, seq_len: int = 32, seed: int = 0,
-    threshold: float = 1.5, attn_threshold: float = 1.05,
+    threshold: float = 1.5, attn_threshold: float = 1.05, prompts: str = "auto",
 ) -> pd.DataFrame:
-    """One row per model (see the module docstring); prompts are regular random token ids (:func:`~p0circuit.tokens.probe_tokens`)."""
+    """One row per model (see the module docstring). ``prompts`` (:func:`~p0circuit.tokens.make_prompts`):
+    ``auto`` gives natural-English prompts to models with a tokenizer and regular random ids to the
+    others; the ``prompts`` column says which each model got."""
     if not models:
         raise BadInputError("survey needs at least one model")
     rows = []
     for name, (kind, model) in models.items():
-        tokens = probe_tokens(model, n_prompts, min(seq_len, model.cfg.n_ctx), seed=seed, regular=True)
+        made = make_prompts(model, n_prompts, min(seq_len, model.cfg.n_ctx), source=prompts, seed=seed)
+        tokens = made.tokens
         report = sink_report(model, tokens)
         attn, pe = _signals(model, tokens)
         if pe is not None and pe > threshold:
@@ -75,7 +78,7 @@ def survey(
             source = "causal mask (layer-0 attention)"
         else:
             source = "none"
-        row: dict[str, Any] = {"model": name, "kind": kind, "positions": positional_kind(model),
+        row: dict[str, Any] = {"model": name, "kind": kind, "prompts": made.source, "positions": positional_kind(model),
                                "norm_onset": report.norm_onset_layer, "head_onset": report.head_onset_layer,
                                "sink_position": report.sink_position, "sink_rate": report.sink_rate,
                                "attn_signal": attn, "pos_embed_signal": pe, "identified_by": source}

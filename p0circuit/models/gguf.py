@@ -80,9 +80,10 @@ def cache_root() -> Path:
 
 
 def _cache_entry(path: Path, root: Path) -> Path:
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_VERSION}|{transformers.__version__}"
-    return root / "gguf" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    real = path.resolve()  # links to one file share its entry
+    stat = real.stat()
+    key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_VERSION}|{transformers.__version__}"
+    return root / "gguf" / f"{real.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any]:

@@ -13,7 +13,7 @@ whose only job is to know "this is position 0", and the corruptions that can. Th
 
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Resample, Shift, Zero, get_corruption
 from p0circuit.patching.edges import candidate_edges
-from p0circuit.patching.metrics import AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, RunView
+from p0circuit.patching.metrics import AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, ResidDim, RunView
 from p0circuit.patching.methods import activation_patch, attribution_patch, path_patch
 from p0circuit.patching.registry import METHODS, Method, get_method, register
 from p0circuit.patching.check import AttributionCheck, check_attribution
@@ -23,7 +23,7 @@ from p0circuit.patching.sites import candidate_neurons, candidate_nodes
 
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
-    "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "RunView", "Shift", "Zero", "activation_patch",
+    "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Zero", "activation_patch",
     "attribution_patch", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "faithfulness_curve",
     "get_corruption", "get_method", "path_patch", "register",
 ]

@@ -86,6 +86,36 @@ class NormRatio(PatchMetric):
 
 
 @dataclass
+class ResidDim(PatchMetric):
+    """One residual-stream dimension at P0 after ``layer``, mean over prompts: the size of a massive
+    activation (e.g. SmolLM2-135M's dimension 507, about 660 at P0 after block 2 and a few units
+    elsewhere). Patching with it finds the components, and the neurons, that write that dimension."""
+
+    layer: int
+    """Block whose output is read."""
+    dim: int
+    """Residual-stream dimension."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"resid@L{self.layer}[{self.dim}]"
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        return [HookRef(self.layer, hooks.resid_post(self.layer))]
+
+    def validate(self, n_layers: int, n_heads: int) -> None:
+        _check_layer(self.layer, n_layers, "ResidDim")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
+            raise BadInputError(f"ResidDim.dim must be a dimension index >= 0, got {self.dim!r}")
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        h = view.acts[hooks.resid_post(self.layer)]
+        if self.dim >= h.shape[-1]:
+            raise BadInputError(f"ResidDim: dimension {self.dim} is outside the residual stream's 0..{h.shape[-1] - 1}")
+        return h[:, view.p0, self.dim].float().mean()
+
+
+@dataclass
 class AttnToP0(PatchMetric):
     """Mean attention to P0 from the queries after it, over the chosen heads and the prompts.
 
