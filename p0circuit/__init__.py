@@ -45,7 +45,7 @@ from p0circuit.patching import (
     path_patch,
 )
 from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
-from p0circuit.models.gguf import load_gguf, load_smollm2
+from p0circuit.models.gguf import export_gguf, load_gguf, load_smollm2
 from p0circuit.models.resolve import load_model
 from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
 from p0circuit.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
@@ -58,7 +58,7 @@ __all__ = [
     "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Zero", "activation_patch", "attribution_patch", "auroc",
     "build_planted", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
-    "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
+    "export_gguf", "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
     "load_smollm2", "p0_like_positions", "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts",
     "sink_report", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
 ]

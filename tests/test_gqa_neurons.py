@@ -110,7 +110,7 @@ def test_neuron_nodes_fast_equal_reference_and_hooks(gqa):
     gqa.run_with_hooks(toks, fwd_hooks=[("blocks.1.mlp.hook_post", put),
                                         ("blocks.2.hook_resid_post", lambda a, hook: captured.update(r=a))])
     view = p0.patching.RunView({"blocks.2.hook_resid_post": captured["r"]}, None, 0)
-    assert fast.raw["M1.N7@0"] == pytest.approx(float(metric(view)), rel=1e-5, abs=TOL)
+    assert fast.raw["M1.N7@0"] == pytest.approx(float(metric(view).detach()), rel=1e-5, abs=TOL)
     assert max(abs(fast.raw[n.name] - fast.clean_metric) for n in nodes) > 1e-4  # neurons matter
 
 

@@ -233,3 +233,14 @@ def test_sweep_report_survey_and_track_with_real_models(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 checkpoints, 2 natural-English prompts x 8 tokens" in out
     assert (tmp_path / "track" / "tracking.csv").read_text().count("\n") == 3
+
+
+def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path):
+    out = p0.export_gguf(smollm2_path(), tmp_path / "smollm2-hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    again = p0.load_checkpoint(out)
+    with torch.no_grad():
+        assert (again(toks) - smollm2(toks)).abs().max() < 1e-4
+    with pytest.raises(p0.CheckpointError, match="already exists"):
+        p0.export_gguf(smollm2_path(), out)

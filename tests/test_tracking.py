@@ -85,7 +85,10 @@ def test_local_checkpoint_directory(tmp_path):
 
 
 def test_bad_series(tmp_path, series):
-    with pytest.raises(CheckpointError, match="holds no step_<N> checkpoint directories"):
+    with pytest.raises(CheckpointError, match=r"holds no step_<N> checkpoints \(directories or step_<N>.gguf files\)"):
+        checkpoint_series(tmp_path)
+    (tmp_path / "step_3").mkdir()
+    with pytest.raises(CheckpointError, match="holds no spec.json or config.json and 0 .gguf files"):
         checkpoint_series(tmp_path)
     with pytest.raises(BadInputError, match="empty"):
         track([], tokens())

@@ -73,7 +73,10 @@ def bos_ablation(model: Any, tokens: Tensor, bos_token_id: Optional[int] = None,
     (:func:`p0circuit.tokens.prepend_id`; choose it with :func:`p0circuit.set_bos`)."""
     tokens = check_tokens(model, tokens, min_len=2)
     if bos_token_id is None:
-        bos_token_id = prepend_id(model)  # refuses a tokenizer "BOS" that is no start-of-text token
+        try:
+            bos_token_id = prepend_id(model)  # refuses a tokenizer "BOS" that is no start-of-text token
+        except BadInputError as e:
+            raise BadInputError(f"{e}; or pass bos_token_id=... to bos_ablation") from None
     if bool((tokens[:, 0] == bos_token_id).any()):
         raise BadInputError(
             f"some prompts already start with BOS (id {bos_token_id}): pass the prompts without BOS, "

@@ -86,8 +86,8 @@ def _cache_entry(path: Path, root: Path) -> Path:
     return root / "gguf" / f"{real.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any]:
-    """(Hugging Face config, TransformerLens state dict, tokenizer) through transformers' GGUF reader."""
+def _transformers_load(path: Path, arch: str) -> tuple[Any, Any, Any]:
+    """(config, float32 model, tokenizer) through transformers' GGUF reader."""
     directory, name = str(path.parent), path.name
     try:
         hf_config = AutoConfig.from_pretrained(directory, gguf_file=name)
@@ -96,8 +96,37 @@ def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any
     except Exception as e:  # transformers raises its own types for each step
         raise CheckpointError(f"transformers could not read {str(path)!r} ({type(e).__name__}: {str(e)[:300]})") from None
     hf_config.architectures = [ARCHITECTURES[arch]]  # the GGUF config leaves it empty
+    return hf_config, hf_model, tokenizer
+
+
+def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any]:
+    """(Hugging Face config, TransformerLens state dict, tokenizer) through transformers' GGUF reader."""
+    hf_config, hf_model, tokenizer = _transformers_load(path, arch)
     full = hooked_config_from_hf(hf_config, ARCHITECTURES[arch])
     return hf_config, get_pretrained_state_dict(str(path), full, hf_model, dtype=torch.float32), tokenizer
+
+
+def export_gguf(path: Union[str, Path], out: Union[str, Path]) -> Path:
+    """Write a GGUF file as a plain Hugging Face checkpoint directory (float32 safetensors,
+    ``config.json`` with ``architectures`` set, tokenizer files) that :func:`load_checkpoint` and
+    any Hugging Face tool read. A model transformers loads from GGUF cannot be saved as it is (it
+    carries the GGUF quantization settings), so its weights are copied into a plain model first."""
+    path, out = Path(path), Path(out)
+    arch, _ = gguf_header(path)
+    if out.exists():
+        raise CheckpointError(f"{str(out)!r} already exists; choose a new directory for the export")
+    hf_config, hf_model, tokenizer = _transformers_load(path, arch)
+    config = AutoConfig.for_model(**{k: v for k, v in hf_config.to_dict().items() if k != "quantization_config"})
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(hf_model.state_dict())
+
+    def fill(tmp: Path) -> None:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_dir_atomic(out, fill)
+    return out
 
 
 def _write_cache(entry: Path, hf_config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
+from p0circuit.progress import tqdm
 
 from p0circuit.errors import ConfigError
 from p0circuit.hooks import HookRef

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tqdm import tqdm
+from p0circuit.progress import tqdm
 
 from p0circuit.discovery import run_discovery
 from p0circuit.errors import ConfigError

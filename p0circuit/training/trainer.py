@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
+from p0circuit.progress import tqdm
 
 from p0circuit.errors import CheckpointError, ConfigError
 from p0circuit.io import remove_stale, write_dir_atomic
