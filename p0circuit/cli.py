@@ -55,6 +55,11 @@ def _discover(args: argparse.Namespace) -> int:
 
     resolved = load_model(_model_entry(args), seed=args.seed)
     model = resolved.model
+    large = sum(p.numel() for p in model.parameters()) > 50_000_000  # a real-size model: a smaller default batch
+    if args.n_prompts is None:
+        args.n_prompts = 8 if large else 32
+    if args.seq_len is None:
+        args.seq_len = 24 if large else 32
     if args.bos_token is not None:
         set_bos(model, int(args.bos_token) if args.bos_token.isdigit() else args.bos_token)
     if args.text:
@@ -218,8 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the tokenizer's bos_token is not a start-of-text token, as with SmolLM2's <|im_start|>)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.add_argument("--threshold", type=float, default=0.1)
-    d.add_argument("--n-prompts", type=int, default=32)
-    d.add_argument("--seq-len", type=int, default=32)
+    d.add_argument("--n-prompts", type=int, help="prompts (default 32; 8 for models over 50M parameters)")
+    d.add_argument("--seq-len", type=int, help="tokens per prompt (default 32; 24 for models over 50M parameters)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="runs/discover")
     d.set_defaults(func=_discover)

@@ -134,3 +134,23 @@ def test_bad_neuron_and_kv_nodes(gqa):
         Edge.parse("A0.KV0@0->M1@0.mlp_in")
     with pytest.raises(BadInputError, match="only query heads have a q input"):
         Edge.parse("M0@0->A1.KV0@0.q")
+
+
+@pytest.mark.parametrize("name", ["gqa", "mha"])
+def test_query_key_value_edges_equal_the_per_head_input_hooks(gqa, name, monkeypatch):
+    """Edges into q/k/v set the receiver's vector to ln1(resid + delta) W + b; the same edges sent
+    through TransformerLens' per-head input hooks (use_split_qkv_input) give the same values."""
+    from p0circuit.patching import ops
+    from p0circuit.patching.methods import path as path_method
+
+    model = gqa if name == "gqa" else ModelSpec(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=48, d_vocab=50,
+                                                 n_ctx=16, norm="ln", pos="learned", seed=3).build()
+    toks = random_tokens(3, 10, 50, seed=9)
+    senders = [Node(Kind.HEAD, 0, 1, 0), Node(Kind.MLP, 0, pos=0), Node(Kind.HEAD, 0, 2, "rest")]
+    edges = [e for e in candidate_edges(model, senders) if e.input != Input.MLP]
+    kw = dict(edges=edges, corruption=Shift(2), metric=p0.LogitMetric(logit_diff), min_signal=0)
+    direct = p0.path_patch(model, toks, **kw)
+    monkeypatch.setattr(ops, "direct_qkv", lambda model: False)
+    monkeypatch.setattr(path_method, "direct_qkv", lambda model: False)
+    split = p0.path_patch(model, toks, **kw)
+    assert _max_diff(direct, split) <= TOL and max(abs(v - direct.clean_metric) for v in direct.raw.values()) > 1e-4

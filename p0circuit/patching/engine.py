@@ -103,7 +103,7 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
         return False
     op = group[0]
     layer = op.hook.layer
-    if layer < 0 or model.cfg.original_architecture in _POST_NORM or model.cfg.use_normalization_before_and_after:
+    if layer < 0 or model.cfg.original_architecture in POST_NORM or model.cfg.use_normalization_before_and_after:
         return False
     if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer)):
         return False
@@ -111,7 +111,7 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
     return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
 
 
-_POST_NORM = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
+POST_NORM = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
 
 
 def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor:

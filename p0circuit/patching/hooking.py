@@ -10,11 +10,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 
 @contextmanager
-def receiver_hooks(model: Any) -> Iterator[Any]:
-    """Enable per-head q/k/v input hooks and the MLP input hook for the duration of the block."""
+def receiver_hooks(model: Any, split_qkv: bool = True) -> Iterator[Any]:
+    """Enable per-head q/k/v input hooks (unless ``split_qkv`` is False) and the MLP input hook
+    for the duration of the block."""
     old_split, old_mlp_in = model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in
     try:
-        model.set_use_split_qkv_input(True)
+        model.set_use_split_qkv_input(split_qkv or old_split)
         model.set_use_hook_mlp_in(True)
         yield model
     finally:

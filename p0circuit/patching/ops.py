@@ -8,12 +8,14 @@ corruption sent into its receiver input alone.
   so only the direct path from the sender to that receiver carries it.
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from torch import Tensor
 
+from p0circuit import hooks
+from p0circuit.hooks import HookRef
 from p0circuit.patching.edges import receiver_site, sender_hook, sender_output, written
-from p0circuit.patching.engine import PatchOp
+from p0circuit.patching.engine import POST_NORM, PatchOp
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
 from p0circuit.types import Edge, Node
@@ -48,7 +50,41 @@ def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]
 
 
 def edge_op(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]) -> PatchOp:
-    """The patch that sends one edge's corruption (or restoration) into its receiver."""
+    """The patch that sends one edge's corruption (or restoration) into its receiver.
+
+    A query, key or value edge on a model where :func:`direct_qkv` holds sets the receiver
+    head's vector (``hook_q``/``hook_k``/``hook_v``) to ``ln1(resid + delta) W + b``, computed once
+    from the base run (the patched forward starts at the receiver's block, so its input is the
+    cached one): the forward then needs no per-head copies of the residual stream
+    (``use_split_qkv_input``), which cost more than the rest of a small forward."""
     pos, delta = sender_delta(job, edge, direction, named)
     hook, head = receiver_site(edge, job.model)
+    if edge.input.value in ("q", "k", "v") and direct_qkv(job.model):
+        cache = job.base()[0]
+        layer = edge.dst.layer
+        x = job.model.blocks[layer].ln1(cache[hooks.resid_pre(layer)][:, list(pos)] + delta)  # (B, P, d_model)
+        weight, bias = _projection(job.model.blocks[layer].attn, edge.input.value, head)
+        vector = x @ weight + bias  # (B, P, d_model) x (d_model, d_head) -> (B, P, d_head)
+        return PatchOp(HookRef(layer, hooks.head_vector(layer, edge.input.value)), tuple(pos), vector, head)
     return PatchOp(hook, tuple(pos), delta, head, add=True)
+
+
+def direct_qkv(model: Any) -> bool:
+    """Whether a head's query/key/value vector is ``ln1(resid_pre) W + b`` exactly, so that
+    :func:`edge_op` can compute a patched one: not with shortformer positions (added to the
+    query and key inputs), post-norm blocks, query/key norms or 4-bit weights."""
+    cfg = model.cfg
+    return (cfg.positional_embedding_type != "shortformer" and cfg.original_architecture not in POST_NORM
+            and not cfg.use_normalization_before_and_after and not getattr(cfg, "use_qk_norm", False)
+            and not getattr(cfg, "load_in_4bit", False) and not cfg.use_attn_in)
+
+
+def _projection(attn: Any, which: str, head: int) -> tuple[Tensor, Tensor]:
+    """(W, b) of one head's query, key or value projection; a key/value head's own weights under
+    grouped-query attention (``_W_K``), where ``W_K`` repeats them for every query head."""
+    if which == "q":
+        return attn.W_Q[head], attn.b_Q[head]
+    grouped = hasattr(attn, "_W_K") and not attn.cfg.ungroup_grouped_query_attention
+    if which == "k":
+        return (attn._W_K[head], attn._b_K[head]) if grouped else (attn.W_K[head], attn.b_K[head])
+    return (attn._W_V[head], attn._b_V[head]) if grouped else (attn.W_V[head], attn.b_V[head])

@@ -22,7 +22,7 @@ from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric
-from p0circuit.patching.ops import edge_op, node_op
+from p0circuit.patching.ops import direct_qkv, edge_op, node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
@@ -70,7 +70,7 @@ def path_patch(
     if chunk < 1:
         raise BadInputError(f"chunk must be >= 1 edges, got {chunk}")
     raw: dict[str, float] = {}
-    with receiver_hooks(model), job.tracking(len(live), "path patching"):
+    with receiver_hooks(model, split_qkv=not direct_qkv(model)), job.tracking(len(live), "path patching"):
         corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in reaching])
         for start in range(0, len(live), chunk):
             part = live[start:start + chunk]
