@@ -294,9 +294,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
+        out = getattr(args, "out", None)
+        if out is not None and Path(out).exists() and not Path(out).is_dir():
+            raise P0CircuitError(f"--out {out!r} is an existing file, not a directory; choose another --out")
         return int(args.func(args))
     except P0CircuitError as e:
         print(f"p0circuit: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system refused: an output path that is a file, a read-only directory, a full disk
+        where = f" {e.filename!r}" if getattr(e, "filename", None) else ""
+        print(f"p0circuit: error: cannot use{where}: {e.strerror or e}; choose another path (e.g. --out) or fix its "
+              "permissions", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("p0circuit: interrupted; finished cells and checkpoints are kept, run the same command to resume",

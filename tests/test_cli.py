@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from p0circuit.cli import main
 
 
@@ -46,3 +48,33 @@ def test_discover_options_and_budgets(tmp_path, capsys):
     assert "activation pass" in saved["settings"]["candidates"] and "M1@0->A2.H0@0.k" in saved["edges"]
     assert main(args + ["--node-budget", "5"]) == 2
     assert "more than the node budget of 5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["out_is_a_file", "seed_string", "seed_too_big", "not_utf8", "n_prompts_zero",
+                                  "lr_nan", "lr_inf"])
+def test_the_command_line_never_shows_a_traceback(tmp_path, capsys, case):
+    """Issue 14, class 5: one line on stderr naming the problem and the fix, exit status 2."""
+    from p0circuit.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    config = tmp_path / "c.toml"
+    argv = {
+        "out_is_a_file": ["discover", "--out", str(afile), "--quiet"],
+        "seed_string": ["sweep", str(config)],
+        "seed_too_big": ["sweep", str(config)],
+        "not_utf8": ["sweep", str(config)],
+        "n_prompts_zero": ["discover", "--n-prompts", "0", "--quiet", "--out", str(tmp_path / "o")],
+        "lr_nan": ["train", "--lr", "nan", "--out", str(tmp_path / "t")],
+        "lr_inf": ["train", "--lr", "inf", "--out", str(tmp_path / "t")],
+    }[case]
+    if case == "seed_string":
+        config.write_text('[sweep]\nmodels = ["planted:rope"]\nseed = "abc"\n')
+    elif case == "seed_too_big":
+        config.write_text('[sweep]\nmodels = ["planted:rope"]\nseed = 18446744073709551615\n')
+    elif case == "not_utf8":
+        config.write_bytes(b"\xff\xfe[sweep]")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("p0circuit: error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()  # no partial output

@@ -26,7 +26,7 @@ from p0circuit.metrics.attention import (
 )
 from p0circuit.metrics.norms import direction_stability, first_layer_at_least, massive_activations, norm_ratio
 from p0circuit.tokens import check_tokens
-from p0circuit.models.checks import check_devices
+from p0circuit.models.checks import check_devices, check_finite_weights
 
 
 @dataclass
@@ -233,6 +233,7 @@ def sink_report(
             "load checkpoints with p0circuit.models.load_checkpoint or build one with ModelSpec"
         )
     check_devices(model)
+    check_finite_weights(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     needed = _needed(model.cfg.n_layers)
     missing = [n for n in needed if n not in model.hook_dict]

@@ -22,7 +22,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from p0circuit.errors import CheckpointError
+from p0circuit.errors import BadInputError, CheckpointError, entry_point
+from p0circuit.models.verify import check_finite, check_loading_info
 from p0circuit.models.layout import linear_layout
 
 SUPPORTED = (
@@ -216,9 +217,13 @@ def load_tokenizer(path: Path) -> Any:
             cls_name = json.loads(tcfg.read_text()).get("tokenizer_class") or ""
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{tcfg} is not valid JSON ({e}); re-save the tokenizer") from None
-    if cls_name in ("PreTrainedTokenizerFast", "TokenizersBackend") and (path / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        if cls_name in ("PreTrainedTokenizerFast", "TokenizersBackend") and (path / "tokenizer.json").is_file():
+            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # tokenizers and transformers raise their own types for a garbled file
+        raise CheckpointError(f"the tokenizer files in {str(path)!r} cannot be read ({type(e).__name__}: {str(e)[:160]}); "
+                              "re-save the tokenizer (tokenizer.save_pretrained) or remove its files to load without one") from None
 
 
 def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
@@ -233,8 +238,9 @@ def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
     model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
 
 
+@entry_point
 def load_checkpoint(
-    path: Union[str, Path], device: str = "cpu", dtype: torch.dtype = torch.float32
+    path: Union[str, Path], device: str = "cpu", dtype: Any = torch.float32
 ) -> HookedTransformer:
     """Load a local Hugging Face checkpoint directory as a ``HookedTransformer``, offline.
 
@@ -245,15 +251,22 @@ def load_checkpoint(
     """
     path = Path(path)
     architecture = _read_architecture(path)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise BadInputError(f"dtype must be a floating torch dtype (torch.float32, torch.float16, torch.bfloat16), "
+                            f"got {dtype!r}")
     try:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
-        hf_model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        hf_model, info = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
+                                                              output_loading_info=True)
     except Exception as e:  # safetensors, torch and transformers each raise their own types here
         raise CheckpointError(
             f"could not load the weights in {str(path)!r} ({type(e).__name__}: {str(e)[:300]}); "
             "check that the weight files (model.safetensors or pytorch_model.bin) are complete"
         ) from None
+    check_loading_info(path, info)
+    check_finite(dict(hf_model.named_parameters()), path)
     cfg = hooked_config_from_hf(hf_config, architecture, device)
+    cfg.dtype = dtype  # honoured: the hooked model holds the weights in the dtype asked for
     tokenizer = load_tokenizer(path)
     state_dict = get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)

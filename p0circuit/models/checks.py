@@ -9,7 +9,7 @@ import torch
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, NonFiniteError
 
 
 def check_model(model: Any) -> None:
@@ -20,6 +20,19 @@ def check_model(model: Any) -> None:
             "with p0circuit.ModelSpec, build_planted or load_checkpoint"
         )
     check_devices(model)
+    check_finite_weights(model)
+
+
+def check_finite_weights(model: Any) -> None:
+    """Raise :class:`NonFiniteError` naming the first parameter (in module order) with NaN or inf.
+
+    Checked before every analysis: TransformerLens turns NaN attention scores into zero attention
+    (its softmax guards padded rows), so a NaN weight in a head would otherwise give a finite,
+    silently wrong pattern and a plausible circuit."""
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+            raise NonFiniteError(f"the model's weight {name} holds NaN or inf: every analysis of it would be wrong; "
+                                 "reload the checkpoint (or find what wrote into the weights)")
 
 
 def check_devices(model: Any) -> None:

@@ -31,6 +31,7 @@ from p0circuit.errors import CheckpointError
 from p0circuit.io import write_dir_atomic
 from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf, load_tokenizer
 from p0circuit.models.layout import linear_layout
+from p0circuit.models.verify import check_finite, check_loading_info
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 """GGUF ``general.architecture`` -> the Hugging Face architecture whose config mapping is used."""
@@ -91,10 +92,13 @@ def _transformers_load(path: Path, arch: str) -> tuple[Any, Any, Any]:
     directory, name = str(path.parent), path.name
     try:
         hf_config = AutoConfig.from_pretrained(directory, gguf_file=name)
-        hf_model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        hf_model, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
+                                                              output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     except Exception as e:  # transformers raises its own types for each step
         raise CheckpointError(f"transformers could not read {str(path)!r} ({type(e).__name__}: {str(e)[:300]})") from None
+    check_loading_info(path, info)
+    check_finite(dict(hf_model.named_parameters()), path)
     hf_config.architectures = [ARCHITECTURES[arch]]  # the GGUF config leaves it empty
     return hf_config, hf_model, tokenizer
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from p0circuit.errors import ConfigError, from_known_keys
+from p0circuit.errors import ConfigError, entry_point, from_known_keys
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos": ("rope", "nope", "learned"),
@@ -24,6 +24,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+@entry_point  # __post_init__ checks every field with a message that names the fix
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything needed to build a small hooked transformer from scratch."""

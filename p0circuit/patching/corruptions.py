@@ -33,7 +33,8 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, ConfigError
+from p0circuit.errors import BadInputError, ConfigError, entry_point
+from p0circuit.tokens import check_tokens
 
 CORRUPTIONS: dict[str, type["Corruption"]] = {}
 """Registry: corruption name -> class, filled by defining a :class:`Corruption` subclass."""
@@ -95,6 +96,7 @@ class Prepared:
         return self.corruption.corrupted_value(self, clean_act, corr_act, positions)
 
 
+@entry_point  # parameters are checked in prepare() with messages that name the fix
 @dataclass(frozen=True)
 class Shift(Corruption):
     """Prepend ``k`` filler tokens (random, seeded) so the clean first token sits at position k."""
@@ -111,8 +113,14 @@ class Shift(Corruption):
         return {"k": self.k, "seed": self.seed}
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
-        if self.k < 1:
-            raise ConfigError(f"shift needs k >= 1 prepended tokens, got k={self.k}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ConfigError(f"Shift.k must be an int >= 1 (prepended tokens), got {self.k!r}")
+        if self.filler is not None:
+            ids = list(self.filler) if isinstance(self.filler, (tuple, list)) else None
+            if ids is None or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.cfg.d_vocab
+                                  for i in ids):
+                raise ConfigError(f"Shift.filler must be a tuple of token ids in 0..{model.cfg.d_vocab - 1}, got "
+                                  f"{self.filler!r}")
         b, t = tokens.shape
         if t + self.k > model.cfg.n_ctx:
             raise BadInputError(
@@ -172,7 +180,7 @@ class Resample(Corruption):
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if self.tokens is not None:
-            corrupt = self.tokens.to(tokens.device).long()
+            corrupt = check_tokens(model, self.tokens, what="Resample(tokens=...)")  # ids in the vocabulary, integer
             if corrupt.shape != tokens.shape:
                 raise BadInputError(
                     f"clean tokens {tuple(tokens.shape)} and corrupted tokens {tuple(corrupt.shape)} "

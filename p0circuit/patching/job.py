@@ -15,6 +15,7 @@ run, and :meth:`PatchJob.result` gives it the base run's metric exactly (effect 
 path (``reference=True``) runs every patch, so the tests can check that this is exact.
 """
 
+import math
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 from p0circuit.progress import tqdm
 
-from p0circuit.errors import ConfigError
+from p0circuit.errors import ConfigError, NonFiniteError
 from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, get_corruption
@@ -33,6 +34,19 @@ from p0circuit.tokens import check_tokens
 
 DIRECTIONS = ("noise", "denoise")
 """``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
+
+
+def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:
+    """Raise :class:`NonFiniteError` naming the first cached hook (in forward order: the model's
+    hook points are registered module by module) with NaN or inf."""
+    order = {name: i for i, name in enumerate(model.hook_dict)}
+    names = sorted(cache, key=lambda n: order.get(n, len(order)))
+    for name in names:
+        if cache[name].is_floating_point() and not bool(torch.isfinite(cache[name]).all()):
+            raise NonFiniteError(
+                f"NaN or inf first appears at {name!r} in the {run} run (the hooks before it are finite): check "
+                "that block's weights (torch.isfinite(p).all() for its parameters) and the dtype (float16 overflows "
+                "on large P0 norms: use float32)")
 
 
 class PatchJob:
@@ -88,9 +102,15 @@ class PatchJob:
             self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop)
             if self.prep.corrupt_tokens is not None:
                 self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names, self.stop)
+        for run, cache in (("clean", self.clean), ("corrupted", self.corr)):
+            _check_finite_run(self.model, run, cache or {})
         self.clean_metric = self.metric_of(self.clean, self.clean_logits, 0)
         cache, _, logits, p0 = self.base()
         self.base_metric = self.clean_metric if cache is self.clean else self.metric_of(cache, logits, p0)
+        for run, value in (("clean", self.clean_metric), ("base", self.base_metric)):
+            if not math.isfinite(value):
+                raise NonFiniteError(f"the metric {self.metric.name} is {value} on the {run} run although every cached "
+                                     "activation is finite: the metric itself produces it (e.g. 0/0); fix the metric")
         return self
 
     @property
@@ -157,6 +177,12 @@ class PatchJob:
         ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
         ``raw`` was not run because it cannot reach the metric, and gets the base run's metric."""
         names = list(raw) if candidates is None else list(candidates)
+        bad = [n for n, v in raw.items() if not math.isfinite(v)]
+        if bad or not math.isfinite(corrupted):
+            where = f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)" if bad else "the fully corrupted run"
+            raise NonFiniteError(f"the metric {self.metric.name} is NaN or inf after {where}: a patched value overflows "
+                                 "or the metric divides by zero there; check the metric and the model's dtype "
+                                 "(float16 overflows on large P0 norms: use float32)")
         unreachable = [n for n in names if n not in raw]
         raw = {n: raw.get(n, self.base_metric) for n in names}
         settings = {**settings, "unreachable": len(unreachable)}

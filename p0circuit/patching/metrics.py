@@ -250,6 +250,14 @@ def check_metric(metric: Any, model: Any) -> None:
     missing = [h.name for h in metric.needs(model.cfg.n_layers) if h.name not in model.hook_dict]
     if missing:
         raise MissingHookError(f"the model has no hook {missing[0]!r} that metric {metric.name!r} reads")
+    owner = {id(point): layer for layer, block in enumerate(model.blocks) for point in block.modules()}
+    for h in metric.needs(model.cfg.n_layers):
+        actual = owner.get(id(model.hook_dict[h.name]), -1)  # hooks outside the blocks: the embeddings
+        if actual != h.layer:
+            raise BadInputError(
+                f"metric {metric.name!r} declares hook {h.name!r} at layer {h.layer}, but that hook belongs to "
+                f"{'block ' + str(actual) if actual >= 0 else 'the embeddings (layer -1)'}: patched forwards would "
+                f"read it unpatched. Declare it as ({actual}, {h.name!r})")
 
 
 METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")

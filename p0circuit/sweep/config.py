@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
-from p0circuit.errors import ConfigError, from_known_keys
+from p0circuit.errors import ConfigError, entry_point, from_known_keys
 from p0circuit.models.resolve import check_model_entry
 from p0circuit.patching import CORRUPTIONS, METHODS
 from p0circuit.patching.metrics import check_metric_entry
@@ -54,6 +54,7 @@ def _check_each(name: str, values: list[str], check: Callable[[str], Any]) -> No
             raise ConfigError(f"sweep.{name}: {e}") from None
 
 
+@entry_point  # __post_init__ checks every field with a message that names the fix
 @dataclass(frozen=True)
 class SweepConfig:
     """A grid of patching runs."""
@@ -93,8 +94,10 @@ class SweepConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 2:
                 raise ConfigError(f"sweep.{name} must be an integer >= 2, got {v!r}")
-        if not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
             raise ConfigError(f"sweep.threshold must be a number in [0, 1], got {self.threshold!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"sweep.seed must be an integer in 0..2**63-1, got {self.seed!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepConfig":
@@ -108,7 +111,9 @@ class SweepConfig:
         if not path.is_file():
             raise ConfigError(f"sweep config {str(path)!r} does not exist")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
         extra = sorted(set(data) - {"sweep"})

@@ -21,12 +21,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from p0circuit.progress import tqdm
 
-from p0circuit.errors import CheckpointError, ConfigError
+from p0circuit.errors import CheckpointError, ConfigError, NonFiniteError, entry_point
 from p0circuit.io import remove_stale, write_dir_atomic
 from p0circuit.models.spec import ModelSpec
+from p0circuit.models.verify import load_strict, read_json, read_safetensors
 from p0circuit.tokens import BOS_ATTR
 
 
+@entry_point  # __post_init__ checks every field with a message that names the fix
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimization and checkpointing settings."""
@@ -57,8 +59,17 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"TrainConfig.{name} must be a positive int, got {v!r}")
-        if self.lr <= 0 or self.warmup < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise ConfigError("TrainConfig needs lr > 0 and warmup, weight_decay, grad_clip >= 0")
+        for name in ("lr", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"TrainConfig.{name} must be a finite number, got {v!r}")
+        for name in ("warmup", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 2**63:
+                raise ConfigError(f"TrainConfig.{name} must be an int in 0..2**63-1, got {v!r}")
+        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError(f"TrainConfig needs lr > 0 and weight_decay, grad_clip >= 0; got lr={self.lr}, "
+                              f"weight_decay={self.weight_decay}, grad_clip={self.grad_clip}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"TrainConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
 
@@ -92,6 +103,27 @@ def _latest(out: Path) -> Optional[Path]:
     return max(found)[1] if found else None
 
 
+def _check_resume(latest: Path, spec: ModelSpec, config: TrainConfig, source: Any) -> None:
+    """A resume must continue the same run: same architecture, data and training settings (only
+    ``steps``, checkpoints and the device may change)."""
+    meta = read_json(latest / "spec.json", "the checkpoint's spec")
+    saved = {"spec": meta.get("spec"), "source": meta.get("source"),
+             "train": {k: v for k, v in (meta.get("train") or {}).items() if k not in _MAY_CHANGE}}
+    now = {"spec": spec.to_dict(), "source": repr(source),
+           "train": {k: v for k, v in asdict(config).items() if k not in _MAY_CHANGE}}
+    diffs = [f"{part}.{k}: saved {saved[part].get(k)!r}, now {now[part].get(k)!r}"
+             for part in ("spec", "train") for k in sorted(set(saved[part] or {}) | set(now[part]))
+             if (saved[part] or {}).get(k) != now[part].get(k)]
+    if saved["source"] != now["source"]:
+        diffs.append(f"data: saved {saved['source']}, now {now['source']}")
+    if diffs:
+        raise ConfigError(f"{str(latest.parent)!r} holds a different run ({'; '.join(diffs[:4])}); resuming would mix "
+                          "the two. Train into a new --out, or repeat the saved run's settings to continue it")
+
+
+_MAY_CHANGE = ("steps", "n_checkpoints", "device")
+
+
 def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, spec: ModelSpec, config: TrainConfig,
                     source: Any, loss: float) -> Path:
     """Write ``out/step_<step>/`` atomically (temporary directory, then rename)."""
@@ -111,9 +143,12 @@ def load_trained(path: Union[str, Path], device: str = "cpu") -> Any:
     path = Path(path)
     if not (path / "spec.json").is_file() or not (path / "model.safetensors").is_file():
         raise CheckpointError(f"{str(path)!r} is not a p0circuit training checkpoint (needs spec.json and model.safetensors)")
-    meta = json.loads((path / "spec.json").read_text())
+    meta = read_json(path / "spec.json", "the checkpoint's spec")
+    if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"{str(path / 'spec.json')!r} lacks a 'spec' table or an integer 'step'; it was not written "
+                              "by p0circuit train: re-save the checkpoint")
     model = ModelSpec.from_dict(meta["spec"]).build(device)
-    model.load_state_dict(load_file(str(path / "model.safetensors"), device=device))
+    load_strict(model, read_safetensors(path / "model.safetensors", device), path)
     model.train_step = meta["step"]  # type: ignore[attr-defined]
     if meta.get("bos") is not None:
         setattr(model, BOS_ATTR, int(meta["bos"]))
@@ -143,11 +178,20 @@ def train(
     start = 0
     latest = _latest(out)
     if latest is not None:
+        _check_resume(latest, spec, config, source)
         resumed = load_trained(latest, device)
         model.load_state_dict(resumed.state_dict())
-        state = torch.load(latest / "trainer.pt", map_location=device)
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
+        try:
+            state = torch.load(latest / "trainer.pt", map_location=device)
+            optimizer.load_state_dict(state["optimizer"])
+            start = int(state["step"])
+        except Exception as e:  # a truncated or foreign trainer state: torch and pickle raise their own types
+            raise CheckpointError(f"{str(latest / 'trainer.pt')!r} (the optimizer state) cannot be read "
+                                  f"({type(e).__name__}: {str(e)[:120]}); delete {str(latest)!r} to resume from the "
+                                  "checkpoint before it, or train into a new --out") from None
+        if start >= config.steps:
+            raise ConfigError(f"{str(out)!r} already holds a run of {start} steps, and steps={config.steps} asks for no "
+                              "more: nothing to train. Ask for more steps to continue it, or train into a new --out")
     torch.manual_seed(config.seed + start)
     checkpoints = set(config.checkpoint_steps())
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
@@ -165,6 +209,10 @@ def train(
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
         optimizer.step()
         loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            raise NonFiniteError(f"the training loss is {loss_value} at step {step + 1} (lr {config.lr_at(step):.3g}): the run "
+                                 f"diverged; the checkpoints written before it are kept in {str(out)!r}. Use a smaller "
+                                 "learning rate or more warmup, in a new --out")
         seen += tokens.numel()
         bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{seen / (time.perf_counter() - t0):.0f}")
         if step + 1 in checkpoints:
