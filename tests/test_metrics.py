@@ -133,6 +133,11 @@ def test_report_names_first_nonfinite_layer():
     model = ModelSpec(n_layers=3, d_model=32, n_heads=2, d_head=16, d_mlp=64, d_vocab=40, n_ctx=16).build()
     with torch.no_grad():
         model.blocks[1].mlp.W_in[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"weight blocks\.1\.mlp\.W_in holds NaN or inf"):
+        sink_report(model, torch.randint(0, 40, (2, 6)))
+    with torch.no_grad():  # finite weights whose activations overflow: the first hook that does is named
+        model.blocks[1].mlp.W_in.fill_(1e30)
+        model.blocks[1].mlp.W_out.fill_(1e30)
     with pytest.raises(NonFiniteError, match=r"NaN or inf first appears at 'blocks.1.hook_mlp_out'"):
         sink_report(model, torch.randint(0, 40, (2, 6)))
 

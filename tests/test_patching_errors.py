@@ -78,7 +78,7 @@ def test_bad_options(planted, toks):
         p0.activation_patch(planted.model, toks, corruption="pos_mean", direction="denoise")
     with pytest.raises(ConfigError, match="direction must be 'noise' or 'denoise'"):
         p0.activation_patch(planted.model, toks, direction="sideways")
-    with pytest.raises(ConfigError, match="shift needs k >= 1"):
+    with pytest.raises(ConfigError, match="Shift.k must be an int >= 1"):
         p0.activation_patch(planted.model, toks, corruption=Shift(0))
 
 

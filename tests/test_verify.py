@@ -189,3 +189,10 @@ def test_records_that_tell_the_truth_about_their_inputs():
             p0.activation_patch(plant.model, toks, corruption=p0.Shift(1, filler=filler), metric=p0.NormRatio(1))
     with pytest.raises(p0.ConfigError, match="Shift.k must be an int >= 1"):
         p0.activation_patch(plant.model, toks, corruption=p0.Shift(1.5), metric=p0.NormRatio(1))
+
+
+def test_a_metric_that_becomes_infinite_under_a_patch_is_named():
+    plant = p0.build_planted()
+    toks = p0.probe_tokens(plant.model, 4, 12, seed=0, regular=True)
+    with pytest.raises(NonFiniteError, match=r"norm_ratio@L1 is NaN or inf after patching R0@rest"):
+        p0.activation_patch(plant.model, toks, nodes=["R0@rest", "M0@0"], corruption="zero", metric=p0.NormRatio(1))

@@ -65,13 +65,15 @@ def start_layer(group: Sequence[PatchOp]) -> int:
     return max(0, min(op.hook.layer if op.hook.layer >= 0 else 0 for op in group)) if group else 0
 
 
-def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef], stop: Optional[int] = None) -> set[str]:
+def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef], stop: Optional[int] = None,
+               attn_only: bool = False) -> set[str]:
     """Hooks the base-run cache must hold: the input and output of every block before ``stop``
-    (and its middle and MLP output, for :func:`skip_block`; its keys and values, for suffix
-    forwards), the metric's, and ``extra``."""
+    (and its middle and MLP output, for :func:`skip_block`, unless the blocks are attention-only;
+    its keys and values, for suffix forwards), the metric's, and ``extra``."""
     layers = range(n_layers if stop is None else min(stop, n_layers))
     names = {hooks.resid_pre(l) for l in layers} | {hooks.resid_post(l) for l in layers}
-    names |= {hooks.mlp_out(l) for l in layers} | {hooks.resid_mid(l) for l in layers}
+    if not attn_only:
+        names |= {hooks.mlp_out(l) for l in layers} | {hooks.resid_mid(l) for l in layers}
     names |= {hooks.head_vector(l, w) for l in layers for w in ("k", "v")}
     names |= {h.name for h in metric.needs(n_layers)}
     names |= {h.name for h in extra}
@@ -135,7 +137,7 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     z = base[:, pos, op.head]
     delta_z = op.value if op.add else op.value - z
     delta = delta_z @ model.blocks[layer].attn.W_O[op.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
-    if model.cfg.parallel_attn_mlp:
+    if model.cfg.parallel_attn_mlp or model.cfg.attn_only:  # no MLP sees the head's change inside the block
         out[:, pos] += delta
         return out
     block = model.blocks[layer]
@@ -164,7 +166,7 @@ def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[Pat
     if not ops:
         return []
     layer = ops[0].hook.layer
-    if model.cfg.parallel_attn_mlp:
+    if model.cfg.parallel_attn_mlp or model.cfg.attn_only:
         return [skip_block(model, base_cache, op)[:, list(op.positions)] for op in ops]
     post = base_cache[hooks.resid_post(layer)]
     out: list[Optional[Tensor]] = [None] * len(ops)
@@ -364,8 +366,11 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
         else:
             captured[h.name] = base_cache[h.name].repeat(n, *([1] * (base_cache[h.name].ndim - 1)))
     kv = _prefix_cache(model, base_cache, start, first, n) if first else None
+    extra: dict[str, Any] = {}
+    if model.cfg.positional_embedding_type == "shortformer":  # positions enter each block's queries and keys
+        extra["shortformer_pos_embed"] = model.W_pos[first:resid.shape[1]].unsqueeze(0).expand(resid.shape[0], -1, -1)
     with attached(model, fwd_hooks):
-        logits = model(resid[:, first:], start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv)
+        logits = model(resid[:, first:], start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv, **extra)
     if first:
         for h in metric.needs(model.cfg.n_layers):
             if h.layer >= start:

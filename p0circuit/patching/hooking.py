@@ -12,15 +12,18 @@ from typing import Any, Callable, Iterator, Sequence
 @contextmanager
 def receiver_hooks(model: Any, split_qkv: bool = True) -> Iterator[Any]:
     """Enable per-head q/k/v input hooks (unless ``split_qkv`` is False) and the MLP input hook
-    for the duration of the block."""
+    (blocks with an MLP only) for the duration of the block."""
     old_split, old_mlp_in = model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in
+    has_mlp = not model.cfg.attn_only  # TransformerLens refuses the MLP-input flag without MLPs
     try:
         model.set_use_split_qkv_input(split_qkv or old_split)
-        model.set_use_hook_mlp_in(True)
+        if has_mlp:
+            model.set_use_hook_mlp_in(True)
         yield model
     finally:
         model.set_use_split_qkv_input(old_split)
-        model.set_use_hook_mlp_in(old_mlp_in)
+        if has_mlp:
+            model.set_use_hook_mlp_in(old_mlp_in)
 
 
 @contextmanager

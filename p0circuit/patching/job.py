@@ -97,7 +97,7 @@ class PatchJob:
     def cache(self, extra: set[str]) -> "PatchJob":
         """Run the clean (and corrupted) prompts once, up to the last block the metric reads,
         keeping the engine's hooks and ``extra``."""
-        names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop) | extra
+        names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop, bool(self.model.cfg.attn_only)) | extra
         with torch.no_grad():
             self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop)
             if self.prep.corrupt_tokens is not None:
