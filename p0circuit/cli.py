@@ -11,6 +11,7 @@ when Graphviz is installed, SVG) and the report under ``runs/discover/``.
 import argparse
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -129,7 +130,12 @@ def _sweep(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from p0circuit.report import write_report
 
-    path = write_report(args.directory, attention=not args.no_attention)
+    with warnings.catch_warnings(record=True) as caught:  # unreadable records: said, then skipped
+        warnings.simplefilter("always")
+        path = write_report(args.directory, attention=not args.no_attention)
+    for w in caught:
+        if str(w.message).startswith("report: "):
+            print(f"p0circuit: note: {str(w.message)[len('report: '):]}", file=sys.stderr)
     print(f"wrote {path}")
     return 0
 

@@ -11,6 +11,7 @@ import html
 import io
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from p0circuit.graphs import to_dot, to_svg
 from p0circuit.io import write_atomic
 from p0circuit.models.resolve import load_model
 from p0circuit.plotting import finish, new_figure
-from p0circuit.sweep.runner import summary_table
+from p0circuit.sweep.runner import read_records, rebuild_index, summary_table
 from p0circuit.tokens import make_prompts
 from p0circuit.types import Circuit
 from p0circuit.viz import attention_html
@@ -72,15 +73,32 @@ def _graph(circuit: Circuit) -> str:
     return f"<pre>{html.escape(to_dot(circuit))}</pre>"
 
 
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
 def write_report(directory: Any, attention: bool = True) -> Path:
     """Write ``DIR/report.html`` from ``DIR/results.jsonl`` and return its path."""
     out = Path(directory)
     index = out / "results.jsonl"
-    if not index.is_file():
+    if not index.is_file() and not (out / "cells").is_dir():
         raise BadInputError(f"{out} has no results.jsonl: run `p0circuit sweep CONFIG --out {out}` first")
-    records = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+    records, notes = read_records(out)
+    if (out / "cells").is_dir() and index.is_file():
+        torn = [i + 1 for i, line in enumerate(index.read_text(encoding="utf-8", errors="replace").splitlines())
+                if line.strip() and not _parses(line)]
+        if torn:
+            rebuild_index(out)
+            notes.append(f"results.jsonl was unreadable at line(s) {torn[:5]} (cut short by a crash?); rebuilt it from "
+                         f"the {len(records)} cell files")
+    for note in notes:
+        warnings.warn(f"report: {note}", stacklevel=2)
     if not records:
-        raise BadInputError(f"{index} holds no finished cells yet")
+        raise BadInputError(f"{out} holds no readable finished cells" + (f" ({notes[0]})" if notes else " yet"))
     config = (out / "config.json").read_text() if (out / "config.json").exists() else "{}"
     cells = []
     for r in sorted(records, key=lambda r: json.dumps(r["cell"], sort_keys=True)):

@@ -1,5 +1,6 @@
 """The sweep report: one self-contained HTML page, checked as text and in a real headless browser."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -59,3 +60,23 @@ def test_report_in_a_headless_browser(report, tmp_path):
     shot = tmp_path / "shot.png"
     _chromium("--window-size=480,360", f"--screenshot={shot}", url, tmp_path=tmp_path)
     assert shot.exists() and shot.stat().st_size > 2000
+
+
+def test_a_torn_index_is_rebuilt_and_bad_records_are_skipped_and_said(report, tmp_path, capsys):
+    """Issue 14: a results.jsonl whose last line a crash cut short, and records missing fields."""
+    out = shutil.copytree(report.parent, tmp_path / "sweep")
+    index = out / "results.jsonl"
+    lines = index.read_text().splitlines()
+    index.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]))
+    assert main(["report", str(out), "--no-attention"]) == 0
+    err = capsys.readouterr().err
+    assert f"results.jsonl was unreadable at line(s) [{len(lines)}]" in err and "rebuilt it from the 2 cell files" in err
+    assert len([json.loads(line) for line in index.read_text().splitlines()]) == len(lines)  # nothing finished lost
+    shutil.rmtree(out / "cells")  # no cell files: the index alone, one record without its circuit
+    records = [json.loads(line) for line in index.read_text().splitlines()]
+    del records[0]["circuit"]
+    index.write_text("\n".join(json.dumps(r) for r in records) + "\n{\"key\": \"tor")
+    assert main(["report", str(out), "--no-attention"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped results.jsonl line 1: the record lacks circuit" in err
+    assert f"skipped results.jsonl line {len(records) + 1}: not valid JSON" in err

@@ -66,6 +66,40 @@ def done_keys(out: Path) -> set[str]:
     return {p.stem for p in cells.glob("*.json")} if cells.is_dir() else set()
 
 
+RECORD_FIELDS = ("key", "cell", "circuit", "sink_report")
+"""Fields every cell record has (what the report and the summary read)."""
+
+
+def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The finished cells' records and notes on what could not be read.
+
+    The cell files (written atomically, one per cell) are the source of truth; ``results.jsonl``
+    is read only when there are none. An unreadable line or file, or a record missing a field, is
+    skipped and named in the notes, never raised: what finished is kept."""
+    notes: list[str] = []
+    files = sorted((out / "cells").glob("*.json")) if (out / "cells").is_dir() else []
+    if files:
+        sources = [(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    elif (out / "results.jsonl").is_file():
+        lines = (out / "results.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+        sources = [(f"results.jsonl line {i + 1}", line) for i, line in enumerate(lines) if line.strip()]
+    else:
+        sources = []
+    records = []
+    for where, text in sources:
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            notes.append(f"skipped {where}: not valid JSON (cut short by a crash?)")
+            continue
+        missing = [f for f in RECORD_FIELDS if not isinstance(record, dict) or f not in record]
+        if missing:
+            notes.append(f"skipped {where}: the record lacks {', '.join(missing)}")
+            continue
+        records.append(record)
+    return records, notes
+
+
 def rebuild_index(out: Path) -> list[dict[str, Any]]:
     """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records."""
     records = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
