@@ -249,11 +249,17 @@ def text_windows(
             "fewer prompts or shorter ones"
         )
     rows = [ids[i * per:(i + 1) * per] for i in range(n)]
+    return _rows_to_tokens(model, rows, prepend_bos, "text windows")
+
+
+def _rows_to_tokens(model: HookedTransformer, rows: list[list[int]], prepend_bos: bool, what: str) -> Tensor:
+    """Equal-length id rows as a token tensor on the model's device, with the BOS id (see
+    :func:`prepend_id`) in front when ``prepend_bos``; checked against that choice."""
     if prepend_bos:
         bid = prepend_id(model)
         rows = [[bid] + r for r in rows]
     tokens = torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
-    check_bos(model, tokens, prepend_bos, what="text windows")
+    check_bos(model, tokens, prepend_bos, what=what)
     return tokens
 
 
@@ -344,12 +350,7 @@ def english_prompts(
             text += " " + lines[j % len(lines)]
             ids = list(model.tokenizer(text, add_special_tokens=False)["input_ids"])
         rows.append(ids[:per])
-    if prepend_bos:
-        bid = prepend_id(model)
-        rows = [[bid] + r for r in rows]
-    tokens = torch.tensor(rows, dtype=torch.long, device=model.cfg.device)
-    check_bos(model, tokens, prepend_bos, what="english prompts")
-    return tokens
+    return _rows_to_tokens(model, rows, prepend_bos, "english prompts")
 
 
 PROMPT_SOURCES = ("auto", "english", "random", "regular")

@@ -23,19 +23,18 @@ def _listed(names: Any, n: int = 6) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
+def _problems(*kinds: tuple[str, list[str]]) -> list[str]:
+    """``"<count> <what>: <names>"`` for each non-empty kind of problem (shapes listed 3 at most)."""
+    return [f"{len(names)} {what}: {_listed(names, 3 if 'shape' in what else 6)}" for what, names in kinds if names]
+
+
 def check_loading_info(path: Path, info: Mapping[str, Any]) -> None:
     """Raise unless transformers' ``output_loading_info`` says every tensor was loaded as saved."""
-    missing = list(info.get("missing_keys") or [])
-    unexpected = list(info.get("unexpected_keys") or [])
     mismatched = [f"{name} (saved {tuple(saved)}, config needs {tuple(needed)})"
                   for name, saved, needed in info.get("mismatched_keys") or []]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} tensor(s) the config needs are missing: {_listed(missing)}")
-    if mismatched:
-        problems.append(f"{len(mismatched)} tensor(s) have the wrong shape: {_listed(mismatched, 3)}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} tensor(s) the config does not use: {_listed(unexpected)}")
+    problems = _problems(("tensor(s) the config needs are missing", list(info.get("missing_keys") or [])),
+                         ("tensor(s) have the wrong shape", mismatched),
+                         ("tensor(s) the config does not use", list(info.get("unexpected_keys") or [])))
     if problems:
         raise CheckpointError(
             f"{str(path)!r}: config and weights disagree: " + "; ".join(problems) + ". Loading would fill "
@@ -79,13 +78,8 @@ def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where
     extra = [k for k in state if k not in own]
     shapes = [f"{k} (saved {tuple(state[k].shape)}, needs {tuple(v.shape)})" for k, v in own.items()
               if k in state and tuple(state[k].shape) != tuple(v.shape)]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} tensor(s) missing: {_listed(missing)}")
-    if shapes:
-        problems.append(f"{len(shapes)} with the wrong shape: {_listed(shapes, 3)}")
-    if extra:
-        problems.append(f"{len(extra)} not part of the model: {_listed(extra)}")
+    problems = _problems(("tensor(s) missing", missing), ("with the wrong shape", shapes),
+                         ("not part of the model", extra))
     if problems:
         raise CheckpointError(f"{str(where)!r}: the weights do not match its spec.json: " + "; ".join(problems)
                               + ". Re-save the checkpoint, or fix spec.json to match its weights")
