@@ -9,6 +9,7 @@ when Graphviz is installed, SVG) and the report under ``runs/discover/``.
 # The subcommands import their modules inside their functions so that argument errors and --help
 # need no more than the registries imported below.
 import argparse
+import os
 import signal
 import sys
 import warnings
@@ -109,19 +110,27 @@ def _survey(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from p0circuit.sweep import SweepConfig, run_sweep, summary_table
-    from p0circuit.sweep.runner import done_keys
+    from p0circuit.sweep.runner import CellsFailed, check_owner, done_keys, read_records
 
     config = SweepConfig.load(args.config)
     out = Path(args.out or Path("runs") / Path(args.config).stem)
     cells = config.cells()
     if args.dry_run:
+        check_owner(config, out)
         done = done_keys(out)
         for cell in cells:
             print(f"{cell.key}  {'done' if cell.key in done else 'todo'}  {cell.label()}")
         print(f"{len(cells)} cells, {sum(c.key in done for c in cells)} already done in {out}")
         return 0
-    records = run_sweep(config, out, workers=args.workers, max_cells=args.max_cells, progress=not args.quiet,
-                        executor=args.executor)
+    try:
+        records = run_sweep(config, out, workers=args.workers, max_cells=args.max_cells, progress=not args.quiet,
+                            executor=args.executor)
+    except CellsFailed as failed:  # the other cells finished: show them, then what failed; exit 1
+        records = read_records(out)[0]
+        print(summary_table(records))
+        print(f"{len(records)} of {len(cells)} cells done; results in {out}/results.jsonl")
+        print(f"p0circuit: {failed}", file=sys.stderr)
+        return 1
     print(summary_table(records))
     print(f"{len(records)} of {len(cells)} cells done; results in {out}/results.jsonl")
     return 0
@@ -301,8 +310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         out = getattr(args, "out", None)
-        if out is not None and Path(out).exists() and not Path(out).is_dir():
-            raise P0CircuitError(f"--out {out!r} is an existing file, not a directory; choose another --out")
+        if out is not None:
+            _check_out(Path(out))
         return int(args.func(args))
     except P0CircuitError as e:
         print(f"p0circuit: error: {e}", file=sys.stderr)
@@ -324,8 +333,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-class Terminated(Exception):
-    """SIGTERM arrived: unwind (closing files and progress bars) and exit with a message."""
+def _check_out(out: Path) -> None:
+    """Refuse an output directory that cannot be made, before any work: an existing file, a path
+    under a file, a directory this user cannot write."""
+    from p0circuit.errors import P0CircuitError
+
+    if out.exists() and not out.is_dir():
+        raise P0CircuitError(f"--out {str(out)!r} is an existing file, not a directory; choose another --out")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise P0CircuitError(f"--out {str(out)!r} lies under {str(parent)!r}, which is a file; choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise P0CircuitError(f"--out {str(out)!r}: {str(parent)!r} is not writable by this user; choose another --out "
+                             "or fix its permissions")
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwind (closing files and progress bars) and exit with a message. A
+    ``BaseException``, like ``KeyboardInterrupt``: a sweep records a cell that raises an
+    ``Exception`` as failed and goes on, but a termination must stop it."""
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -15,6 +15,7 @@ from p0circuit.patching import METHODS, Corruption, PatchMetric, PatchResult, ge
 from p0circuit.types import Circuit, Edge, Kind, Node, format_effect
 
 
+@entry_point
 def interpret(result: PatchResult, threshold: float) -> str:
     """A one-line reading of a P0 circuit: what identifies P0, which components raise the metric
     and which lower it.

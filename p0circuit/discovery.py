@@ -49,7 +49,7 @@ class Discovery:
         if truth is None:
             return None
         circuit = self.circuits[method]
-        return {k: v for k, v in compare(circuit, truth).items() if k.startswith(circuit.level)}
+        return compare(circuit, truth)
 
     @property
     def exact(self) -> bool:

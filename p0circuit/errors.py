@@ -20,6 +20,10 @@ class BadInputError(P0CircuitError, ValueError):
     """Tokens, prompts or tensors that cannot be measured as given."""
 
 
+class BadCallError(P0CircuitError, TypeError):
+    """A call of the wrong shape: an unknown or missing argument, an option passed by position."""
+
+
 class ConfigError(P0CircuitError, ValueError):
     """A model spec, sweep config or option with an invalid value."""
 
@@ -49,10 +53,47 @@ def from_known_keys(cls: type, data: dict, what: str) -> object:
 
 
 def entry_point(fn: F) -> F:
-    """Mark a public entry point that validates its own arguments.
+    """Mark a public entry point and check its arguments against its annotations on every call.
 
-    Its annotations say what it accepts, but the test-time type checker (jaxtyping + beartype over
-    the whole package) skips it, so that a wrong argument gets the entry point's own message (what
-    was wrong and what to do) instead of a type-checker error.
+    A function's arguments (a dataclass's fields, after its own ``__post_init__`` has run
+    before) are checked by :mod:`p0circuit.args`: a value that does not fit its annotation is a
+    :class:`BadInputError` naming the function, the parameter, the value and what to pass. The
+    test-time type checker (jaxtyping + beartype over the whole package) skips entry points, so
+    that a wrong argument gets this message instead of a type-checker error.
     """
-    return typing.no_type_check(fn)
+    import functools
+
+    if isinstance(fn, type):
+        if "__post_init__" in fn.__dict__:  # the dataclass __init__ calls it: check before it runs
+            original = fn.__dict__["__post_init__"]
+
+            def __post_init__(self: object) -> None:
+                from p0circuit.args import check_fields
+
+                check_fields(self)
+                original(self)
+
+            fn.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        else:
+            init = fn.__init__
+
+            @functools.wraps(init)
+            def __init__(self: object, *args: object, **kwargs: object) -> None:
+                from p0circuit.args import check_fields
+
+                init(self, *args, **kwargs)
+                check_fields(self)
+
+            fn.__init__ = __init__  # type: ignore[misc]
+        return typing.no_type_check(fn)
+
+    typing.no_type_check(fn)  # the test-time checker skips the body too: users never run it
+
+    @functools.wraps(fn)
+    def checked(*args: object, **kwargs: object) -> object:
+        from p0circuit.args import check_call
+
+        check_call(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return typing.no_type_check(checked)  # type: ignore[return-value]

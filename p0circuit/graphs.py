@@ -8,13 +8,14 @@
 """
 
 import math
+import numbers
 import shutil
 from typing import Iterable, Mapping, Optional, Sequence
 
 import graphviz
 import networkx as nx
 
-from p0circuit.errors import BadInputError, ConfigError
+from p0circuit.errors import BadInputError, ConfigError, entry_point
 from p0circuit.types import Circuit, Edge, Node
 
 
@@ -33,6 +34,7 @@ def _keep(effects: Mapping[str, float], threshold: Optional[float], top_k: Optio
     return [k for k, v in eff.items() if abs(v) >= threshold]  # type: ignore[operator]
 
 
+@entry_point
 def prune(circuit: Circuit, threshold: Optional[float] = None, top_k: Optional[int] = None) -> Circuit:
     """Keep edges (edge-level circuits) or nodes (node-level) by |effect| >= threshold or the top k."""
     settings = {**circuit.settings, "pruned": {"threshold": threshold, "top_k": top_k}}
@@ -44,8 +46,17 @@ def prune(circuit: Circuit, threshold: Optional[float] = None, top_k: Optional[i
     return Circuit(nodes, (), circuit.node_effects, circuit.edge_effects, settings)
 
 
+@entry_point
 def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float:
-    """Area under the ROC curve of ``scores`` for binary ``labels`` (NaN if one class is empty)."""
+    """Area under the ROC curve of ``scores`` for binary ``labels`` (NaN if one class is empty:
+    the AUROC is then undefined, e.g. a circuit that is the whole candidate set)."""
+    scores, labels = list(scores), list(labels)
+    if len(scores) != len(labels):
+        raise BadInputError(f"auroc: {len(scores)} scores but {len(labels)} labels; give one label per score")
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s) for s in scores):
+        raise BadInputError("auroc: scores must be finite numbers; drop or fix the NaN/inf/non-numeric ones first")
+    if any(type(lab).__name__ not in ("bool", "bool_") for lab in labels):
+        raise BadInputError("auroc: labels must be True/False (in the circuit or not)")
     pos = [s for s, l in zip(scores, labels) if l]
     neg = [s for s, l in zip(scores, labels) if not l]
     if not pos or not neg:
@@ -62,26 +73,34 @@ def _pr(found: Iterable[str], truth: Iterable[str]) -> tuple[float, float]:
     return precision, recall
 
 
+@entry_point
 def compare(circuit: Circuit, truth: Circuit) -> dict[str, float]:
-    """Precision, recall and AUROC of ``circuit`` against ``truth``, for nodes and for edges.
+    """Precision, recall and AUROC of ``circuit`` against ``truth`` at the circuit's level.
 
-    Node AUROC scores every candidate in ``circuit.node_effects`` by |effect|; edge AUROC uses
-    ``circuit.edge_effects``. Truth items never scored count as missed (score -inf).
+    A node circuit is scored over nodes (``node_precision``, ``node_recall``, ``node_auroc``), an
+    edge circuit (path patching, attribution over edges) over edges (``edge_*``): the nodes an edge
+    circuit touches were not chosen one by one, so scoring them would mislead. Precision and recall
+    are over the circuit's members; AUROC ranks every scored candidate by |effect| (truth items
+    never scored count as missed) and is left out when the circuit carries no effects, or when the
+    candidates are all in the truth or all outside it (it is then undefined).
     """
-    out: dict[str, float] = {}
-    for level, found, true_set, effects in (
-        ("node", circuit.node_names, truth.node_names, circuit.node_effects),
-        ("edge", circuit.edge_names, truth.edge_names, circuit.edge_effects),
-    ):
-        p, r = _pr(found, true_set)
-        out[f"{level}_precision"], out[f"{level}_recall"] = p, r
-        eff = _finite(effects)
-        names = sorted(set(eff) | set(true_set)) if eff else []
-        scores = [abs(eff[n]) if n in eff else -math.inf for n in names]
-        out[f"{level}_auroc"] = auroc(scores, [n in true_set for n in names])
+    level = circuit.level
+    found, true_set, effects = ((circuit.node_names, truth.node_names, circuit.node_effects) if level == "node"
+                                else (circuit.edge_names, truth.edge_names, circuit.edge_effects))
+    if level == "edge" and not true_set:
+        raise BadInputError("compare: the circuit is over edges but the truth has no edges; compare against a "
+                            "truth circuit with edges (a planted model's truth has both)")
+    p, r = _pr(found, true_set)
+    out: dict[str, float] = {f"{level}_precision": p, f"{level}_recall": r}
+    eff = _finite(effects)
+    names = sorted(set(eff) | set(true_set)) if eff else []
+    labels = [n in true_set for n in names]
+    if any(labels) and not all(labels):
+        out[f"{level}_auroc"] = auroc([abs(eff[n]) if n in eff else -1.0 for n in names], labels)
     return out
 
 
+@entry_point
 def to_networkx(circuit: Circuit) -> "nx.DiGraph":
     """A DiGraph: node attributes kind/layer/head/pos/effect; edge attributes input/effect."""
     g = nx.DiGraph(**{k: v for k, v in circuit.settings.items() if isinstance(v, (str, int, float, bool))})
@@ -93,6 +112,7 @@ def to_networkx(circuit: Circuit) -> "nx.DiGraph":
     return g
 
 
+@entry_point
 def to_dot(circuit: Circuit, title: str = "") -> str:
     """Graphviz DOT source: one row per layer, edges labelled with the receiver input and effect."""
     dot = graphviz.Digraph("circuit", graph_attr={"rankdir": "BT", "label": title or _title(circuit)})
@@ -113,6 +133,7 @@ def _title(circuit: Circuit) -> str:
     return " ".join(f"{k}={s[k]}" for k in ("method", "corruption", "metric") if k in s)
 
 
+@entry_point
 def to_svg(circuit: Circuit, title: str = "") -> str:
     """SVG text of :func:`to_dot` (needs Graphviz's ``dot`` program on PATH)."""
     if shutil.which("dot") is None:

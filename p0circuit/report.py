@@ -17,7 +17,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.graphs import to_dot, to_svg
 from p0circuit.io import write_atomic
 from p0circuit.models.resolve import load_model
@@ -81,6 +81,7 @@ def _parses(line: str) -> bool:
         return False
 
 
+@entry_point
 def write_report(directory: Any, attention: bool = True) -> Path:
     """Write ``DIR/report.html`` from ``DIR/results.jsonl`` and return its path."""
     out = Path(directory)

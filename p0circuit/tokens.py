@@ -13,7 +13,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 
 BOS_ATTR = "p0circuit_bos_id"
 """Attribute set on models that have a BOS id but no tokenizer (BOS-keyed plants, models trained
@@ -32,6 +32,7 @@ START_OF_TEXT = ("<s>", "<bos>", "<|begin_of_text|>", "<|endoftext|>", "<|starto
 """Tokenizer BOS strings p0circuit accepts as a start-of-text token without being told."""
 
 
+@entry_point
 def set_bos(model: HookedTransformer, token: Union[str, int]) -> int:
     """Say which token ``prepend_bos=True`` puts at position 0 of ``model`` (a token string or id);
     returns its id. Needed when the tokenizer's ``bos_token`` is not a start-of-text token, e.g.
@@ -53,6 +54,7 @@ def set_bos(model: HookedTransformer, token: Union[str, int]) -> int:
     return int(token)
 
 
+@entry_point
 def bos_label(model: HookedTransformer) -> str:
     """What ``prepend_bos=True`` prepends, e.g. ``"BOS '<|endoftext|>' (id 0)"``; ``"no BOS id"`` when none."""
     bid = bos_id(model)
@@ -88,6 +90,7 @@ def avoid_ids(tokens: Tensor, ids: Sequence[int], vocab: int) -> Tensor:
     return tokens
 
 
+@entry_point
 def p0_like_positions(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Bool[Tensor, "batch pos"]:
     """Positions that look like a start: some token makes up more than ``theta`` of the prefix.
 
@@ -101,11 +104,13 @@ def p0_like_positions(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> 
     return freq.max(-1).values > theta
 
 
+@entry_point
 def regular_prompts(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> Int[Tensor, "batch pos"]:
     """The rows of ``tokens`` that are *regular*: only position 0 is flagged by :func:`p0_like_positions`."""
     return tokens[p0_like_positions(tokens, theta)[:, 1:].sum(1) == 0]
 
 
+@entry_point
 def probe_tokens(
     model: HookedTransformer, n: int, length: int, *, seed: Union[int, torch.Generator] = 0, regular: bool = False,
     bos: bool = False,
@@ -125,6 +130,9 @@ def probe_tokens(
         allowed = allowed[allowed != bid]
     if n < 1 or length < 1 or len(allowed) < 2:
         raise BadInputError(f"probe prompts need n >= 1, length >= 1 and 2 usable ids; got n={n}, length={length}")
+    if length > model.cfg.n_ctx:
+        raise BadInputError(f"probe_tokens: length={length} exceeds the model's context n_ctx={model.cfg.n_ctx}; "
+                            f"ask for at most {model.cfg.n_ctx} tokens")
 
     def draw(rows: int) -> Tensor:
         t = allowed[torch.randint(0, len(allowed), (rows, length), generator=gen)]
@@ -182,6 +190,7 @@ def check_bos(model: HookedTransformer, tokens: Tensor, bos: Any, what: str = "t
                 )
 
 
+@entry_point
 def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prepend_bos: Any) -> Tensor:
     """Tokenize ``text`` with the model's tokenizer; ``prepend_bos`` must be given.
 
@@ -226,6 +235,7 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
     return tokens
 
 
+@entry_point
 def text_windows(
     model: HookedTransformer, text: str, n: int, length: int, *, prepend_bos: Any
 ) -> Int[Tensor, "batch pos"]:
@@ -263,6 +273,7 @@ def _rows_to_tokens(model: HookedTransformer, rows: list[list[int]], prepend_bos
     return tokens
 
 
+@entry_point
 def check_tokens(
     model: HookedTransformer, tokens: Any, *, min_len: int = 1, what: str = "tokens", bos: Any = None,
 ) -> Int[Tensor, "batch pos"]:
@@ -315,6 +326,7 @@ def english_lines() -> tuple[str, ...]:
     return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
+@entry_point
 def english_prompts(
     model: HookedTransformer, n: int, length: int, *, prepend_bos: Any, seed: int = 0,
 ) -> Int[Tensor, "batch pos"]:
@@ -372,6 +384,7 @@ class Prompts(NamedTuple):
         return f"{self.tokens.shape[0]} {kind} prompts x {self.tokens.shape[1]} tokens"
 
 
+@entry_point
 def make_prompts(
     model: HookedTransformer, n: int, length: int, *, source: str = "auto", seed: int = 0, bos: bool = False,
 ) -> Prompts:

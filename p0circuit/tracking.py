@@ -27,7 +27,7 @@ from typing import Any, Iterable, Optional, Union
 import pandas as pd
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, CheckpointError, ConfigError
+from p0circuit.errors import BadInputError, CheckpointError, ConfigError, entry_point
 from p0circuit.locate import MAX_NODES, Location, affordable, from_norm_profile
 from p0circuit.locate import locate as locate_circuit
 from p0circuit.plotting import finish, new_figure
@@ -59,6 +59,7 @@ def stage(report: SinkReport, location: Optional[Location] = None) -> tuple[str,
 LOCATE = ("auto", "patching", "norm")
 
 
+@entry_point
 def track(
     series: Iterable[tuple[int, Any]], tokens: Tensor, norm_threshold: float = 5.0, eps: float = 0.3,
     bos: Any = None, locate: str = "auto", max_nodes: int = MAX_NODES, threshold: float = 0.3,
@@ -98,6 +99,7 @@ def track(
     return frame
 
 
+@entry_point
 def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
     """``(step, model)`` for every ``step_<N>`` entry, by step: a p0circuit training checkpoint
     (``spec.json``), a Hugging Face checkpoint (``config.json``), a directory holding one ``.gguf``
@@ -122,6 +124,7 @@ def checkpoint_series(directory: Union[str, Path]) -> list[tuple[int, Any]]:
     return [(step, load_any_checkpoint(path)) for step, path in sorted(found)]
 
 
+@entry_point
 def pythia_series(name: str, indices: Iterable[int], **kwargs: Any) -> Iterable[tuple[int, Any]]:
     """Pythia's training checkpoints by ``checkpoint_index`` (needs a hub or the HF cache).
 

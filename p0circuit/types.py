@@ -9,11 +9,12 @@ effect sizes and settings that produced it. Names are derived from fields, never
 """
 
 import enum
+import typing
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 
 Pos = Union[int, str]
 """A position class: a non-negative index, or ``"rest"`` (all positions not named otherwise)."""
@@ -72,6 +73,7 @@ def _check_pos(pos: Pos) -> None:
         )
 
 
+@entry_point
 @dataclass(frozen=True)
 class Node:
     """One component at one position class."""
@@ -149,6 +151,8 @@ class Node:
     def parse(cls, name: str) -> "Node":
         """Inverse of :attr:`name`; raises a clear error for malformed names."""
         hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'M1.N507@0', 'A2.KV1@0', 'E@0', 'PE@0' or 'R2@0'"
+        if not isinstance(name, str):
+            raise BadInputError(f"a node is a Node or its name, got {name!r:.60} ({type(name).__name__}); {hint}")
         try:
             comp, pos_s = name.split("@")
             pos: Pos = int(pos_s) if pos_s.isdigit() else pos_s
@@ -170,6 +174,7 @@ class Node:
         raise BadInputError(f"unknown node name {name!r}; {hint}")
 
 
+@entry_point
 @dataclass(frozen=True, order=True)
 class Edge:
     """A sender node writing into one input of a receiver node."""
@@ -205,6 +210,9 @@ class Edge:
     @classmethod
     def parse(cls, name: str) -> "Edge":
         """Inverse of :attr:`name`."""
+        if not isinstance(name, str):
+            raise BadInputError(f"an edge is an Edge or its name, got {name!r:.60} ({type(name).__name__}); "
+                                "expected e.g. 'M1@0->A2.H0@rest.k'")
         try:
             src, rest = name.split("->")
             dst, inp = rest.rsplit(".", 1)
@@ -217,6 +225,7 @@ class Edge:
             ) from None
 
 
+@typing.no_type_check  # validates its own fields in __post_init__, with messages that name the fix
 @dataclass(frozen=True)
 class Circuit:
     """Nodes and edges, with effect sizes and the settings that produced them."""
@@ -233,8 +242,20 @@ class Circuit:
     """How it was obtained: method, corruption, metric, threshold, model, ... (JSON-able)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "nodes", tuple(sorted(set(self.nodes))))
-        object.__setattr__(self, "edges", tuple(sorted(set(self.edges))))
+        for name, cls in (("nodes", Node), ("edges", Edge)):
+            items = getattr(self, name)
+            if isinstance(items, (str, cls)) or not isinstance(items, (list, tuple, set, frozenset)):
+                raise BadInputError(f"Circuit: {name} must be a list of {cls.__name__} objects, got {items!r:.60}; "
+                                    f"parse names with {cls.__name__}.parse")
+            wrong = [x for x in items if not isinstance(x, cls)]
+            if wrong:
+                raise BadInputError(f"Circuit: {name} holds {wrong[0]!r:.60}, not a {cls.__name__}; "
+                                    f"parse names with {cls.__name__}.parse")
+            object.__setattr__(self, name, tuple(sorted(set(items))))
+        for name in ("node_effects", "edge_effects"):
+            object.__setattr__(self, name, _effects(getattr(self, name), name))
+        if not isinstance(self.settings, Mapping):
+            raise BadInputError(f"Circuit: settings must be a dict, got {self.settings!r:.60}")
 
     @property
     def level(self) -> str:
@@ -272,14 +293,23 @@ class Circuit:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Circuit":
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            nodes=tuple(Node.parse(n) for n in d["nodes"]),
-            edges=tuple(Edge.parse(e) for e in d.get("edges", ())),
-            node_effects=dict(d.get("node_effects", {})),
-            edge_effects=dict(d.get("edge_effects", {})),
-            settings=dict(d.get("settings", {})),
-        )
+        """Inverse of :meth:`to_dict`; a dict of another shape is an error naming what is wrong."""
+        if not isinstance(d, Mapping) or "nodes" not in d:
+            raise BadInputError(f"a circuit must be a JSON object with a 'nodes' list (as Circuit.to_json writes), "
+                                f"got {d!r:.60}")
+        unknown = sorted(set(d) - {"nodes", "edges", "node_effects", "edge_effects", "settings"})
+        if unknown:
+            raise BadInputError(f"a circuit has no field(s) {unknown}; its fields are nodes, edges, node_effects, "
+                                "edge_effects, settings")
+        names = {}
+        for key, cls_ in (("nodes", Node), ("edges", Edge)):
+            items = d.get(key, [])
+            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+                raise BadInputError(f"a circuit's {key} must be a list of names (e.g. {cls_.__name__}.parse's "
+                                    f"input), got {items!r:.60}")
+            names[key] = tuple(cls_.parse(x) for x in items)
+        return cls(nodes=names["nodes"], edges=names["edges"], node_effects=d.get("node_effects", {}),
+                   edge_effects=d.get("edge_effects", {}), settings=d.get("settings", {}))
 
     def to_json(self, **kw: Any) -> str:
         """JSON text; ``Circuit.from_json`` round-trips it."""
@@ -287,8 +317,16 @@ class Circuit:
 
     @classmethod
     def from_json(cls, text: str) -> "Circuit":
-        """Inverse of :meth:`to_json`."""
-        return cls.from_dict(json.loads(text))
+        """Inverse of :meth:`to_json`; text that is not a circuit's JSON is a :class:`BadInputError`."""
+        if not isinstance(text, (str, bytes)):
+            raise BadInputError(f"Circuit.from_json takes JSON text, got {type(text).__name__}; to read a file use "
+                                "Circuit.from_json(Path(path).read_text())")
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise BadInputError(f"Circuit.from_json: the text is not valid JSON ({err}); was the file cut short? Write it with "
+                                "Circuit.to_json") from None
+        return cls.from_dict(data)
 
     def __str__(self) -> str:
         s = self.settings
@@ -307,6 +345,20 @@ class Circuit:
         return "\n".join(lines)
 
 
+def _effects(effects: Any, what: str) -> dict[str, float]:
+    """``effects`` as a dict of name -> float; anything else is an error naming the entry.
+    NaN is kept (a method may report an undefined effect), strings and other types are not."""
+    if not isinstance(effects, Mapping):
+        raise BadInputError(f"Circuit: {what} must map names to numbers, got {effects!r:.60}")
+    out = {}
+    for key, value in effects.items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadInputError(f"Circuit: {what}[{key!r:.40}] = {value!r:.40} is not a number for a node or edge "
+                                "name; effects map names (str) to numbers")
+        out[key] = float(value)
+    return out
+
+
 def format_effect(value: float) -> str:
     """An effect with four significant digits and its sign (``+0.09962``, ``-0.4107``): enough
     to see on which side of a threshold like 0.1 it falls."""
@@ -318,6 +370,8 @@ def parse_list(items: Any, cls: type, what: str, example: str) -> list:
     a bare name instead of a list, an empty list and duplicates are errors naming the fix."""
     if isinstance(items, (str, cls)):
         raise BadInputError(f"{what} must be a list of {what} or names, got one: pass [{str(items)!r}]")
+    if not isinstance(items, (list, tuple, set, frozenset)) and not hasattr(items, "__iter__"):
+        raise BadInputError(f"{what} must be a list of {what} or names (e.g. [{example!r}]), got {items!r:.60}")
     out = [x if isinstance(x, cls) else cls.parse(x) for x in items]
     if not out:
         raise BadInputError(f"no candidate {what} given: pass at least one (e.g. {example!r})")

@@ -14,8 +14,10 @@ from torch import Tensor
 
 from p0circuit import hooks
 from p0circuit.tokens import check_tokens
+from p0circuit.errors import entry_point
 
 
+@entry_point
 def attention_html(
     model: Any, tokens: Tensor, layer: int, prompt: int = 0, labels: Optional[Sequence[str]] = None
 ) -> str:
@@ -40,6 +42,7 @@ def attention_html(
     return re.sub(r"^(\s*<div [^>]*?)\s*/>", r"\1></div>", rendered.local_src, count=1)
 
 
+@entry_point
 def show_attention(model: Any, tokens: Tensor, layer: int, prompt: int = 0) -> Any:
     """An ``IPython.display.HTML`` of :func:`attention_html`, for notebooks."""
     from IPython.display import HTML  # only notebooks have IPython; attention_html needs none
@@ -47,6 +50,7 @@ def show_attention(model: Any, tokens: Tensor, layer: int, prompt: int = 0) -> A
     return HTML(attention_html(model, tokens, layer, prompt))
 
 
+@entry_point
 def save_attention_html(path: str, model: Any, tokens: Tensor, layer: int, prompt: int = 0) -> None:
     """Write :func:`attention_html` to ``path`` (opens with no network)."""
     with open(path, "w", encoding="utf-8") as f:

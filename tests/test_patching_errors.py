@@ -61,7 +61,7 @@ def test_metric_hook_missing(planted, toks):
         (p0.NormRatio(7), "NormRatio: layer 7 is outside 0..3"),
         (p0.AttnToP0(), "AttnToP0 needs heads="),
         (p0.AttnToP0(heads=[(2, 9)]), "head 9 is outside 0..1"),
-        ("attention", "metric must be a p0circuit.patching PatchMetric"),
+        ("attention", "metric='attention' \\(str\\) is not PatchMetric or None; pass a metric such as"),
     ],
 )
 def test_bad_metrics(planted, toks, metric, msg):
@@ -78,7 +78,7 @@ def test_bad_options(planted, toks):
         p0.activation_patch(planted.model, toks, corruption="pos_mean", direction="denoise")
     with pytest.raises(ConfigError, match="direction must be 'noise' or 'denoise'"):
         p0.activation_patch(planted.model, toks, direction="sideways")
-    with pytest.raises(ConfigError, match="Shift.k must be an int >= 1"):
+    with pytest.raises(ConfigError, match="Shift.k=0 must be >= 1"):
         p0.activation_patch(planted.model, toks, corruption=Shift(0))
 
 
@@ -92,7 +92,7 @@ def test_bad_edges(planted, toks):
 
 
 def test_bad_model_and_tokens(planted):
-    with pytest.raises(BadInputError, match="expected a transformer_lens HookedTransformer"):
+    with pytest.raises(BadInputError, match=r"model=Linear\(.*is not HookedTransformer; build one with p0circuit.ModelSpec"):
         p0.activation_patch(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(BadInputError, match="sequence length 1"):
         p0.activation_patch(planted.model, torch.zeros(2, 1, dtype=torch.long))

@@ -130,9 +130,9 @@ def test_a_resume_must_continue_the_same_run(tmp_path):
 
 def test_non_finite_settings_and_a_diverging_loss_stop_training(tmp_path):
     for bad in (float("nan"), float("inf")):
-        with pytest.raises(p0.ConfigError, match="lr must be a finite number"):
+        with pytest.raises(p0.ConfigError, match="TrainConfig.lr=(nan|inf) is not finite"):
             TrainConfig(lr=bad)
-    with pytest.raises(p0.ConfigError, match="seed must be an int"):
+    with pytest.raises(p0.ConfigError, match=r"TrainConfig.seed=18446744073709551616 must be in \[0, 9223372036854775807\]"):
         TrainConfig(seed=2**64)
     spec = p0.ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=16, n_ctx=16)
     with pytest.raises(NonFiniteError, match=r"the training loss is (nan|inf) at step \d+"):
@@ -185,9 +185,9 @@ def test_records_that_tell_the_truth_about_their_inputs():
     with pytest.raises(p0.BadInputError, match=r"Resample\(tokens=\.\.\.\) must hold integer token ids"):
         p0.activation_patch(plant.model, toks, corruption=p0.Resample(tokens=toks.float()), metric=p0.NormRatio(1))
     for filler in ((-1,), (10_000,), (1.5,)):
-        with pytest.raises(p0.ConfigError, match="Shift.filler must be a tuple of token ids"):
+        with pytest.raises(p0.ConfigError, match=r"Shift.filler must be a tuple of token ids|Shift.filler=\(1.5,\) \(tuple\) is not a tuple of int"):
             p0.activation_patch(plant.model, toks, corruption=p0.Shift(1, filler=filler), metric=p0.NormRatio(1))
-    with pytest.raises(p0.ConfigError, match="Shift.k must be an int >= 1"):
+    with pytest.raises(p0.ConfigError, match="Shift.k=1.5 \\(float\\) is not int"):
         p0.activation_patch(plant.model, toks, corruption=p0.Shift(1.5), metric=p0.NormRatio(1))
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.tokens import check_tokens, prepend_id
@@ -66,6 +66,7 @@ class BosAblation:
         return finish(fig, path)
 
 
+@entry_point
 def bos_ablation(model: Any, tokens: Tensor, bos_token_id: Optional[int] = None, **report_kw: Any) -> BosAblation:
     """Compare ``[BOS] + tokens`` with ``tokens`` (``tokens`` must not start with BOS already).
 

@@ -23,11 +23,12 @@ import torch
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.plotting import finish, new_figure
 from p0circuit.tokens import check_tokens
 
 
+@entry_point
 def cone_expected_sq_norm(mu: float, sigma: float, n_pos: int) -> np.ndarray:
     """``mu^2 + sigma^2/(t+1)`` for t = 0..n_pos-1."""
     t = np.arange(n_pos)
@@ -46,6 +47,7 @@ class ConeCurve:
     """Mean cosine of o_t with the shared direction u (or the mean output direction)."""
 
 
+@entry_point
 def cone_monte_carlo(mu: float, sigma: float, d: int, n_pos: int, n: int = 2000, seed: int = 0) -> ConeCurve:
     """Simulate the cone model: ``s_i ~ N(0, sigma^2/(d-1) I)`` orthogonal to ``u = e_0``."""
     if d < 2 or n_pos < 1 or n < 2:
@@ -100,6 +102,7 @@ def fit_cone(curve: ConeCurve) -> ConeFit:
     return ConeFit(math.sqrt(max(intercept, 0.0)), math.sqrt(max(slope, 0.0)), r2, curve)
 
 
+@entry_point
 @torch.no_grad()
 def measure_attention_output(model: Any, tokens: Tensor, layer: int = 0, head: Optional[int] = None) -> ConeCurve:
     """Per-position ||o_t||^2 of ``layer``'s attention output (one head's with ``head``)."""

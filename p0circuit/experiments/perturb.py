@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.models.spec import positional_kind
 from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
@@ -71,6 +71,7 @@ class PerturbationResults:
         return finish(fig, path)
 
 
+@entry_point
 def perturbations(
     model: Any, tokens: Tensor, names: Optional[list[str]] = None, replacement: int = 0, seed: int = 0,
     **report_kw: Any,
@@ -89,6 +90,7 @@ def perturbations(
     return PerturbationResults(reports)
 
 
+@entry_point
 def repeated_token_spread(model: Any, token: int = 0, length: int = 16) -> pd.DataFrame:
     """Per layer: the largest distance between any position's residual and position 0's on a
     prompt of one repeated token, relative to ||h_0||. Without absolute positions it is 0 up to

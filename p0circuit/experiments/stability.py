@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics.norms import direction_stability
 from p0circuit.tokens import check_tokens
@@ -29,6 +29,7 @@ def _resid(model: Any, tokens: Tensor) -> Tensor:
     return torch.stack([cache[n] for n in names]).double()  # (L, B, T, d)
 
 
+@entry_point
 def direction_by_layer(model: Any, tokens: Tensor, other: int = -1) -> pd.DataFrame:
     """Per layer: cosine of h_0 across prompts and of h_other (default the last position)."""
     tokens = check_tokens(model, tokens, min_len=2)
@@ -40,6 +41,7 @@ def direction_by_layer(model: Any, tokens: Tensor, other: int = -1) -> pd.DataFr
     return pd.DataFrame(rows).set_index("layer")
 
 
+@entry_point
 def stabilization(model: Any, tokens: Tensor, delta: float = 1.0, n_draws: int = 8, seed: int = 0) -> pd.DataFrame:
     """Per layer: mean ``1 - cos(h, h + d)`` for random ``d`` with ``||d|| = delta``, at P0 and elsewhere."""
     tokens = check_tokens(model, tokens, min_len=2)

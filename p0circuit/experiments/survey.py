@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.metrics import sink_report
 from p0circuit.models.spec import FAMILIES, ModelSpec, positional_kind
 from p0circuit.planted import build_planted
@@ -57,6 +57,7 @@ def _signals(model: Any, tokens: Tensor) -> tuple[float, Optional[float]]:
     return attn, float(dev[0] / dev[1:].mean().clamp_min(1e-12))
 
 
+@entry_point
 def survey(
     models: dict[str, tuple[str, Any]], n_prompts: int = 16, seq_len: int = 32, seed: int = 0,
     threshold: float = 1.5, attn_threshold: float = 1.05, prompts: str = "auto",

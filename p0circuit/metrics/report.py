@@ -17,7 +17,7 @@ from torch import Tensor
 from transformer_lens import ActivationCache, HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, MissingHookError, NonFiniteError
+from p0circuit.errors import BadInputError, MissingHookError, NonFiniteError, entry_point
 from p0circuit.metrics.attention import (
     argmax_sink_position,
     attention_to_position,
@@ -215,6 +215,7 @@ def report_from_cache(
     )
 
 
+@entry_point
 def sink_report(
     model: Any, tokens: Tensor, *, eps: float = 0.3,
     norm_threshold: float = 5.0, massive_ratio: float = 100.0, bos: Any = None,

@@ -285,6 +285,7 @@ def load_checkpoint(
     return model
 
 
+@entry_point
 def load_pretrained(
     name: str,
     *,

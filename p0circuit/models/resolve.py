@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import CheckpointError, ConfigError
+from p0circuit.errors import CheckpointError, ConfigError, entry_point
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
 from p0circuit.models.gguf import load_gguf, load_smollm2
 from p0circuit.models.spec import FAMILIES, ModelSpec
@@ -93,6 +93,7 @@ def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTr
     return load_checkpoint(path, device=device)
 
 
+@entry_point
 def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
     """The model named by ``entry`` (see the module docstring); ``seed`` initializes ``spec:`` models."""
     kind, arg = check_model_entry(entry)

@@ -16,6 +16,9 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from p0circuit.errors import ConfigError, entry_point, from_known_keys
 
+MAX_PARAMETERS = 10**10
+"""The largest model a spec builds (40 GB of float32 weights): a bigger ask is a typo."""
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos": ("rope", "nope", "learned"),
     "norm": ("rms", "ln"),
@@ -79,6 +82,11 @@ class ModelSpec:
                 raise ConfigError(
                     f"ModelSpec.{name}={getattr(self, name)!r} is not valid; choose one of {choices}"
                 )
+        size = self.n_parameters()
+        if size > MAX_PARAMETERS:
+            raise ConfigError(f"ModelSpec would hold {size:.3g} parameters ({size * 4 / 2**30:.3g} GiB in float32), "
+                              f"more than the {MAX_PARAMETERS:.0e} p0circuit builds from a spec; use smaller sizes "
+                              "(or load a trained checkpoint)")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
             raise ConfigError(f"ModelSpec.window must be None or a positive int, got {self.window!r}")
         if self.rotary_dim is not None:
@@ -89,6 +97,13 @@ class ModelSpec:
                     f"ModelSpec.rotary_dim must be even and in 1..d_head={self.d_head}, "
                     f"got {self.rotary_dim}"
                 )
+
+    def n_parameters(self) -> int:
+        """Parameters of the built model (embeddings, attention, MLPs, norms), for the size check."""
+        kv = self.n_kv_heads or self.n_heads
+        attn = self.d_model * self.d_head * (2 * self.n_heads + 2 * kv)
+        mlp = self.d_model * self.d_mlp * (3 if self.mlp == "gated" else 2)
+        return self.n_layers * (attn + mlp) + 2 * self.d_vocab * self.d_model + self.n_ctx * self.d_model
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
@@ -126,6 +141,7 @@ class ModelSpec:
             model_name=f"p0circuit-spec-{self.pos}-{self.norm}",
         )
 
+    @entry_point
     def build(self, device: str = "cpu") -> HookedTransformer:
         """A freshly initialized ``HookedTransformer``; no tokenizer, nothing downloaded."""
         model = HookedTransformer(self.to_config(device), move_to_device=True)
@@ -137,6 +153,7 @@ class ModelSpec:
         return model
 
 
+@entry_point
 def positional_kind(model: HookedTransformer) -> str:
     """``"rope"``, ``"nope"`` or ``"learned"`` for a hooked model (NoPE = all-zero frozen W_pos)."""
     pet = model.cfg.positional_embedding_type

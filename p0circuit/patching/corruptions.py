@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError, ConfigError, entry_point
+from p0circuit.args import at_least
 from p0circuit.tokens import check_tokens
 
 CORRUPTIONS: dict[str, type["Corruption"]] = {}
@@ -109,6 +110,9 @@ class Shift(Corruption):
     """Explicit filler token ids (length ``k``) instead of random ones."""
     name: ClassVar[str] = "shift"
 
+    def __post_init__(self) -> None:
+        at_least("Shift", "k", self.k, 1, "the number of filler tokens put before each prompt")
+
     def params(self) -> dict[str, Any]:
         return {"k": self.k, "seed": self.seed}
 
@@ -138,6 +142,7 @@ class Shift(Corruption):
         return Prepared(self, tokens, corrupt, offset=self.k)
 
 
+@entry_point
 @dataclass(frozen=True)
 class PosMean(Corruption):
     """Replace a component's output at ``position`` by its mean over the other positions."""
@@ -145,6 +150,9 @@ class PosMean(Corruption):
     position: int = 0
     """The ablated position."""
     name: ClassVar[str] = "pos_mean"
+
+    def __post_init__(self) -> None:
+        at_least("PosMean", "position", self.position, 0, "positions count from 0")
 
     def params(self) -> dict[str, Any]:
         return {"position": self.position}
@@ -168,6 +176,7 @@ class PosMean(Corruption):
         return out
 
 
+@entry_point
 @dataclass(frozen=True)
 class Resample(Corruption):
     """Another prompt of the same length: ``tokens`` if given, else the batch rolled by one row."""
@@ -195,6 +204,7 @@ class Resample(Corruption):
         return Prepared(self, tokens, corrupt)
 
 
+@entry_point
 @dataclass(frozen=True)
 class Zero(Corruption):
     """Zero-ablate the component (a control)."""

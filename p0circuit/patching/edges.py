@@ -11,9 +11,12 @@ from typing import Any, Optional, Sequence, Union
 
 from torch import Tensor
 
+from transformer_lens import HookedTransformer
+
 from p0circuit import hooks
-from p0circuit.errors import BadInputError
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.hooks import HookRef
+from p0circuit.models.checks import check_model
 from p0circuit.types import Edge, Input, Kind, Node, parse_list
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
@@ -66,13 +69,22 @@ def is_valid_edge(edge: Edge, parallel: bool) -> bool:
     return (not parallel and src_layer == dst.layer and src.kind == Kind.HEAD and edge.input == Input.MLP)
 
 
+@entry_point
 def candidate_edges(
-    model: Any, senders: Sequence[Node], qkv: Sequence[str] = ("q", "k", "v"), receiver_layers: Optional[int] = None,
+    model: HookedTransformer, senders: Sequence[Node], qkv: Sequence[str] = ("q", "k", "v"), receiver_layers: Optional[int] = None,
 ) -> list[Edge]:
     """Every valid edge from ``senders`` into the q/k/v inputs of every head and every MLP input
     (of the first ``receiver_layers`` blocks when given). Under grouped-query attention the
     receivers of key and value edges are the key/value heads (``A2.KV1@0.k``), each once: a query
     head has no keys or values of its own."""
+    check_model(model)
+    if isinstance(qkv, str) or any(q not in ("q", "k", "v") for q in qkv):
+        raise BadInputError(f"candidate_edges: qkv={qkv!r:.40} must be a list drawn from 'q', 'k', 'v' "
+                            "(e.g. ('k', 'v') for edges into keys and values only)")
+    if receiver_layers is not None and not 1 <= receiver_layers <= model.cfg.n_layers:
+        raise BadInputError(f"candidate_edges: receiver_layers={receiver_layers} must lie in 1..{model.cfg.n_layers} "
+                            "(the number of blocks, from block 0, whose inputs receive edges), or None for all")
+    senders = parse_list(senders, Node, "senders", "M0@0")
     parallel = bool(model.cfg.parallel_attn_mlp)
     pos_classes = sorted({n.pos for n in senders}, key=str)
     layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))

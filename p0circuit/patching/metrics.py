@@ -15,7 +15,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, ConfigError, MissingHookError
+from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point
+from p0circuit.args import at_least
 from p0circuit.hooks import HookRef
 
 
@@ -53,6 +54,7 @@ def _check_layer(layer: int, n_layers: int, what: str) -> None:
         raise BadInputError(f"{what}: layer {layer} is outside 0..{n_layers - 1} for this model")
 
 
+@entry_point
 @dataclass
 class NormRatio(PatchMetric):
     """``||h_k|| / mean_{t != k} ||h_t||`` of ``resid_post`` at ``layer``, mean over prompts, for
@@ -62,6 +64,10 @@ class NormRatio(PatchMetric):
     """Block whose output is measured."""
     pos: int = 0
     """Position whose norm is compared (a sink at position 1 during the transition stage: 1)."""
+
+    def __post_init__(self) -> None:
+        at_least("NormRatio", "layer", self.layer, 0, "blocks count from 0")
+        at_least("NormRatio", "pos", self.pos, 0, "positions count from the run's P0")
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -85,6 +91,7 @@ class NormRatio(PatchMetric):
         return (norms[:, k] / others.mean(-1)).mean()
 
 
+@entry_point
 @dataclass
 class ResidDim(PatchMetric):
     """One residual-stream dimension at P0 after ``layer``, mean over prompts: the size of a massive
@@ -95,6 +102,10 @@ class ResidDim(PatchMetric):
     """Block whose output is read."""
     dim: int
     """Residual-stream dimension."""
+
+    def __post_init__(self) -> None:
+        at_least("ResidDim", "layer", self.layer, 0, "blocks count from 0")
+        at_least("ResidDim", "dim", self.dim, 0, "dimensions count from 0")
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -115,6 +126,7 @@ class ResidDim(PatchMetric):
         return h[:, view.p0, self.dim].float().mean()
 
 
+@entry_point
 @dataclass
 class AttnToP0(PatchMetric):
     """Mean attention to P0 from the queries after it, over the chosen heads and the prompts.
@@ -166,6 +178,7 @@ class AttnToP0(PatchMetric):
         return torch.stack(vals).mean()
 
 
+@entry_point
 @dataclass
 class LogitMetric(PatchMetric):
     """Any callable ``logits [batch, pos, vocab] -> scalar tensor`` (e.g. a logit difference)."""
@@ -185,6 +198,7 @@ class LogitMetric(PatchMetric):
         return _scalar(self.fn(view.logits), self.label)
 
 
+@entry_point
 @dataclass
 class CacheMetric(PatchMetric):
     """Any callable on activations: ``fn(acts: dict[hook name, Tensor], p0: int) -> scalar``.
@@ -208,7 +222,15 @@ class CacheMetric(PatchMetric):
         return [HookRef(l, n) for l, n in self.hooks_needed]
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
-        return _scalar(self.fn(view.acts, view.p0), self.label)
+        try:
+            value = self.fn(view.acts, view.p0)
+        except KeyError as err:
+            if err.args and err.args[0] in view.acts or not (err.args and isinstance(err.args[0], str)):
+                raise
+            raise MissingHookError(f"CacheMetric {self.label!r} read {err.args[0]!r}, which is not in its hooks_needed "
+                                   f"{[n for _, n in self.hooks_needed]}: add (layer, {err.args[0]!r}) to "
+                                   "hooks_needed") from None
+        return _scalar(value, self.label)
 
 
 def _ranges(values: Sequence[int]) -> str:
@@ -223,6 +245,10 @@ def _ranges(values: Sequence[int]) -> str:
 
 
 def _scalar(value: Any, label: str) -> Tensor:
+    if isinstance(value, bool) or not isinstance(value, (Tensor, int, float)) or (
+            isinstance(value, Tensor) and not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64))):
+        raise BadInputError(f"metric {label!r} returned {value!r:.60} ({type(value).__name__}); a patching metric must "
+                            "return one number, as a float tensor (e.g. logits[:, -1, 0].mean())")
     if not isinstance(value, Tensor):
         value = torch.as_tensor(value, dtype=torch.float32)
     if value.numel() != 1:

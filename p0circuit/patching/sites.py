@@ -8,8 +8,10 @@ hooks, and the block at which a patched forward must start.
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
+from transformer_lens import HookedTransformer
+
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, MissingHookError
+from p0circuit.errors import BadInputError, MissingHookError, entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.types import REST, Kind, Node, parse_list
 
@@ -77,8 +79,9 @@ def has_learned_positions(model: Any) -> bool:
     return model.cfg.positional_embedding_type == "standard" and bool(model.W_pos.requires_grad)
 
 
+@entry_point
 def candidate_nodes(
-    model: Any,
+    model: HookedTransformer,
     positions: Iterable[int] = (0,),
     rest: bool = True,
     embed: bool = False,
@@ -109,7 +112,8 @@ def candidate_nodes(
     return nodes
 
 
-def candidate_neurons(model: Any, layers: Iterable[int], positions: Iterable[Any] = (0,)) -> list[Node]:
+@entry_point
+def candidate_neurons(model: HookedTransformer, layers: Iterable[int], positions: Iterable[Any] = (0,)) -> list[Node]:
     """Every neuron of the MLPs of ``layers`` at each position class (``"rest"`` included when named)."""
     layers = list(layers)
     bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]

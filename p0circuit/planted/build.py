@@ -71,7 +71,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from p0circuit import hooks
-from p0circuit.errors import ConfigError
+from p0circuit.errors import ConfigError, entry_point, from_known_keys
 from p0circuit.planted.layout import Layout
 from p0circuit.tokens import BOS_ATTR, p0_like_positions, probe_tokens, regular_prompts  # noqa: F401 (re-exported)
 from p0circuit.types import Circuit, Edge, Input, Kind, Node
@@ -96,6 +96,7 @@ KW = 4
 """Tokens per keyword class."""
 
 
+@entry_point
 @dataclass(frozen=True)
 class PlantSpec:
     """Settings of a planted model."""
@@ -133,6 +134,10 @@ class PlantSpec:
     """The BOS token of ``key="bos"``."""
 
     def __post_init__(self) -> None:
+        for name, high in (("n_layers", 64), ("n_heads", 64), ("d_vocab", 4096), ("n_ctx", 8192)):
+            if getattr(self, name) > high:
+                raise ConfigError(f"PlantSpec.{name}={getattr(self, name)} is larger than a planted model takes "
+                                  f"(at most {high}): planted models are small by design; use ModelSpec for size")
         if self.key not in ("position", "bos"):
             raise ConfigError(f"PlantSpec.key={self.key!r}; choose 'position' or 'bos'")
         if self.key == "bos" and (self.pos == "learned" or self.sink_pos != 0):
@@ -215,6 +220,7 @@ def _min_norm_ratio(model: HookedTransformer, toks: Tensor, layer: int, sp: int,
     return float((norms[:, sp] / others).min())
 
 
+@entry_point
 def build_planted(spec: PlantSpec | None = None, **overrides: object) -> PlantedModel:
     """Build the planted model described in this module's docstring.
 
@@ -224,9 +230,9 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
     the blocks written so far, and last the unembedding.
     """
     if spec is None:
-        spec = PlantSpec(**overrides)  # type: ignore[arg-type]
+        spec = from_known_keys(PlantSpec, overrides, "build_planted / PlantSpec")  # type: ignore[assignment]
     elif overrides:
-        spec = PlantSpec(**{**spec.to_dict(), **overrides})
+        spec = from_known_keys(PlantSpec, {**spec.to_dict(), **overrides}, "build_planted / PlantSpec")  # type: ignore[assignment]
     roles = _roles(spec)
     content = [lh for lh, r in roles.items() if r == "content"]
     lay = _layout(spec, content)

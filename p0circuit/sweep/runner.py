@@ -3,6 +3,9 @@ where it stopped and loses nothing.
 
 Each finished cell is written to ``DIR/cells/<key>.json`` through a temporary file and
 ``os.replace`` (a reader never sees half a file; a killed run leaves at most a stray ``.tmp``).
+A cell that raises is written to ``DIR/failed/<key>.json`` (its error and traceback) and the
+others go on; a rerun tries it again. A directory belongs to one config (``DIR/config.json``):
+resuming it with a config that differs is refused, so two sweeps never mix in one results file.
 ``DIR/results.jsonl`` is rewritten after every cell from the records in memory (the finished
 cells are read once at the start), again atomically, so it never holds a duplicate or a partial
 line. On restart, cells whose file exists are skipped.
@@ -13,6 +16,7 @@ import json
 import multiprocessing
 import os
 import time
+import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -20,7 +24,7 @@ from typing import Any, Callable, Optional
 from p0circuit.progress import tqdm
 
 from p0circuit.discovery import run_discovery
-from p0circuit.errors import ConfigError
+from p0circuit.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.io import write_atomic
 from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.metrics import metric_from_entry
@@ -41,8 +45,12 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     start = time.perf_counter()
     resolved = _model(cell.model, cell.seed)
     model = resolved.model
-    length = min(cell.seq_len, model.cfg.n_ctx - 1)  # room for the shift corruption's prepended token
-    prompts = make_prompts(model, cell.n_prompts, length, source=cell.prompts, seed=cell.seed)
+    room = model.cfg.n_ctx - (1 if cell.corruption == "shift" else 0)  # shift prepends a token
+    if cell.seq_len > room:
+        raise BadInputError(f"seq_len={cell.seq_len} does not fit {cell.model} (n_ctx={model.cfg.n_ctx}"
+                            + (", and shift prepends one token" if cell.corruption == "shift" else "")
+                            + f"): set seq_len <= {room} in the sweep config")
+    prompts = make_prompts(model, cell.n_prompts, cell.seq_len, source=cell.prompts, seed=cell.seed)
     tokens = prompts.tokens
     metric = metric_from_entry(cell.metric, model, resolved.sink_heads)
     found = run_discovery(resolved, tokens, methods=[cell.method], corruption=cell.corruption, metric=metric,
@@ -108,7 +116,7 @@ def rebuild_index(out: Path) -> list[dict[str, Any]]:
 
 
 def _ray_results(todo: list[Cell], workers: int) -> Any:
-    """Yield records as Ray tasks finish (a local cluster, or the one in ``RAY_ADDRESS``)."""
+    """Yield (cell, record or exception) as Ray tasks finish (a local cluster, or the one in ``RAY_ADDRESS``)."""
     try:
         import ray  # optional extra: pip install "p0circuit[ray]"
     except ImportError:
@@ -121,10 +129,14 @@ def _ray_results(todo: list[Cell], workers: int) -> Any:
                  log_to_driver=False)
     try:
         remote = ray.remote(run_cell)
-        pending = [remote.remote(c) for c in todo]
+        pending = {remote.remote(c): c for c in todo}
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
+            done, _ = ray.wait(list(pending), num_returns=1)
+            cell = pending.pop(done[0])
+            try:
+                yield cell, ray.get(done[0])
+            except Exception as err:  # the cell's error, re-raised by Ray: recorded by the caller
+                yield cell, err
     finally:
         if started:
             ray.shutdown()
@@ -141,6 +153,7 @@ def run_sweep(
     """
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
+    check_owner(config, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells").mkdir(exist_ok=True)
     write_atomic(out / "config.json", json.dumps(config.__dict__, indent=2))
@@ -152,7 +165,19 @@ def run_sweep(
 
     records = {r["key"]: r for r in rebuild_index(out)}  # read the finished cells once
 
+    failed: list[str] = []
+
+    def fail(cell: Cell, err: BaseException) -> None:
+        (out / "failed").mkdir(exist_ok=True)
+        write_atomic(out / "failed" / f"{cell.key}.json", json.dumps({
+            "key": cell.key, "cell": cell.__dict__, "error": f"{type(err).__name__}: {err}",
+            "ours": isinstance(err, P0CircuitError),
+            "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__))}, indent=1))
+        failed.append(f"{cell.label()}: {type(err).__name__}: {err}")
+        bar.update(1)
+
     def finish(record: dict[str, Any]) -> None:
+        (out / "failed" / f"{record['key']}.json").unlink(missing_ok=True)
         write_atomic(out / "cells" / f"{record['key']}.json", json.dumps(record, indent=1))
         records[record["key"]] = record
         write_atomic(out / "results.jsonl", "".join(json.dumps(records[k]) + "\n" for k in sorted(records)))
@@ -162,21 +187,58 @@ def run_sweep(
 
     try:
         if executor == "ray":
-            for record in _ray_results(todo, workers):
-                finish(record)
+            for cell, outcome in _ray_results(todo, workers):
+                fail(cell, outcome) if isinstance(outcome, Exception) else finish(outcome)
         elif workers <= 1:
             for cell in todo:
-                finish(run_cell(cell))
+                try:
+                    record = run_cell(cell)
+                except Exception as err:  # recorded, and the other cells go on
+                    fail(cell, err)
+                else:
+                    finish(record)
         else:
             # spawn, not fork: a forked child of a process whose torch thread pool already ran
             # deadlocks in its first parallel op (seen here: workers asleep forever)
             with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = [pool.submit(run_cell, c) for c in todo]
+                futures = {pool.submit(run_cell, c): c for c in todo}
                 for fut in as_completed(futures):
-                    finish(fut.result())
+                    err = fut.exception()
+                    fail(futures[fut], err) if err is not None else finish(fut.result())
     finally:
         bar.close()
-    return rebuild_index(out)
+    records = rebuild_index(out)
+    if failed:
+        raise CellsFailed(len(failed), len(todo), out, failed)
+    return records
+
+
+class CellsFailed(P0CircuitError, RuntimeError):
+    """Some cells of a sweep raised; every other cell finished and was written."""
+
+    def __init__(self, n_failed: int, n_run: int, out: Path, lines: list[str]) -> None:
+        shown = "\n  ".join(lines[:5]) + (f"\n  ... and {len(lines) - 5} more" if len(lines) > 5 else "")
+        super().__init__(f"{n_failed} of {n_run} cells failed (errors and tracebacks in {out}/failed/; the other "
+                         f"cells are written, and a rerun retries only the failed ones):\n  {shown}")
+        self.n_failed = n_failed
+
+
+def check_owner(config: SweepConfig, out: Path) -> None:
+    """Refuse a directory that holds a sweep of another config (the cells would mix)."""
+    saved = out / "config.json"
+    if not saved.is_file():
+        if (out / "cells").is_dir() and any((out / "cells").glob("*.json")):
+            raise ConfigError(f"{out} holds sweep cells but no config.json; sweep into an empty directory (--out)")
+        return
+    try:
+        previous = json.loads(saved.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{saved} is not readable JSON: is {out} a sweep directory? Choose another --out") from None
+    current = json.loads(json.dumps(config.__dict__))
+    if previous != current:
+        keys = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+        raise ConfigError(f"{out} holds a sweep of another config (it differs in {', '.join(keys)}); a directory "
+                          "belongs to one config: sweep into another --out, or delete the directory to start over")
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:

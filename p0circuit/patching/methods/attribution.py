@@ -21,7 +21,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import ConfigError, entry_point
+from p0circuit.errors import ConfigError, entry_point, BadInputError
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
@@ -60,6 +60,10 @@ def _gradients(model: Any, tokens: Tensor, metric: PatchMetric, names: set[str],
         with model.hooks(fwd_hooks=roots + fwd), torch.enable_grad():  # also under a global no_grad
             out = model(tokens, stop_at_layer=stop)  # the logits, or the residual stream where the metric ends
             value = metric(RunView({n: acts[n] for n in metric_names}, out if stop is None else None, p0))
+            if not value.requires_grad:
+                raise BadInputError(f"the metric {metric.name} does not depend on the model's activations (its value "
+                                    "carries no gradient), so attribution has nothing to differentiate: compute it "
+                                    "from the logits or cached tensors it is given, without .item() or float()")
             value.backward()
     finally:
         for p, o in zip(params, old):

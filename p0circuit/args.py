@@ -1,0 +1,211 @@
+"""Checks on what a user passes to a public entry point.
+
+Every public function and spec class is marked with :func:`p0circuit.errors.entry_point`, which
+checks each argument against its annotation here before the body runs (a string where a number
+belongs, a float where an int belongs, ``True`` for a count, NaN or inf for any float) and raises
+:class:`~p0circuit.errors.BadInputError` naming the function, the parameter, the value and what to
+pass instead. Ranges (``n >= 1``, a layer inside the model) are checked in the body with
+:func:`at_least` and :func:`between`, which word their errors the same way.
+
+The type test is beartype's ``is_bearable`` (with the numeric tower: an int is a valid float);
+containers are checked element by element by the parsers that read them (``parse_list``), since
+beartype samples one element of a long list.
+"""
+
+import dataclasses
+import functools
+import inspect
+import math
+import numbers
+import os
+import typing
+from typing import Any, Callable, Mapping
+
+from beartype import BeartypeConf
+from beartype.door import is_bearable
+
+from p0circuit.errors import BadCallError, BadInputError, ConfigError
+
+_CONF = BeartypeConf(is_pep484_tower=True)
+
+FIXES: dict[str, str] = {
+    "HookedTransformer": "build one with p0circuit.ModelSpec().build(), build_planted() or load_checkpoint()",
+    "Tensor": "pass a torch tensor (token ids come from p0circuit.to_tokens, probe_tokens or make_prompts)",
+    "Circuit": "pass a p0circuit.Circuit (from discover, prune or Circuit.from_json)",
+    "PatchResult": "pass the PatchResult of activation_patch, path_patch or attribution_patch",
+    "PatchMetric": "pass a metric such as p0circuit.NormRatio(layer) or AttnToP0(heads=...)",
+    "Corruption": "pass a corruption name ('shift', 'resample', 'pos_mean', 'zero') or object (p0circuit.Shift())",
+    "int": "pass a whole number",
+    "float": "pass a finite number",
+    "bool": "pass True or False",
+    "str": "pass a string",
+    "Path": "pass a path (str or pathlib.Path)",
+}
+
+
+def describe(hint: Any) -> str:
+    """A hint in words: ``int``, ``float or None``, ``a sequence of Node or str``."""
+    origin, hint_args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or type(hint).__name__ == "UnionType":
+        names = [describe(a) for a in hint_args if a is not type(None)]
+        return " or ".join(names) + (" or None" if type(None) in hint_args else "")
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in hint_args)
+    if origin is tuple and len(hint_args) == 2 and hint_args[1] is Ellipsis:
+        return f"a tuple of {describe(hint_args[0])}"
+    if origin is not None and hint_args and origin not in (tuple, dict):
+        return f"a sequence of {describe(hint_args[0])}"
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
+
+
+def _fix(hint: Any) -> str:
+    words = describe(hint)
+    fixes = [fix for name, fix in FIXES.items() if name in words.split(" or ") or f"of {name}" in words]
+    return "; ".join(fixes[:2]) or f"pass {words}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _has(hint: Any, kind: type) -> bool:
+    """Whether ``kind`` itself appears in ``hint`` (not only a subclass of it)."""
+    return hint is kind or any(_has(a, kind) for a in typing.get_args(hint))
+
+
+RANGES: dict[str, tuple[float, float, str]] = {
+    "seed": (0, 2**63 - 1, "seeds are whole numbers from 0 to 2**63 - 1"),
+    "n": (1, 10**7, "the number of prompts"),
+    "length": (1, 10**7, "tokens per prompt"),
+    "threshold": (0, math.inf, "effects are kept when |effect| >= threshold, so a threshold is >= 0"),
+    "min_signal": (0, math.inf, "the smallest |clean - corrupted| metric change that counts as signal"),
+    "top_k": (1, math.inf, "how many components to keep"),
+    "rows_per_forward": (1, 10**9, "prompt rows per patched forward"),
+    "eps": (0, 1, "the attention share that makes a head a sink"),
+    "norm_threshold": (0, math.inf, "the norm ratio that counts as amplified"),
+    "massive_ratio": (0, math.inf, "the ratio to the median that makes an activation massive"),
+    "theta": (0, 1, "the share of earlier positions holding one token that flags a position as P0-like"),
+    "n_ctx": (1, 10**7, "the longest sequence the model accepts"),
+}
+"""Ranges of parameters by name, the same wherever the name appears (``seed`` in every function
+takes the same values). Checked after the type, for int and float values only."""
+
+
+def check_device(where: str, value: Any) -> None:
+    """Raise unless ``value`` names a device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
+    import torch
+
+    if value == "auto":  # a choice some entry points resolve themselves (TrainConfig)
+        return
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise BadInputError(f"{where}: device={_show(value)} is not a device; pass 'cpu', 'cuda', 'cuda:0' or 'mps'") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(),
+                 "meta": False}
+    if not available.get(device.type, False):
+        raise BadInputError(f"{where}: device={value!r} is not available on this machine; pass 'cpu'"
+                            + (" (or install a CUDA build of torch)" if device.type == "cuda" else ""))
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise BadInputError(f"{where}: device={value!r} does not exist: this machine has "
+                            f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+
+
+def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadInputError) -> None:
+    """Raise ``error`` unless ``value`` fits ``hint``; ``where`` names the function (``f: x=...``)
+    or the class (``Spec.x=...``)."""
+    if hint is Any or hint is inspect.Parameter.empty or isinstance(hint, str):
+        return
+    if error is BadInputError and name == "device" and (isinstance(value, str) or type(value).__name__ == "device"):
+        check_device(where, value)
+    label = f"{where}.{name}" if error is not BadInputError else f"{where}: {name}"
+    bad = not is_bearable(value, hint, conf=_CONF)
+    if not bad and isinstance(value, bool) and not _has(hint, bool) and (_has(hint, int) or _has(hint, float)):
+        bad = True  # True is an int to Python, but never a count, index or threshold
+    if not bad and isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        if not math.isfinite(float(value)):
+            raise error(f"{label}={value!r} is not finite; {FIXES['float']}")
+    if bad:
+        raise error(f"{label}={_show(value)} is not {describe(hint)}; {_fix(hint)}")
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        low, high, meaning = RANGES.get(name, (-math.inf, math.inf, ""))
+        if isinstance(value, numbers.Integral):
+            low, high = max(low, -(2**63)), min(high, 2**63 - 1)
+        if not low <= value <= high:
+            span = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+            raise error(f"{label}={value!r:.40} must be {span}" + (f" ({meaning})" if meaning else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable) -> tuple[inspect.Signature, dict[str, Any]]:
+    return inspect.signature(fn), _hints(fn)
+
+
+def check_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """Check each argument of a call to ``fn`` against ``fn``'s annotations."""
+    sig, hints = _signature(fn)
+    where = fn.__qualname__
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as err:  # still a TypeError: a call of the wrong shape, e.g. positional options
+        raise BadCallError(f"{where}: {err}; its signature is {where}{sig}") from None
+    for name, value in bound.arguments.items():
+        param = sig.parameters[name]
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name not in hints:
+            continue
+        check_value(where, name, value, hints[name])
+
+
+def check_fields(obj: Any) -> None:
+    """Check every field of a dataclass instance against its annotation (call in ``__post_init__``):
+    a :class:`ConfigError` (a spec, config or option with an invalid value)."""
+    for name, hint in _field_hints(type(obj)):
+        check_value(type(obj).__name__, name, getattr(obj, name), hint, error=ConfigError)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    hints = _hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.name in hints and not f.name.startswith("_"))
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    """Resolved annotations (read by ``inspect``: ``typing.get_type_hints`` returns nothing for an
+    object marked ``no_type_check``, as entry points are). One that cannot be resolved is not checked."""
+    if not isinstance(obj, type):
+        try:
+            return inspect.get_annotations(obj, eval_str=True)
+        except Exception:
+            return {}
+    out: dict[str, Any] = {}
+    for klass in reversed(obj.__mro__):
+        try:
+            out.update(inspect.get_annotations(klass, eval_str=True))
+        except Exception:
+            continue
+    return out
+
+
+def at_least(where: str, name: str, value: Any, low: float, fix: str = "") -> None:
+    """Raise unless ``value >= low``: ``where`` a class (``Shift``) gives a :class:`ConfigError`
+    worded ``Shift.k=0 must be >= 1``, a function a :class:`BadInputError`."""
+    if value < low:
+        error, label = (ConfigError, f"{where}.{name}") if where[:1].isupper() else (BadInputError, f"{where}: {name}")
+        raise error(f"{label}={value!r} must be >= {low}" + (f"; {fix}" if fix else ""))
+
+
+def between(where: str, name: str, value: Any, low: float, high: float, fix: str = "") -> None:
+    """Raise unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise BadInputError(f"{where}: {name}={value!r} must lie in [{low}, {high}]" + (f"; {fix}" if fix else ""))
+
+
+def path_like(where: str, name: str, value: Any) -> "os.PathLike[str] | str":
+    """``value`` if it is a str or path, else an error naming it."""
+    if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value):
+        raise BadInputError(f"{where}: {name}={_show(value)} is not a path; {FIXES['Path']}")
+    return value

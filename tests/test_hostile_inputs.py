@@ -1,0 +1,376 @@
+"""The hostile-input catalogue (issue 14): every case a careless or hostile user can type, by class.
+
+Class 4 (every public parameter is validated) is the table ``PARAMETERS``: for each public entry
+point, valid arguments and, per parameter, values that are wrong (wrong type, NaN/inf, out of
+range, a bool for a count, a huge int, the wrong object). Each must raise one of p0circuit's own
+errors whose message names the parameter or the value: never a traceback from inside torch, json
+or Python, and never a result. The hypothesis test at the end throws random values at the same
+entry points. Classes 1, 2, 3, 5 and 7 have their own modules (test_verify.py, test_numerics.py,
+test_config_matrix.py, test_cli.py, test_notebooks.py); ``OTHER_CLASSES`` below lists further
+cases of classes 1, 2, 5 and 6 so that this file alone counts every kind of input the issue names.
+
+``CATALOGUE_SIZE`` is checked against the README's reliability figure.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import p0circuit as p0
+from p0circuit.errors import P0CircuitError
+
+HUGE = 10**30
+BAD_INT = [None, "3", 2.5, math.nan, True, [1], HUGE]
+BAD_FLOAT = [None, "0.1", math.nan, math.inf, -math.inf, [0.1]]
+BAD_MODEL = [None, "model", 3, torch.nn.Linear(2, 2)]
+BAD_TOKENS = [None, "text", [[1, 2]], torch.zeros(4, 8), torch.zeros(1, 4, 8, dtype=torch.long),
+              torch.full((4, 8), -1), torch.full((4, 8), 10**6), torch.zeros(0, 8, dtype=torch.long),
+              torch.zeros(4, 0, dtype=torch.long), torch.zeros(2, 200, dtype=torch.long)]
+BAD_NAMES = [5, [3], ["garbage"], [None], "A0.H0@0", []]
+
+
+class Ctx:
+    """Valid objects the cases start from (built once)."""
+
+    def __init__(self) -> None:
+        self.pm = p0.build_planted()
+        self.model = self.pm.model
+        self.tokens = p0.probe_tokens(self.model, 4, 8, regular=True)
+        self.result = p0.activation_patch(self.model, self.tokens)
+        self.circuit = self.result.to_circuit(0.1)
+        import tempfile
+
+        from checkpoint_factory import make_checkpoint
+
+        self.checkpoint = make_checkpoint("gpt2", Path(tempfile.mkdtemp(prefix="p0hostile")))
+        self.text_model = p0.load_checkpoint(self.checkpoint)  # has a tokenizer
+        self.path = p0.discover(self.model, self.tokens, method="path",
+                                edges=["A0.H0@0->M0@0.mlp_in", "M0@0->M1@0.mlp_in", "M1@0->A2.H0@0.k"])
+
+
+CTX: dict = {}
+
+
+def ctx() -> Ctx:
+    if "ctx" not in CTX:
+        CTX["ctx"] = Ctx()
+    return CTX["ctx"]
+
+
+def _entries():
+    """(entry name, call(**kwargs), valid kwargs, {parameter: bad values})."""
+    c = ctx()
+    m, t = c.model, c.tokens
+    patch = {"direction": [None, 3, "up"], "corruption": [None, 3, "nope", 2.5], "metric": [3, "norm", {}],
+             "min_signal": BAD_FLOAT + [-1.0], "rows_per_forward": [0, -1, 2.5, True], "bos": ["yes", 3]}
+    return [
+        ("discover", lambda **k: p0.discover(**k), dict(model=m, tokens=t),
+         dict(model=BAD_MODEL, tokens=BAD_TOKENS, method=[None, 3, "nope", ""], threshold=BAD_FLOAT + [-1.0],
+              nodes=BAD_NAMES, **patch)),
+        ("activation_patch", lambda **k: p0.activation_patch(**k), dict(model=m, tokens=t),
+         dict(model=BAD_MODEL, tokens=BAD_TOKENS[:4], nodes=BAD_NAMES, **patch)),
+        ("path_patch", lambda **k: p0.path_patch(**k), dict(model=m, tokens=t, edges=["M0@0->M1@0.mlp_in"]),
+         dict(edges=BAD_NAMES + ["M1@0->M0@0.mlp_in"], direction=patch["direction"], corruption=patch["corruption"])),
+        ("attribution_patch", lambda **k: p0.attribution_patch(**k), dict(model=m, tokens=t),
+         dict(nodes=BAD_NAMES, metric=[3, p0.LogitMetric(fn=lambda logits: 1.0)], corruption=patch["corruption"])),
+        ("sink_report", lambda **k: p0.sink_report(**k), dict(model=m, tokens=t),
+         dict(model=BAD_MODEL, tokens=BAD_TOKENS, eps=BAD_FLOAT + [2.0, -0.1], norm_threshold=BAD_FLOAT + [-1.0],
+              massive_ratio=BAD_FLOAT + [-1.0], bos=[3, "yes"])),
+        ("probe_tokens", lambda **k: p0.probe_tokens(**k), dict(model=m, n=2, length=4),
+         dict(model=BAD_MODEL, n=BAD_INT + [0, -1], length=BAD_INT + [0, 1000], seed=BAD_INT + [-1],
+              regular=["yes", 3], bos=["yes", 3])),
+        ("to_tokens", lambda **k: p0.to_tokens(**k), dict(model=c.text_model, text="hi", prepend_bos=False),
+         dict(model=BAD_MODEL, text=[None, 3, ["a", 3], b"bytes"], prepend_bos=[None, "no", 3])),
+        ("make_prompts", lambda **k: p0.make_prompts(**k), dict(model=m, n=2, length=4),
+         dict(n=BAD_INT + [0], length=BAD_INT + [0, 1000], source=[None, 3, "nope"], seed=BAD_INT, bos=["yes"])),
+        ("prune", lambda **k: p0.prune(**k), dict(circuit=c.circuit, threshold=0.1),
+         dict(circuit=[None, "c", {}, c.pm], threshold=BAD_FLOAT[1:] + [-1.0], top_k=BAD_INT[1:] + [0, -2])),
+        ("compare", lambda **k: p0.compare(**k), dict(circuit=c.circuit, truth=c.pm.truth),
+         dict(circuit=[None, "c", {}, c.pm], truth=[None, "c", {}, c.pm])),
+        ("auroc", lambda **k: p0.auroc(**k), dict(scores=[0.1, 0.2], labels=[True, False]),
+         dict(scores=[None, "ab", [math.nan, 1.0], [1.0], [[1, 2]], [1.0, math.inf]],
+              labels=[None, [1, 2], ["a", "b"], [True]])),
+        ("interpret", lambda **k: p0.interpret(**k), dict(result=c.result, threshold=0.1),
+         dict(result=[None, c.circuit, "r"], threshold=BAD_FLOAT + [-0.5])),
+        ("Circuit.from_json", lambda **k: p0.Circuit.from_json(**k), dict(text=c.circuit.to_json()),
+         dict(text=[None, 3, "{", '{"nodes": ["A0.H0@0"', "[]", "{}", '{"nodes": 3}', '{"nodes": ["X"]}',
+                    '{"nodes": [], "edges": [["A0.H0@0"]]}', '{"nodes": [], "node_effects": {"A0.H0@0": "big"}}',
+                    '{"nodes": [], "colour": 1}', '{"nodes": [], "settings": 3}'])),
+        ("Circuit", lambda **k: p0.Circuit(**k), dict(nodes=()),
+         dict(nodes=[None, "A0.H0@0", [3], ["A0.H0@0"]], edges=[3, ["M0@0->M1@0.mlp_in"]],
+              node_effects=[3, {"A0.H0@0": "a"}, {3: 0.1}], settings=[3])),
+        ("Node.parse", lambda **k: p0.Node.parse(**k), dict(name="A0.H0@0"),
+         dict(name=[None, 3, "", "A0", "A-1.H0@0", "A0.H0@x", "Z0@0", "M0.N-1@0", "A0.H0@-1"])),
+        ("Edge.parse", lambda **k: p0.Edge.parse(**k), dict(name="M0@0->M1@0.mlp_in"),
+         dict(name=[None, 3, "", "A0.H0@0", "A0.H0@0->", "M0@0->M1@0.x", "M0@0->M1@0"])),
+        ("Node", lambda **k: p0.Node(**k), dict(kind=p0.Kind.HEAD, layer=0, head=0),
+         dict(kind=["head", 3, None], layer=["0", 2.5, -5], head=["0", -3], pos=[2.5, "x", None, -1])),
+        ("ModelSpec", lambda **k: p0.ModelSpec(**k), {},
+         dict(n_layers=BAD_INT + [0], d_model=BAD_INT + [0], n_heads=BAD_INT + [0], d_mlp=[-1, "8"],
+              d_vocab=[0, 2.0], n_ctx=[0, "64"], pos=[None, 3, "alibi"], norm=["batch", None], mlp=["moe"],
+              act_fn=["tanhh"], parallel=["yes", 2, None], window=[0, "4", 2.5], rotary_dim=[3, 64, "8"],
+              n_kv_heads=[3, 0, "2"], seed=["1", 2.5, -1, 2**64])),
+        ("ModelSpec.build", lambda **k: p0.ModelSpec(n_layers=1).build(**k), {},
+         dict(device=["nodevice", "cuda:7", 3, ""])),
+        ("build_planted", lambda **k: p0.build_planted(**k), {},
+         dict(pos=[None, 3, "alibi"], n_layers=BAD_INT + [2], circuit_layer=[9, -1, "0"], sink_pos=[2, 100, "0"],
+              norm_ratio=BAD_FLOAT + [0.5], seed=BAD_INT, key=["token", 3], n_heads=[1, 10**6], d_vocab=[7, 10],
+              theta=[0.2, 1.5], bogus=[1])),
+        ("Shift", lambda **k: p0.Shift(**k), {}, dict(k=BAD_INT + [0, -1], seed=BAD_INT + [-1], filler=[3, "ab"])),
+        ("Shift.prepare", lambda **k: p0.activation_patch(c.model, c.tokens, corruption=p0.Shift(**k)), dict(k=1),
+         dict(filler=[(-1,), (10**6,), (1, 2)], k=[70])),
+        ("Resample", lambda **k: p0.activation_patch(c.model, c.tokens, corruption=p0.Resample(**k)), {},
+         dict(seed=BAD_INT, tokens=["a", torch.zeros(4, 8), torch.full((4, 8), -1), torch.full((4, 8), 10**6),
+                                    torch.zeros(4, 5, dtype=torch.long)])),
+        ("PosMean", lambda **k: p0.activation_patch(c.model, c.tokens, corruption=p0.PosMean(**k)), {},
+         dict(position=BAD_INT + [-1, 8])),
+        ("NormRatio", lambda **k: p0.activation_patch(c.model, c.tokens, metric=p0.NormRatio(**k)), dict(layer=1),
+         dict(layer=BAD_INT + [-1, 99], pos=BAD_INT + [-1, 99])),
+        ("ResidDim", lambda **k: p0.activation_patch(c.model, c.tokens, metric=p0.ResidDim(**k)), dict(layer=1, dim=0),
+         dict(layer=[-1, 99, "1"], dim=[-1, 10**6, 2.5])),
+        ("AttnToP0", lambda **k: p0.activation_patch(c.model, c.tokens, metric=p0.AttnToP0(**k)), dict(heads=[(2, 0)]),
+         dict(heads=[3, "A0.H0", [(0,)], [(0, 1, 2)], [("a", 1)], [(9, 0)], [(0, 9)]], layers=[3, "1", [None], [99]])),
+        ("LogitMetric", lambda **k: p0.activation_patch(c.model, c.tokens, metric=p0.LogitMetric(**k)),
+         dict(fn=lambda logits: logits[:, -1, 0].mean()),
+         dict(fn=[lambda logits: "x", lambda logits: logits, lambda logits: None, 3, lambda logits: [1.0]],
+              label=[3, None])),
+        ("CacheMetric", lambda **k: p0.activation_patch(c.model, c.tokens, metric=p0.CacheMetric(**k)),
+         dict(fn=lambda acts, p0_: acts["blocks.1.hook_resid_post"][:, p0_].norm(),
+              hooks_needed=[(1, "blocks.1.hook_resid_post")]),
+         dict(fn=[lambda acts, p0_: "x", lambda acts, p0_: acts["blocks.3.hook_resid_post"].sum(), 3],
+              hooks_needed=[[(1, "nope")], "x", [(0, "blocks.1.hook_resid_post")], [(1,)]])),
+        ("candidate_nodes", lambda **k: p0.candidate_nodes(**k), dict(model=m),
+         dict(model=BAD_MODEL, positions=[3, "0", [-99], [None], [2.5]], rest=["yes"], embed=[3])),
+        ("candidate_edges", lambda **k: p0.candidate_edges(**k), dict(model=m, senders=[p0.Node.parse("M0@0")]),
+         dict(model=BAD_MODEL, senders=[None, "A0.H0@0", [3]], qkv=["x", ["z"], 3],
+              receiver_layers=["1", -1, 99, 2.5, 0])),
+        ("candidate_neurons", lambda **k: p0.candidate_neurons(**k), dict(model=m, layers=[0]),
+         dict(model=BAD_MODEL, layers=[None, 3, [99], ["a"]], positions=[3, ["a"]])),
+        ("faithfulness_curve", lambda **k: p0.faithfulness_curve(**k),
+         dict(model=m, tokens=t, result=c.result, corruption="shift", metric=None),
+         dict(result=[None, c.circuit], fractions=[[2.0], [math.nan], "a", [-0.1]], corruption=[None, 3, "nope"])),
+        ("check_attribution", lambda **k: p0.check_attribution(**k), dict(model=m, tokens=t),
+         dict(level=[None, 3, "neuron"], corruption=[None, "nope"])),
+        ("load_checkpoint", lambda **k: p0.load_checkpoint(**k), dict(path=c.checkpoint),
+         dict(path=[None, 3, "/nonexistent/dir", "/etc/hostname", ""], device=["nodevice", 3], dtype=["float16", torch.int32, 3])),
+        ("load_model", lambda **k: p0.load_model(**k), dict(entry="planted:rope"),
+         dict(entry=[None, 3, "", "nope:x", "spec:{", "checkpoint:/nonexistent", "real:nope"], seed=BAD_INT,
+              device=["nodevice", "cuda:9"])),
+        ("set_bos", lambda **k: p0.set_bos(**k), dict(model=m, token=0), dict(token=[None, -1, 10**6, 2.5, "notatoken"])),
+        ("text_windows", lambda **k: p0.text_windows(**k), dict(model=c.text_model, text="a b " * 50, n=2, length=4, prepend_bos=False),
+         dict(text=[None, 3], n=BAD_INT + [0], length=BAD_INT + [0])),
+        ("regular_prompts", lambda **k: p0.regular_prompts(**k), dict(tokens=t),
+         dict(tokens=[None, "text", torch.zeros(4, 8)], theta=BAD_FLOAT + [-1.0, 1.5])),
+        ("p0_like_positions", lambda **k: p0.p0_like_positions(**k), dict(tokens=t),
+         dict(tokens=[None, "text", torch.zeros(4, 8)], theta=BAD_FLOAT + [-1.0])),
+        ("to_dot", lambda **k: p0.to_dot(**k), dict(circuit=c.circuit), dict(circuit=[None, "c"], title=[3])),
+        ("to_networkx", lambda **k: p0.to_networkx(**k), dict(circuit=c.circuit), dict(circuit=[None, {}])),
+        ("positional_kind", lambda **k: p0.positional_kind(**k), dict(model=m), dict(model=BAD_MODEL)),
+        ("bos_label", lambda **k: p0.bos_label(**k), dict(model=m), dict(model=BAD_MODEL)),
+    ]
+
+
+def _cases():
+    out = []
+    for name, call, good, bad in _entries():
+        for param, values in bad.items():
+            for i, value in enumerate(values):
+                out.append(pytest.param(name, call, good, param, value, id=f"{name}-{param}-{i}"))
+    return out
+
+
+PARAMETER_CASES = _cases()
+
+
+def _atoms(value: object) -> set:
+    """The pieces of a value a message may quote: the value itself, its items, the parts of a
+    ``kind:path`` entry."""
+    if isinstance(value, (list, tuple)):
+        return {repr(value)[:12]} | set().union(*(_atoms(v) for v in value)) if value else {"[]", "empty", "no "}
+    if isinstance(value, dict):
+        return set().union(*(_atoms(k) | _atoms(v) for k, v in value.items())) if value else {"{}"}
+    text = str(value)
+    atoms = {repr(value)[:12], text[:12], *(part for part in text.split(":") if part)}
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            atoms |= _atoms(json.loads(value))
+        except ValueError:
+            pass
+    return atoms
+
+
+WHAT_A_FUNCTION_DID = ("returned", " read ")
+"""A metric function's fault is named by what it returned or read, not by the function."""
+
+
+def _named(message: str, param: str, value: object) -> bool:
+    """The message names the parameter or shows the value (the user sees what to change)."""
+    words = {param, param.rstrip("s"), param.replace("_", " "), type(value).__name__, *_atoms(value)}
+    if callable(value):
+        words |= set(WHAT_A_FUNCTION_DID)
+    return any(w and w in message for w in words)
+
+
+@pytest.mark.parametrize("name,call,good,param,value", PARAMETER_CASES)
+def test_bad_parameter(name, call, good, param, value):
+    with pytest.raises(P0CircuitError) as err:
+        call(**{**good, param: value})
+    assert _named(str(err.value), param, value), f"{name}: the message does not name {param}: {err.value}"
+
+
+def test_the_valid_arguments_run():
+    """Each entry's valid arguments run: a case fails because of its one bad value, not the rest."""
+    for name, call, good, _ in _entries():
+        call(**good)
+
+
+# ---- class 6: records that tell the truth --------------------------------------------------------------
+
+def test_path_circuit_is_scored_over_edges_only():
+    scores = p0.compare(ctx().path, ctx().pm.truth)
+    assert set(scores) <= {"edge_precision", "edge_recall", "edge_auroc"} and "edge_precision" in scores
+    assert all(math.isfinite(v) for v in scores.values())
+
+
+def test_node_circuit_without_effects_has_no_auroc():
+    bare = p0.Circuit(nodes=(p0.Node.parse("A0.H0@0"),))
+    assert set(p0.compare(bare, ctx().pm.truth)) == {"node_precision", "node_recall"}
+
+
+def test_regular_probes_always_return_n_rows():
+    m = ctx().model
+    for seed in range(20):
+        assert p0.probe_tokens(m, 2, 6, seed=seed, regular=True).shape == (2, 6)
+
+
+# ---- the property-based test: random values at every entry point ----------------------------------------
+
+ANYTHING = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.binary(max_size=6),
+    st.lists(st.integers(-5, 70), max_size=4), st.lists(st.text(max_size=8), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.builds(lambda shape, dtype, fill: torch.full(shape, fill, dtype=dtype),
+              st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple),
+              st.sampled_from([torch.long, torch.float32, torch.bool]), st.integers(-3, 100)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_values_raise_only_our_errors(data):
+    """Any value for any one parameter: the call returns, or raises one of p0circuit's errors."""
+    entries = _entries()
+    name, call, good, bad = data.draw(st.sampled_from(entries), label="entry")
+    param = data.draw(st.sampled_from(sorted(bad)), label="param")
+    value = data.draw(ANYTHING, label="value")
+    try:
+        call(**{**good, param: value})
+    except P0CircuitError:
+        pass
+
+
+# ---- classes 1, 2, 5, 6: inputs beyond parameters ------------------------------------------------------
+
+def _cli(*argv, cwd=None):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "p0circuit", *argv], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def _one_line_error(proc):
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("p0circuit: error:"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+SWEEP = """[sweep]
+models = ["planted:rope"]
+corruptions = ["shift"]
+methods = ["activation"]
+metrics = ["sink_heads"]
+n_prompts = 4
+seq_len = {seq_len}
+"""
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_cli_read_only_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        _one_line_error(_cli("discover", "--out", str(ro / "run")))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_cli_output_under_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    _one_line_error(_cli("discover", "--out", str(tmp_path / "file" / "run")))
+
+
+@pytest.mark.parametrize("text", [
+    "[sweep]\nmodels = 3\n", "[sweep]\nseed = \"1\"\n", "[sweep]\nseed = 1.5\n", "[sweep]\nn_prompts = 0\n",
+    "[sweep]\nseq_len = -4\n", "[sweep]\nthreshold = nan\n", "[sweep]\nmethods = [\"nope\"]\n", "[sweep\n",
+    "[other]\nx = 1\n", "[sweep]\ncolour = 1\n", "[sweep]\nmodels = []\n",
+])
+def test_cli_bad_sweep_configs(tmp_path, text):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    _one_line_error(_cli("sweep", str(cfg), "--out", str(tmp_path / "out")))
+    assert not (tmp_path / "out" / "cells").exists() or not any((tmp_path / "out" / "cells").iterdir())
+
+
+def test_sweep_seq_len_beyond_context_is_refused_not_clipped(tmp_path):
+    from p0circuit.sweep import SweepConfig, run_sweep
+    from p0circuit.sweep.runner import CellsFailed
+
+    config = SweepConfig.from_dict({"models": ["planted:rope"], "methods": ["activation"], "corruptions": ["shift"],
+                                    "n_prompts": 2, "seq_len": 64})  # the planted model's n_ctx is 64
+    with pytest.raises(CellsFailed, match=r"seq_len=64 does not fit planted:rope \(n_ctx=64, and shift prepends"):
+        run_sweep(config, tmp_path, progress=False)
+    failed = list((tmp_path / "failed").glob("*.json"))
+    assert len(failed) == 1 and json.loads(failed[0].read_text())["ours"] is True
+    assert not list((tmp_path / "cells").glob("*.json"))
+
+
+def test_two_configs_in_one_directory_are_refused(tmp_path):
+    from p0circuit.sweep import SweepConfig, run_sweep
+
+    base = {"models": ["planted:rope"], "methods": ["activation"], "corruptions": ["shift"], "n_prompts": 2, "seq_len": 8}
+    run_sweep(SweepConfig.from_dict(base), tmp_path, progress=False)
+    with pytest.raises(p0.ConfigError, match=r"holds a sweep of another config \(it differs in seq_len\)"):
+        run_sweep(SweepConfig.from_dict({**base, "seq_len": 12}), tmp_path, progress=False)
+    assert len(run_sweep(SweepConfig.from_dict(base), tmp_path, progress=False)) == 1  # the same config resumes
+
+
+def test_a_failing_cell_with_two_workers_keeps_the_others(tmp_path):
+    """One cell fails (its seq_len does not fit under shift), the pos_mean cell finishes: it is kept,
+    the failure is written, exit status 1, and a rerun retries only the failed cell."""
+    cfg = tmp_path / "mixed.toml"
+    cfg.write_text(SWEEP.format(seq_len=64).replace('["shift"]', '["shift", "pos_mean"]'))
+    out = tmp_path / "out"
+    proc = _cli("sweep", str(cfg), "--out", str(out), "--workers", "2", "--quiet")
+    assert proc.returncode == 1, proc.stderr
+    assert "1 of 2 cells failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(list((out / "cells").glob("*.json"))) == 1 and len(list((out / "failed").glob("*.json"))) == 1
+    assert "1 of 2 cells done" in proc.stdout
+    again = _cli("sweep", str(cfg), "--out", str(out), "--dry-run")
+    assert again.stdout.count("  todo  ") == 1 and again.stdout.count("  done  ") == 1
+
+
+CATALOGUE_SIZE = len(PARAMETER_CASES) + 11 + 8
+"""Parameter cases, the bad sweep configs and the other cases above (the README quotes it)."""
+
+
+def test_catalogue_size():
+    assert CATALOGUE_SIZE >= 150
