@@ -7,50 +7,71 @@ patch (:func:`activation_patch`, :func:`path_patch`, :func:`attribution_patch`, 
 for a :class:`Circuit` of :class:`Node` and :class:`Edge`).
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from p0circuit import _moved
-from p0circuit.errors import (
-    BadInputError,
-    CheckpointError,
-    ConfigError,
-    MissingHookError,
-    NonFiniteError,
-    P0CircuitError,
-)
-from p0circuit.discover import discover, interpret
-from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
-from p0circuit.metrics import SinkReport, sink_report
-from p0circuit.patching import (
-    CORRUPTIONS,
-    METHODS,
-    AttnToP0,
-    CacheMetric,
-    Corruption,
-    LogitMetric,
-    Method,
-    NormRatio,
-    ResidDim,
-    PatchMetric,
-    PatchResult,
-    PosMean,
-    Resample,
-    Shift,
-    Zero,
-    activation_patch,
-    attribution_patch,
-    candidate_edges,
-    candidate_neurons,
-    candidate_nodes,
-    check_attribution,
-    faithfulness_curve,
-    path_patch,
-)
-from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
-from p0circuit.models.gguf import export_gguf, load_gguf, load_smollm2
-from p0circuit.models.resolve import load_model
-from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
-from p0circuit.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
-                              text_windows, to_tokens)
-from p0circuit.types import Circuit, Edge, Input, Kind, Node
+
+# Names are imported on first use (PEP 562), so that ``import p0circuit.cli`` and
+# ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
+_WHERE = {
+    **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.errors'),
+    **dict.fromkeys(['discover', 'interpret'], 'p0circuit.find'),
+    **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.graphs'),
+    **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
+    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'faithfulness_curve', 'path_patch'], 'p0circuit.patching'),
+    **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),
+    **dict.fromkeys(['export_gguf', 'load_gguf', 'load_smollm2'], 'p0circuit.models.gguf'),
+    **dict.fromkeys(['load_model'], 'p0circuit.models.resolve'),
+    **dict.fromkeys(['PlantSpec', 'PlantedModel', 'build_planted', 'p0_like_positions', 'regular_prompts'], 'p0circuit.planted'),
+    **dict.fromkeys(['bos_label', 'check_tokens', 'english_prompts', 'make_prompts', 'probe_tokens', 'set_bos', 'text_windows', 'to_tokens'], 'p0circuit.tokens'),
+    **dict.fromkeys(['Circuit', 'Edge', 'Input', 'Kind', 'Node'], 'p0circuit.types'),
+}
+
+if TYPE_CHECKING:  # what static tools and IDEs see
+    from p0circuit.errors import (
+        BadInputError,
+        CheckpointError,
+        ConfigError,
+        MissingHookError,
+        NonFiniteError,
+        P0CircuitError,
+    )
+    from p0circuit.find import discover, interpret
+    from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
+    from p0circuit.metrics import SinkReport, sink_report
+    from p0circuit.patching import (
+        CORRUPTIONS,
+        METHODS,
+        AttnToP0,
+        CacheMetric,
+        Corruption,
+        LogitMetric,
+        Method,
+        NormRatio,
+        ResidDim,
+        PatchMetric,
+        PatchResult,
+        PosMean,
+        Resample,
+        Shift,
+        Zero,
+        activation_patch,
+        attribution_patch,
+        candidate_edges,
+        candidate_neurons,
+        candidate_nodes,
+        check_attribution,
+        faithfulness_curve,
+        path_patch,
+    )
+    from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
+    from p0circuit.models.gguf import export_gguf, load_gguf, load_smollm2
+    from p0circuit.models.resolve import load_model
+    from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
+    from p0circuit.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
+                                  text_windows, to_tokens)
+    from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "ConfigError",
@@ -65,7 +86,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """Names that were removed: a clear error that names the replacement."""
+    """Public names, imported on first use; removed names: a clear error that names the replacement."""
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
     if name in _moved.NAMES:
         raise AttributeError(f"p0circuit.{name} was removed; use {_moved.NAMES[name]}")
     raise AttributeError(f"module 'p0circuit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

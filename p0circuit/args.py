@@ -78,7 +78,7 @@ def _has(hint: Any, kind: type) -> bool:
 
 
 RANGES: dict[str, tuple[float, float, str]] = {
-    "seed": (0, 2**63 - 1, "seeds are whole numbers from 0 to 2**63 - 1"),
+    "seed": (0, 2**32 - 1, "seeds are whole numbers from 0 to 2**32 - 1, what every generator used here takes"),
     "n": (1, 10**7, "the number of prompts"),
     "length": (1, 10**7, "tokens per prompt"),
     "threshold": (0, math.inf, "effects are kept when |effect| >= threshold, so a threshold is >= 0"),
@@ -123,7 +123,10 @@ def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadI
     if error is BadInputError and name == "device" and (isinstance(value, str) or type(value).__name__ == "device"):
         check_device(where, value)
     label = f"{where}.{name}" if error is not BadInputError else f"{where}: {name}"
-    bad = not is_bearable(value, hint, conf=_CONF)
+    try:
+        bad = not is_bearable(value, hint, conf=_CONF)
+    except Exception:  # the value broke the check itself (e.g. len() of a 0-d tensor): it does not fit
+        bad = True
     if not bad and isinstance(value, bool) and not _has(hint, bool) and (_has(hint, int) or _has(hint, float)):
         bad = True  # True is an int to Python, but never a count, index or threshold
     if not bad and isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
@@ -202,6 +205,16 @@ def between(where: str, name: str, value: Any, low: float, high: float, fix: str
     """Raise unless ``low <= value <= high``."""
     if not low <= value <= high:
         raise BadInputError(f"{where}: {name}={value!r} must lie in [{low}, {high}]" + (f"; {fix}" if fix else ""))
+
+
+def as_list(where: str, name: str, value: Any) -> list:
+    """``list(value)`` for any iterable but a string; anything else is an error naming it."""
+    if isinstance(value, (str, bytes)):
+        raise BadInputError(f"{where}: {name}={value!r:.40} must be a list, not one string")
+    try:
+        return list(value)
+    except TypeError:
+        raise BadInputError(f"{where}: {name}={_show(value)} is not a list; pass e.g. [0, 1]") from None
 
 
 def path_like(where: str, name: str, value: Any) -> "os.PathLike[str] | str":

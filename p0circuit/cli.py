@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-from p0circuit.models.spec import FAMILIES
-from p0circuit.patching import CORRUPTIONS, METHODS
-from p0circuit.patching.metrics import METRIC_ENTRIES
-from p0circuit.planted import VARIANTS
+from p0circuit.choices import CORRUPTIONS, FAMILIES, METHODS, METRIC_ENTRIES, VARIANTS
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -308,10 +305,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _terminated)
+    made: list[Path] = []
     try:
         out = getattr(args, "out", None)
         if out is not None:
-            _check_out(Path(out))
+            made = _make_out(Path(out))
         return int(args.func(args))
     except P0CircuitError as e:
         print(f"p0circuit: error: {e}", file=sys.stderr)
@@ -330,12 +328,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "resume", file=sys.stderr)
         return 143
     finally:
+        _remove_empty(made)  # a run that wrote nothing leaves no empty output directories behind
         signal.signal(signal.SIGTERM, previous)
 
 
-def _check_out(out: Path) -> None:
-    """Refuse an output directory that cannot be made, before any work: an existing file, a path
-    under a file, a directory this user cannot write."""
+def _make_out(out: Path) -> list[Path]:
+    """Make the output directory before any work, so that a path that cannot be written (an
+    existing file, a path under a file, a read-only directory) fails at once, not after the
+    analysis. Returns the directories made (removed again if they stay empty)."""
     from p0circuit.errors import P0CircuitError
 
     if out.exists() and not out.is_dir():
@@ -348,6 +348,20 @@ def _check_out(out: Path) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise P0CircuitError(f"--out {str(out)!r}: {str(parent)!r} is not writable by this user; choose another --out "
                              "or fix its permissions")
+    made = [p for p in [out, *out.parents] if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)  # an OSError here (read-only file system) is one line, exit 2
+    probe = out / ".p0circuit-write-test"
+    probe.touch()
+    probe.unlink()
+    return made
+
+
+def _remove_empty(made: list[Path]) -> None:
+    for directory in made:  # deepest first
+        try:
+            directory.rmdir()
+        except OSError:
+            break
 
 
 class Terminated(BaseException):

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence, Union
 
 from torch import Tensor
 
-from p0circuit.discover import discover
+from p0circuit.find import discover
 from p0circuit.errors import BadInputError, ConfigError
 from p0circuit.graphs import compare, to_dot, to_svg
 from p0circuit.io import write_atomic

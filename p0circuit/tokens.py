@@ -99,6 +99,9 @@ def p0_like_positions(tokens: Int[Tensor, "batch pos"], theta: float = 0.85) -> 
     tell them apart; the planted model's detector flags exactly this set.
     """
     b, t = tokens.shape
+    if tokens.numel() == 0 or int(tokens.min()) < 0:
+        raise BadInputError(f"p0_like_positions: tokens of shape {tuple(tokens.shape)} must hold at least one "
+                            "non-negative token id per row")
     onehot = torch.nn.functional.one_hot(tokens.long(), int(tokens.max()) + 1).float()
     freq = onehot.cumsum(1) / torch.arange(1, t + 1, dtype=torch.float32, device=tokens.device)[None, :, None]
     return freq.max(-1).values > theta

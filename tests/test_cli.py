@@ -78,3 +78,26 @@ def test_the_command_line_never_shows_a_traceback(tmp_path, capsys, case):
     err = capsys.readouterr().err
     assert err.startswith("p0circuit: error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()  # no partial output
+
+
+def test_help_needs_no_torch():
+    """``p0circuit --help`` answers at once: the command line imports neither torch nor
+    TransformerLens until a subcommand runs (it took about 6 s when it did)."""
+    import subprocess
+    import sys
+
+    code = "import sys, p0circuit.cli as c; c.build_parser(); print(sorted(m for m in ('torch', 'transformer_lens') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_command_line_offers_what_the_registries_hold():
+    from p0circuit import choices
+    from p0circuit.models.spec import FAMILIES
+    from p0circuit.patching import CORRUPTIONS, METHODS
+    from p0circuit.patching.metrics import METRIC_ENTRIES
+    from p0circuit.planted import VARIANTS
+
+    assert sorted(choices.METHODS) == sorted(METHODS) and sorted(choices.CORRUPTIONS) == sorted(CORRUPTIONS)
+    assert sorted(choices.FAMILIES) == sorted(FAMILIES) and sorted(choices.VARIANTS) == sorted(VARIANTS)
+    assert tuple(choices.METRIC_ENTRIES) == tuple(METRIC_ENTRIES)

@@ -302,20 +302,33 @@ seq_len = {seq_len}
 """
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_cli_read_only_directory(tmp_path):
+@pytest.mark.parametrize("command", [["discover"], ["train", "--steps", "2"], ["survey"]])
+def test_cli_read_only_directory(tmp_path, command):
+    """A directory the user cannot write fails at once (before the analysis), in one line. Root
+    ignores permission bits, so as root the read-only place is sysfs, which refuses even root."""
+    if os.geteuid() == 0:
+        proc = _cli(*command, "--out", "/sys/p0circuit-test/run")
+        _one_line_error(proc)
+        return
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        _one_line_error(_cli("discover", "--out", str(ro / "run")))
+        _one_line_error(_cli(*command, "--out", str(ro / "run")))
     finally:
         ro.chmod(0o700)
 
 
 def test_cli_output_under_a_file(tmp_path):
     (tmp_path / "file").write_text("x")
-    _one_line_error(_cli("discover", "--out", str(tmp_path / "file" / "run")))
+    proc = _cli("discover", "--out", str(tmp_path / "file" / "run"))
+    _one_line_error(proc)
+    assert "lies under" in proc.stderr and "patching" not in proc.stderr  # refused before any work
+
+
+def test_a_failed_run_leaves_no_empty_directories(tmp_path):
+    proc = _cli("discover", "--out", str(tmp_path / "a" / "b"), "--metric", "norm_ratio:99")
+    assert proc.returncode == 2 and not (tmp_path / "a").exists()
 
 
 @pytest.mark.parametrize("text", [
@@ -368,7 +381,7 @@ def test_a_failing_cell_with_two_workers_keeps_the_others(tmp_path):
     assert again.stdout.count("  todo  ") == 1 and again.stdout.count("  done  ") == 1
 
 
-CATALOGUE_SIZE = len(PARAMETER_CASES) + 11 + 8
+CATALOGUE_SIZE = len(PARAMETER_CASES) + 11 + 3 + 9
 """Parameter cases, the bad sweep configs and the other cases above (the README quotes it)."""
 
 

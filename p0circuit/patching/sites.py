@@ -11,6 +11,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
+from p0circuit.args import as_list
 from p0circuit.errors import BadInputError, MissingHookError, entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.types import REST, Kind, Node, parse_list
@@ -94,7 +95,7 @@ def candidate_nodes(
     trivially necessary in RoPE/NoPE models (the mean embedding at P0 looks diluted). The position
     embedding is a candidate by default when the model has learned positions.
     """
-    pos_classes: list[Any] = list(positions) + ([REST] if rest else [])
+    pos_classes: list[Any] = as_list("candidate_nodes", "positions", positions) + ([REST] if rest else [])
     if pos_embed is None:
         pos_embed = has_learned_positions(model)
     nodes: list[Node] = []
@@ -115,7 +116,8 @@ def candidate_nodes(
 @entry_point
 def candidate_neurons(model: HookedTransformer, layers: Iterable[int], positions: Iterable[Any] = (0,)) -> list[Node]:
     """Every neuron of the MLPs of ``layers`` at each position class (``"rest"`` included when named)."""
-    layers = list(layers)
+    layers = as_list("candidate_neurons", "layers", layers)
+    positions = as_list("candidate_neurons", "positions", positions)
     bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
     if bad or model.cfg.attn_only:
         raise BadInputError(f"candidate_neurons: layers {bad or layers} are not MLP layers of this model "

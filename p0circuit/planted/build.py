@@ -161,6 +161,9 @@ class PlantSpec:
             raise ConfigError(f"PlantSpec.theta must lie in (0.5, 1), got {self.theta}")
         if self.n_ctx < 2:
             raise ConfigError(f"PlantSpec.n_ctx must be >= 2, got {self.n_ctx}")
+        if self.norm_ratio > 1e6 or self.sink_logit > 1e4 or self.mu > 1e3 or self.sigma > 1e3:
+            raise ConfigError("PlantSpec needs norm_ratio <= 1e6, sink_logit <= 1e4, mu <= 1e3, sigma <= 1e3: larger "
+                              "values overflow float32 weights")
         if self.norm_ratio < 1 or self.sink_logit <= 0 or self.mu < 0 or self.sigma <= 0:
             raise ConfigError("PlantSpec needs norm_ratio >= 1, sink_logit > 0, mu >= 0, sigma > 0")
 

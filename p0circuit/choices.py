@@ -1,0 +1,18 @@
+"""The names the command line offers, without importing the modules that define them.
+
+``p0circuit --help`` and argument errors must answer at once, before torch and TransformerLens
+are imported (seconds). The registries stay the truth: ``tests/test_cli.py`` checks that these
+lists equal them, so a method or corruption added to a registry and not here fails the tests.
+"""
+
+METHODS = ("activation", "attribution", "attribution_edges", "path", "triage")
+"""Patching methods (``p0circuit.METHODS``)."""
+CORRUPTIONS = ("pos_mean", "resample", "shift", "zero")
+"""Corruptions (``p0circuit.CORRUPTIONS``)."""
+FAMILIES = ("gated MLP (Llama)", "layernorm", "learned", "nope", "parallel (Pythia)", "rope",
+            "sliding window (Mistral)")
+"""Model families built from a spec (``p0circuit.models.spec.FAMILIES``)."""
+VARIANTS = ("layer2", "learned", "nope", "rope")
+"""Planted-model variants (``p0circuit.planted.VARIANTS``)."""
+METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
+"""Metric entries of the command line and sweep configs (``p0circuit.patching.metrics.METRIC_ENTRIES``)."""
