@@ -12,6 +12,7 @@ containers are checked element by element by the parsers that read them (``parse
 beartype samples one element of a long list.
 """
 
+import collections.abc
 import dataclasses
 import functools
 import inspect
@@ -115,6 +116,34 @@ def check_device(where: str, value: Any) -> None:
                             f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
 
 
+@functools.lru_cache(maxsize=None)
+def _fits(hint: Any) -> Callable[[Any], bool]:
+    """A test of ``value`` against ``hint``. Plain classes and unions of them: ``isinstance`` (a
+    Node is built thousands of times in a sweep; this keeps its check under a microsecond), with
+    ``True`` refused where only numbers belong. Lists and tuples given for a ``Sequence[X]``,
+    ``tuple[X, Y]`` or ``tuple[X, ...]``: every element (beartype checks one at random). Anything
+    else: beartype's ``is_bearable``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or isinstance(hint, (str, typing.TypeVar)):
+        return lambda value: True
+    if origin is typing.Union or type(hint).__name__ == "UnionType":
+        tests = [_fits(a) for a in args]
+        return lambda value: any(t(value) for t in tests)
+    if isinstance(hint, type) and not args:
+        classes = (hint, int) if hint is float else (hint,)  # the numeric tower: an int is a float
+        no_bool = hint is not bool and issubclass(bool, classes)
+        return lambda value: isinstance(value, classes) and not (no_bool and type(value) is bool)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        tests = [_fits(a) for a in args]
+        return lambda value: (isinstance(value, (tuple, list)) and len(value) == len(tests)
+                              and all(t(v) for t, v in zip(tests, value)))
+    if origin in (tuple, list, collections.abc.Sequence, collections.abc.Iterable) and args:
+        test = _fits(args[0])
+        whole = (lambda value: is_bearable(value, hint, conf=_CONF))
+        return lambda value: all(test(v) for v in value) if isinstance(value, (list, tuple)) else whole(value)
+    return lambda value: is_bearable(value, hint, conf=_CONF)
+
+
 def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadInputError) -> None:
     """Raise ``error`` unless ``value`` fits ``hint``; ``where`` names the function (``f: x=...``)
     or the class (``Spec.x=...``)."""
@@ -122,25 +151,32 @@ def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadI
         return
     if error is BadInputError and name == "device" and (isinstance(value, str) or type(value).__name__ == "device"):
         check_device(where, value)
-    label = f"{where}.{name}" if error is not BadInputError else f"{where}: {name}"
     try:
-        bad = not is_bearable(value, hint, conf=_CONF)
+        bad = not _fits(hint)(value)
     except Exception:  # the value broke the check itself (e.g. len() of a 0-d tensor): it does not fit
         bad = True
-    if not bad and isinstance(value, bool) and not _has(hint, bool) and (_has(hint, int) or _has(hint, float)):
+    kind = type(value)
+    if not bad and kind is bool and _bool_is_wrong(hint):
         bad = True  # True is an int to Python, but never a count, index or threshold
-    if not bad and isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
-        if not math.isfinite(float(value)):
-            raise error(f"{label}={value!r} is not finite; {FIXES['float']}")
+    label = f"{where}.{name}" if error is not BadInputError else f"{where}: {name}"
     if bad:
         raise error(f"{label}={_show(value)} is not {describe(hint)}; {_fix(hint)}")
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    if kind is int or kind is float or (kind is not bool and isinstance(value, numbers.Real)):
+        integral = isinstance(value, numbers.Integral)
+        if not integral and not math.isfinite(float(value)):
+            raise error(f"{label}={value!r} is not finite; {FIXES['float']}")
         low, high, meaning = RANGES.get(name, (-math.inf, math.inf, ""))
-        if isinstance(value, numbers.Integral):
+        if integral:
             low, high = max(low, -(2**63)), min(high, 2**63 - 1)
         if not low <= value <= high:
             span = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
             raise error(f"{label}={value!r:.40} must be {span}" + (f" ({meaning})" if meaning else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _bool_is_wrong(hint: Any) -> bool:
+    """Whether ``True``/``False`` passes ``hint`` only because bool subclasses int."""
+    return not _has(hint, bool) and (_has(hint, int) or _has(hint, float))
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,14 +202,29 @@ def check_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any]) -> None:
 def check_fields(obj: Any) -> None:
     """Check every field of a dataclass instance against its annotation (call in ``__post_init__``):
     a :class:`ConfigError` (a spec, config or option with an invalid value)."""
-    for name, hint in _field_hints(type(obj)):
-        check_value(type(obj).__name__, name, getattr(obj, name), hint, error=ConfigError)
+    for name, hint, plain in _field_hints(type(obj)):
+        value = getattr(obj, name)
+        if type(value) not in plain or (type(value) is int and not -(2**63) <= value < 2**63):
+            # a value of a plain type the hint names needs no more checks (unless past int64)
+            check_value(type(obj).__name__, name, value, hint, error=ConfigError)
 
 
 @functools.lru_cache(maxsize=None)
-def _field_hints(cls: type) -> tuple[tuple[str, Any], ...]:
+def _field_hints(cls: type) -> tuple[tuple[str, Any, frozenset], ...]:
+    """(name, hint, the exact types that pass at once) per field: classes the hint names, less
+    float (checked for NaN) and numbers whose name has a range."""
     hints = _hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.name in hints and not f.name.startswith("_"))
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name not in hints or f.name.startswith("_"):
+            continue
+        hint = hints[f.name]
+        args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+        plain = {a for a in args if isinstance(a, type) and not typing.get_args(a) and a is not float}
+        if f.name in RANGES:
+            plain -= {int}
+        out.append((f.name, hint, frozenset(plain)))
+    return tuple(out)
 
 
 def _hints(obj: Any) -> dict[str, Any]:

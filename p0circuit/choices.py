@@ -2,8 +2,12 @@
 
 ``p0circuit --help`` and argument errors must answer at once, before torch and TransformerLens
 are imported (seconds). The registries stay the truth: ``tests/test_cli.py`` checks that these
-lists equal them, so a method or corruption added to a registry and not here fails the tests.
+lists equal them, so a method or corruption added to a registry and not here fails the tests; and
+when the registries are already imported (a corruption or method defined in the same process, then
+``p0circuit.cli.main([...])``), :func:`offered` adds what they hold.
 """
+
+import sys
 
 METHODS = ("activation", "attribution", "attribution_edges", "path", "triage")
 """Patching methods (``p0circuit.METHODS``)."""
@@ -16,3 +20,13 @@ VARIANTS = ("layer2", "learned", "nope", "rope")
 """Planted-model variants (``p0circuit.planted.VARIANTS``)."""
 METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
 """Metric entries of the command line and sweep configs (``p0circuit.patching.metrics.METRIC_ENTRIES``)."""
+
+
+def offered(what: str) -> list[str]:
+    """The sorted names of ``METHODS`` or ``CORRUPTIONS``: the ones above, plus any registered in
+    this process (the registries, if imported)."""
+    names = set(globals()[what])
+    registry = sys.modules.get("p0circuit.patching")
+    if registry is not None:
+        names |= set(getattr(registry, what))
+    return sorted(names)

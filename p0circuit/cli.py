@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-from p0circuit.choices import CORRUPTIONS, FAMILIES, METHODS, METRIC_ENTRIES, VARIANTS
+from p0circuit import choices
+from p0circuit.choices import FAMILIES, METRIC_ENTRIES, VARIANTS
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -216,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--checkpoint", help="a local checkpoint instead of a plant: a Hugging Face directory, a "
                    "p0circuit training checkpoint (runs/train/step_N) or a .gguf file")
     d.add_argument("--spec", choices=sorted(FAMILIES), help="a model family by name, freshly initialized")
-    d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=sorted(METHODS))
-    d.add_argument("--corruption", default="shift", choices=sorted(CORRUPTIONS))
+    d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=choices.offered("METHODS"))
+    d.add_argument("--corruption", default="shift", choices=choices.offered("CORRUPTIONS"))
     d.add_argument("--metric", help=f"one of {list(METRIC_ENTRIES)} (default: sink_heads on a plant, else "
                    "norm_ratio at the layer where the P0 norm first passes 5x, else attn_to_p0)")
     d.add_argument("--layers", help="candidate nodes only in these layers, e.g. 0-3 or 0,2,5")

@@ -217,6 +217,10 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
         text = [text]
     if len(text) == 0:
         raise BadInputError("no text given: pass at least one non-empty string")
+    wrong = [t for t in text if not isinstance(t, str)]
+    if wrong:
+        raise BadInputError(f"to_tokens: text holds {wrong[0]!r:.40} ({type(wrong[0]).__name__}); pass a string or a "
+                            "list of strings")
     if any(len(t) == 0 for t in text):
         raise BadInputError("empty string in the prompts: every prompt needs at least one token")
     tok = model.tokenizer
@@ -227,12 +231,15 @@ def to_tokens(model: HookedTransformer, text: Union[str, Sequence[str]], *, prep
     lengths = sorted({len(row) for row in ids})
     if len(lengths) > 1:
         raise BadInputError(
-            f"prompts tokenize to different lengths {lengths}; sink metrics need prompts of equal "
+            f"to_tokens: the prompts in text tokenize to different lengths {lengths}; sink metrics need prompts of equal "
             "length (padding would change what sits at each position): group prompts by length "
             "or truncate them"
         )
     if lengths[0] == 0:
         raise BadInputError("a prompt tokenized to no tokens; every prompt needs at least one token")
+    if lengths[0] > model.cfg.n_ctx:
+        raise BadInputError(f"to_tokens: the text is {lengths[0]} tokens, more than the model's context "
+                            f"n_ctx={model.cfg.n_ctx}; shorten it, or cut windows of it with text_windows")
     tokens = torch.tensor(ids, dtype=torch.long, device=model.cfg.device)
     check_bos(model, tokens, prepend_bos, what="text")
     return tokens

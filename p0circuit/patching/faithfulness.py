@@ -97,8 +97,8 @@ def faithfulness_curve(
             f"the result was computed with corruption={result.corruption!r}, metric={result.metric!r}; "
             f"pass the same ones (got {job.prep.name!r}, {job.metric.name!r})"
         )
-    if any(not 0.0 <= f <= 1.0 for f in fractions):
-        raise BadInputError(f"fractions must lie in [0, 1], got {list(fractions)}")
+    if not len(fractions) or any(not 0.0 <= f <= 1.0 for f in fractions):
+        raise BadInputError(f"fractions must be one or more numbers in [0, 1], got {list(fractions)}")
     ranked = _ranked(result)
     is_edge = result.level == "edge"
     if is_edge:
