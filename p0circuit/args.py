@@ -4,12 +4,13 @@ Every public function and spec class is marked with :func:`p0circuit.errors.entr
 checks each argument against its annotation here before the body runs (a string where a number
 belongs, a float where an int belongs, ``True`` for a count, NaN or inf for any float) and raises
 :class:`~p0circuit.errors.BadInputError` naming the function, the parameter, the value and what to
-pass instead. Ranges (``n >= 1``, a layer inside the model) are checked in the body with
-:func:`at_least` and :func:`between`, which word their errors the same way.
+pass instead. Ranges shared by name (every ``seed``, ``threshold``, ``n``) are in :data:`RANGES`;
+ranges that depend on the model (a layer inside it) are checked in the body, with :func:`at_least`
+where the wording should match.
 
-The type test is beartype's ``is_bearable`` (with the numeric tower: an int is a valid float);
-containers are checked element by element by the parsers that read them (``parse_list``), since
-beartype samples one element of a long list.
+The type test (:func:`_fits`) is ``isinstance`` for plain classes (an int is a valid float, ``True``
+is never a number), element by element for lists and tuples, and beartype's ``is_bearable``
+otherwise.
 """
 
 import collections.abc
@@ -18,7 +19,6 @@ import functools
 import inspect
 import math
 import numbers
-import os
 import typing
 from typing import Any, Callable, Mapping
 
@@ -71,11 +71,6 @@ def _show(value: Any) -> str:
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return f"{text} ({type(value).__name__})"
-
-
-def _has(hint: Any, kind: type) -> bool:
-    """Whether ``kind`` itself appears in ``hint`` (not only a subclass of it)."""
-    return hint is kind or any(_has(a, kind) for a in typing.get_args(hint))
 
 
 RANGES: dict[str, tuple[float, float, str]] = {
@@ -156,8 +151,6 @@ def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadI
     except Exception:  # the value broke the check itself (e.g. len() of a 0-d tensor): it does not fit
         bad = True
     kind = type(value)
-    if not bad and kind is bool and _bool_is_wrong(hint):
-        bad = True  # True is an int to Python, but never a count, index or threshold
     label = f"{where}.{name}" if error is not BadInputError else f"{where}: {name}"
     if bad:
         raise error(f"{label}={_show(value)} is not {describe(hint)}; {_fix(hint)}")
@@ -171,12 +164,6 @@ def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadI
         if not low <= value <= high:
             span = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
             raise error(f"{label}={value!r:.40} must be {span}" + (f" ({meaning})" if meaning else ""))
-
-
-@functools.lru_cache(maxsize=None)
-def _bool_is_wrong(hint: Any) -> bool:
-    """Whether ``True``/``False`` passes ``hint`` only because bool subclasses int."""
-    return not _has(hint, bool) and (_has(hint, int) or _has(hint, float))
 
 
 @functools.lru_cache(maxsize=None)
@@ -252,12 +239,6 @@ def at_least(where: str, name: str, value: Any, low: float, fix: str = "") -> No
         raise error(f"{label}={value!r} must be >= {low}" + (f"; {fix}" if fix else ""))
 
 
-def between(where: str, name: str, value: Any, low: float, high: float, fix: str = "") -> None:
-    """Raise unless ``low <= value <= high``."""
-    if not low <= value <= high:
-        raise BadInputError(f"{where}: {name}={value!r} must lie in [{low}, {high}]" + (f"; {fix}" if fix else ""))
-
-
 def as_list(where: str, name: str, value: Any) -> list:
     """``list(value)`` for any iterable but a string; anything else is an error naming it."""
     if isinstance(value, (str, bytes)):
@@ -266,10 +247,3 @@ def as_list(where: str, name: str, value: Any) -> list:
         return list(value)
     except TypeError:
         raise BadInputError(f"{where}: {name}={_show(value)} is not a list; pass e.g. [0, 1]") from None
-
-
-def path_like(where: str, name: str, value: Any) -> "os.PathLike[str] | str":
-    """``value`` if it is a str or path, else an error naming it."""
-    if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value):
-        raise BadInputError(f"{where}: {name}={_show(value)} is not a path; {FIXES['Path']}")
-    return value

@@ -55,9 +55,10 @@ def from_known_keys(cls: type, data: dict, what: str) -> object:
 def entry_point(fn: F) -> F:
     """Mark a public entry point and check its arguments against its annotations on every call.
 
-    A function's arguments (a dataclass's fields, after its own ``__post_init__`` has run
-    before) are checked by :mod:`p0circuit.args`: a value that does not fit its annotation is a
-    :class:`BadInputError` naming the function, the parameter, the value and what to pass. The
+    A function's arguments, or a dataclass's fields (before its own ``__post_init__`` runs), are
+    checked by :mod:`p0circuit.args`: a value that does not fit its annotation is a
+    :class:`BadInputError` (a field: :class:`ConfigError`) naming the parameter, the value and what
+    to pass. The
     test-time type checker (jaxtyping + beartype over the whole package) skips entry points, so
     that a wrong argument gets this message instead of a type-checker error.
     """

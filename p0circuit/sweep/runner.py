@@ -188,7 +188,10 @@ def run_sweep(
     try:
         if executor == "ray":
             for cell, outcome in _ray_results(todo, workers):
-                fail(cell, outcome) if isinstance(outcome, Exception) else finish(outcome)
+                if isinstance(outcome, Exception):
+                    fail(cell, outcome)
+                else:
+                    finish(outcome)
         elif workers <= 1:
             for cell in todo:
                 try:
@@ -204,7 +207,10 @@ def run_sweep(
                 futures = {pool.submit(run_cell, c): c for c in todo}
                 for fut in as_completed(futures):
                     err = fut.exception()
-                    fail(futures[fut], err) if err is not None else finish(fut.result())
+                    if err is not None:
+                        fail(futures[fut], err)
+                    else:
+                        finish(fut.result())
     finally:
         bar.close()
     records = rebuild_index(out)
