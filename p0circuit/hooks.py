@@ -57,6 +57,16 @@ def head_vector(layer: int, which: str) -> str:
     return f"blocks.{layer}.attn.hook_{which}"
 
 
+def kv_entry(layer: int, which: str) -> str:
+    """Not a hook: the cache key under which :func:`p0circuit.patching.engine.cache_run` keeps the
+    keys (``which="k"``) or values (``"v"``) that block ``layer``'s attention appends to
+    TransformerLens' key-value cache, ``[batch, pos, kv_head, d_head]``: after QK-norm and qkv
+    clipping, before rotary (what ``hook_k`` does not hold on QK-norm or clipped models)."""
+    if which not in ("k", "v"):
+        raise ValueError(f"which must be 'k' or 'v', got {which!r}")
+    return f"blocks.{layer}.attn.kv_cache_{which}"
+
+
 def position_axis(name: str) -> int:
     """Axis of a hook's activation that runs over (query) positions: 2 for attention patterns and
     scores ``[batch, head, query, key]``, 1 for everything else."""

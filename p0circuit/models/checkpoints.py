@@ -1,12 +1,13 @@
 """Loading Hugging Face checkpoints into ``HookedTransformer`` models.
 
 :func:`load_checkpoint` reads a checkpoint *directory on local disk* with no network access
-(``local_files_only``), for the families the P0-sink literature studies: Llama, GPT-NeoX/Pythia,
-GPT-2, OPT, Qwen2 and Mistral. The HF config is mapped to a ``HookedTransformerConfig`` here
-(TransformerLens' own mapping keys some families on the model *name*, which a local path does not
-carry), and the weights go through TransformerLens' per-family weight conversion. The result is a
-plain ``HookedTransformer``, so every hook the toolkit uses (``hook_resid_mid`` included) really
-writes the residual stream; p0circuit does not rely on ``TransformerBridge``.
+(``local_files_only``), for every causal-LM family TransformerLens' ``HookedTransformer``
+converts (:data:`p0circuit.models.families.FAMILIES`). Config and weights both go through
+TransformerLens' per-architecture conversion (:mod:`p0circuit.models.families` says how a local
+checkpoint is handed to it), and the hooked logits are checked against transformers' forward at
+every load. The result is a plain ``HookedTransformer``, so every hook the toolkit uses
+(``hook_resid_mid`` included) really writes the residual stream; p0circuit does not rely on
+``TransformerBridge``.
 
 :func:`load_pretrained` is the path for users with a hub: a thin wrapper over
 ``HookedTransformer.from_pretrained`` (Pythia's ``checkpoint_index`` included) that makes the BOS
@@ -15,157 +16,20 @@ choice explicit.
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
-from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from p0circuit.errors import BadInputError, CheckpointError, entry_point
-from p0circuit.models.verify import check_finite, check_loading_info
+from p0circuit.models.families import BY_ARCHITECTURE, family_of, tl_config, tl_state_dict
 from p0circuit.models.layout import linear_layout
+from p0circuit.models.verify import check_finite, check_loading_info, check_logits, read_json
 
-SUPPORTED = (
-    "LlamaForCausalLM",
-    "GPTNeoXForCausalLM",
-    "GPT2LMHeadModel",
-    "OPTForCausalLM",
-    "Qwen2ForCausalLM",
-    "MistralForCausalLM",
-)
-
-
-def _rope_theta(hf: Any, default: float = 10000.0) -> float:
-    theta = getattr(hf, "rope_theta", None)
-    params = getattr(hf, "rope_parameters", None) or {}
-    if theta is None and isinstance(params, dict):
-        theta = params.get("rope_theta")
-    return float(theta if theta is not None else default)
-
-
-def _rotary_pct(hf: Any) -> float:
-    pct = getattr(hf, "rotary_pct", None)
-    params = getattr(hf, "rope_parameters", None) or {}
-    if pct is None and isinstance(params, dict):
-        pct = params.get("partial_rotary_factor")
-    return float(pct if pct is not None else 1.0)
-
-
-def _head_dim(hf: Any) -> int:
-    hd = getattr(hf, "head_dim", None)
-    return int(hd) if hd else hf.hidden_size // hf.num_attention_heads
-
-
-def _kv_heads(hf: Any) -> Optional[int]:
-    kv = getattr(hf, "num_key_value_heads", None)
-    return None if kv in (None, hf.num_attention_heads) else int(kv)
-
-
-def _llama_like(hf: Any, **extra: Any) -> dict[str, Any]:
-    cfg = dict(
-        d_model=hf.hidden_size,
-        d_head=_head_dim(hf),
-        n_heads=hf.num_attention_heads,
-        n_key_value_heads=_kv_heads(hf),
-        d_mlp=hf.intermediate_size,
-        n_layers=hf.num_hidden_layers,
-        n_ctx=hf.max_position_embeddings,
-        eps=hf.rms_norm_eps,
-        d_vocab=hf.vocab_size,
-        act_fn=hf.hidden_act,
-        normalization_type="RMS",
-        positional_embedding_type="rotary",
-        rotary_adjacent_pairs=False,
-        rotary_dim=_head_dim(hf),
-        rotary_base=_rope_theta(hf),
-        final_rms=True,
-        gated_mlp=True,
-    )
-    cfg.update(extra)
-    return cfg
-
-
-def _gpt2(hf: Any) -> dict[str, Any]:
-    return dict(
-        d_model=hf.n_embd,
-        d_head=hf.n_embd // hf.n_head,
-        n_heads=hf.n_head,
-        d_mlp=hf.n_inner or 4 * hf.n_embd,
-        n_layers=hf.n_layer,
-        n_ctx=hf.n_positions,
-        eps=hf.layer_norm_epsilon,
-        d_vocab=hf.vocab_size,
-        act_fn=hf.activation_function,
-        use_attn_scale=getattr(hf, "scale_attn_weights", True),
-        scale_attn_by_inverse_layer_idx=getattr(hf, "scale_attn_by_inverse_layer_idx", False),
-        normalization_type="LN",
-    )
-
-
-def _opt(hf: Any) -> dict[str, Any]:
-    if getattr(hf, "word_embed_proj_dim", hf.hidden_size) != hf.hidden_size:
-        raise CheckpointError("OPT checkpoints with word_embed_proj_dim != hidden_size are not supported")
-    if not getattr(hf, "do_layer_norm_before", True):
-        raise CheckpointError("post-norm OPT checkpoints (do_layer_norm_before=False) are not supported")
-    return dict(
-        d_model=hf.hidden_size,
-        d_head=hf.hidden_size // hf.num_attention_heads,
-        n_heads=hf.num_attention_heads,
-        d_mlp=hf.ffn_dim,
-        n_layers=hf.num_hidden_layers,
-        n_ctx=hf.max_position_embeddings,
-        eps=1e-5,
-        d_vocab=hf.vocab_size,
-        act_fn=hf.activation_function,
-        normalization_type="LN",
-    )
-
-
-def _neox(hf: Any) -> dict[str, Any]:
-    d_head = hf.hidden_size // hf.num_attention_heads
-    return dict(
-        d_model=hf.hidden_size,
-        d_head=d_head,
-        n_heads=hf.num_attention_heads,
-        d_mlp=hf.intermediate_size,
-        n_layers=hf.num_hidden_layers,
-        n_ctx=hf.max_position_embeddings,
-        eps=hf.layer_norm_eps,
-        d_vocab=hf.vocab_size,
-        act_fn=hf.hidden_act,
-        parallel_attn_mlp=getattr(hf, "use_parallel_residual", True),
-        positional_embedding_type="rotary",
-        rotary_adjacent_pairs=False,
-        rotary_dim=round(_rotary_pct(hf) * d_head),
-        rotary_base=_rope_theta(hf),
-        normalization_type="LN",
-    )
-
-
-def _qwen2(hf: Any) -> dict[str, Any]:
-    return _llama_like(hf, n_key_value_heads=hf.num_key_value_heads)
-
-
-def _mistral(hf: Any) -> dict[str, Any]:
-    window = getattr(hf, "sliding_window", None)
-    extra: dict[str, Any] = {"n_key_value_heads": hf.num_key_value_heads}
-    if window:
-        extra.update(use_local_attn=True, window_size=int(window), attn_types=["local"] * hf.num_hidden_layers)
-    return _llama_like(hf, **extra)
-
-
-_CONVERTERS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "LlamaForCausalLM": _llama_like,
-    "GPTNeoXForCausalLM": _neox,
-    "GPT2LMHeadModel": _gpt2,
-    "OPTForCausalLM": _opt,
-    "Qwen2ForCausalLM": _qwen2,
-    "MistralForCausalLM": _mistral,
-}
-
-
-def _read_architecture(path: Path) -> str:
+def read_architecture(path: Path) -> str:
+    """``architectures[0]`` of a checkpoint directory's config.json; clear errors for a missing
+    directory or file, a config that is not a JSON object, and an architecture p0circuit does not load."""
     cfg_file = path / "config.json"
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist; pass a directory saved with save_pretrained()")
@@ -174,31 +38,57 @@ def _read_architecture(path: Path) -> str:
             f"{str(path)!r} has no config.json; it is not a Hugging Face checkpoint directory "
             "(save one with model.save_pretrained(path))"
         )
-    try:
-        archs = json.loads(cfg_file.read_text()).get("architectures") or []
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file} is not valid JSON ({e}); re-save the checkpoint") from None
-    if not archs or archs[0] not in _CONVERTERS:
-        raise CheckpointError(
-            f"{str(path)!r} holds architecture {archs[:1] or 'unknown'}; supported: {list(SUPPORTED)}"
-        )
-    return archs[0]
+    config = read_json(cfg_file, "the model config")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{str(cfg_file)!r} holds a JSON {type(config).__name__}, not an object of config "
+                              "fields; re-save the checkpoint (model.save_pretrained)")
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise CheckpointError(f"{str(cfg_file)!r} names no architecture (\"architectures\": {archs!r:.60}); "
+                              f"set it to one of {sorted(BY_ARCHITECTURE)}")
+    return family_of(archs[0], repr(str(path))).architecture
 
 
-def hooked_config_from_hf(hf_config: Any, architecture: str, device: str = "cpu") -> HookedTransformerConfig:
-    """Map a Hugging Face config of a supported family to a ``HookedTransformerConfig``."""
-    cfg = _CONVERTERS[architecture](hf_config)
-    cfg = {k: v for k, v in cfg.items() if v is not None or k == "n_key_value_heads"}
-    if cfg.get("n_key_value_heads") is None:
-        cfg.pop("n_key_value_heads", None)
-    return HookedTransformerConfig(
-        **cfg,
-        original_architecture=architecture,
-        default_prepend_bos=False,
-        init_weights=False,
-        device=device,
-        model_name=str(getattr(hf_config, "_name_or_path", "") or architecture),
-    )
+def hooked_config(hf_config: Any, architecture: str, *, device: str = "cpu", dtype: Any = torch.float32,
+                  n_ctx: Optional[int] = None, name: str = "") -> HookedTransformerConfig:
+    """The ``HookedTransformerConfig`` of a checkpoint of ``architecture`` (TransformerLens' own
+    conversion: :mod:`p0circuit.models.families`), its context capped at ``n_ctx``."""
+    family = family_of(architecture, name or architecture)
+    cfg = tl_config(hf_config, family)
+    for chosen in ("dtype", "default_prepend_bos", "device"):  # p0circuit's choices, not the family's defaults
+        cfg.pop(chosen, None)
+    if n_ctx is not None:
+        cfg["n_ctx"] = min(int(cfg["n_ctx"]), n_ctx)
+    return HookedTransformerConfig(**cfg, default_prepend_bos=False, init_weights=False, device=device, dtype=dtype,
+                                   model_name=name or str(getattr(hf_config, "_name_or_path", "") or architecture))
+
+
+def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tensor], tokenizer: Any,
+                 device: str = "cpu") -> HookedTransformer:
+    """A plain ``HookedTransformer`` holding ``state_dict`` unprocessed (no folding or centering:
+    its logits and residual norms equal the Hugging Face model's)."""
+    if "pos_embed.W_pos" in state_dict:  # learned positions: as many as the (capped) context
+        state_dict = {**state_dict, "pos_embed.W_pos": state_dict["pos_embed.W_pos"][:cfg.n_ctx]}
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
+    attach_tokenizer(model, tokenizer)
+    model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    linear_layout(model)  # values unchanged; no weight copy per forward
+    model.to(device)
+    model.eval()
+    return model
+
+
+def from_hf(hf_config: Any, hf_model: Any, architecture: str, tokenizer: Any, *, where: str, device: str = "cpu",
+            dtype: Any = torch.float32, n_ctx: Optional[int] = None,
+            name: str = "") -> tuple[HookedTransformer, dict[str, torch.Tensor]]:
+    """(hooked model, its state dict) from a loaded Hugging Face model, with its logits checked
+    against the Hugging Face forward (:func:`check_logits`)."""
+    cfg = hooked_config(hf_config, architecture, dtype=dtype, n_ctx=n_ctx, name=name)
+    state_dict = tl_state_dict(cfg, hf_model, dtype)
+    model = hooked_model(cfg, state_dict, tokenizer)
+    check_logits(hf_model, model, where)
+    return model.to(device), state_dict
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -240,17 +130,19 @@ def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
 
 @entry_point
 def load_checkpoint(
-    path: Union[str, Path], device: str = "cpu", dtype: Any = torch.float32
+    path: Union[str, Path], device: str = "cpu", dtype: Any = torch.float32, n_ctx: int = 2048
 ) -> HookedTransformer:
     """Load a local Hugging Face checkpoint directory as a ``HookedTransformer``, offline.
 
     The tokenizer is loaded from the same directory when its files are there, else the model has
     no tokenizer and takes token tensors only. Weights are loaded unprocessed (no folding or
-    centering), so logits equal the HF model's. ``default_prepend_bos`` is False: text entry
-    points in p0circuit always take ``prepend_bos`` explicitly anyway.
+    centering), so logits equal the HF model's; that is checked at every load
+    (:func:`~p0circuit.models.verify.check_logits`). ``n_ctx`` caps the context the hooked model is
+    built for (TransformerLens keeps an ``n_ctx x n_ctx`` mask per layer). ``default_prepend_bos``
+    is False: text entry points in p0circuit always take ``prepend_bos`` explicitly anyway.
     """
     path = Path(path)
-    architecture = _read_architecture(path)
+    architecture = read_architecture(path)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise BadInputError(f"dtype must be a floating torch dtype (torch.float32, torch.float16, torch.bfloat16), "
                             f"got {dtype!r}")
@@ -265,23 +157,8 @@ def load_checkpoint(
         ) from None
     check_loading_info(path, info)
     check_finite(dict(hf_model.named_parameters()), path)
-    cfg = hooked_config_from_hf(hf_config, architecture, device)
-    cfg.dtype = dtype  # honoured: the hooked model holds the weights in the dtype asked for
-    tokenizer = load_tokenizer(path)
-    state_dict = get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
-    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
-    attach_tokenizer(model, tokenizer)
-    model.load_and_process_state_dict(
-        state_dict,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
-    linear_layout(model)  # values unchanged; no weight copy per forward
-    model.to(device)
-    model.eval()
+    model, _ = from_hf(hf_config, hf_model.eval(), architecture, load_tokenizer(path), where=repr(str(path)),
+                       device=device, dtype=dtype, n_ctx=n_ctx)
     return model
 
 

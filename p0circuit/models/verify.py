@@ -86,3 +86,34 @@ def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where
     params = dict(model.named_parameters())  # buffers such as attention masks hold -inf on purpose
     check_finite({k: v for k, v in state.items() if k in params}, where)
     model.load_state_dict(state)
+
+
+LOGIT_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6}
+"""Largest |hooked - Hugging Face| logit difference, relative to the largest |logit| (at least 1),
+that a load accepts; 5e-2 for half-precision dtypes. A conversion mistake (a dropped norm, a
+wrong scale, a misread window) gives differences of order one."""
+
+
+@torch.no_grad()
+def check_logits(hf_model: Any, model: Any, where: Any, length: int = 24) -> float:
+    """Compare the hooked model's logits with the Hugging Face model's on random ids (two prompts,
+    longer than any sliding window up to ``length``); raise :class:`CheckpointError` when they
+    differ beyond :data:`LOGIT_TOLERANCE`. Returns the largest difference."""
+    cfg = model.cfg
+    length = min(length, cfg.n_ctx)
+    ids = torch.randint(0, cfg.d_vocab, (2, length), generator=torch.Generator().manual_seed(0))
+    hf_device = next(hf_model.parameters()).device
+    expected = hf_model(ids.to(hf_device)).logits.float().cpu()
+    got = model(ids.to(cfg.device)).float().cpu()
+    if expected.shape != got.shape:
+        raise CheckpointError(f"{where}: the converted model gives logits of shape {tuple(got.shape)}, transformers "
+                              f"{tuple(expected.shape)}; the {cfg.original_architecture} conversion does not fit this config")
+    diff = float((expected - got).abs().max())
+    scale = max(1.0, float(expected.abs().max()))
+    tol = LOGIT_TOLERANCE.get(cfg.dtype, 5e-2)
+    if not diff <= tol * scale:
+        raise CheckpointError(
+            f"{where}: TransformerLens' conversion of this {cfg.original_architecture} checkpoint does not reproduce "
+            f"transformers' forward (max logit difference {diff:.3g}, largest logit {scale:.3g}); the config uses a "
+            "feature the conversion does not carry, so p0circuit refuses it rather than patch a different model")
+    return diff

@@ -9,9 +9,10 @@ the same position class.
 
 from typing import Any, Optional, Sequence, Union
 
+import torch
 from torch import Tensor
-
 from transformer_lens import HookedTransformer
+from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, entry_point
@@ -124,6 +125,47 @@ def written(model: Any, node: Node, act: Tensor) -> Tensor:
     if node.kind == Kind.NEURON:
         return act[:, :, node.neuron, None] * model.blocks[node.layer].mlp.W_out[node.neuron]  # (B, P, 1) x (d,) -> (B, P, d)
     return act
+
+
+def post_norm(model: Any, node: Node) -> Optional[Any]:
+    """The norm that what ``node`` writes passes through before it reaches the residual stream, or
+    None: a head's output in blocks with a norm after attention (Gemma 2/3's ``ln1_post``, OLMo
+    2/3's post-norm ``ln1``), a neuron's in blocks with a norm after the MLP. An MLP's whole output
+    (``hook_mlp_out``) is already taken after that norm."""
+    if node.kind not in (Kind.HEAD, Kind.NEURON):
+        return None
+    block = model.blocks[node.layer]
+    after = "ln1" if node.kind == Kind.HEAD else "ln2"
+    if model.cfg.use_normalization_before_and_after:
+        return getattr(block, f"{after}_post")
+    if model.cfg.original_architecture in POST_NORM_ARCHITECTURES:
+        return getattr(block, after)
+    return None
+
+
+def sender_change(model: Any, node: Node, base: Tensor, new: Tensor) -> Tensor:
+    """The change of what ``node`` adds to the residual stream when its sender-hook activation
+    (cut to the positions) goes from ``base`` to ``new``, every other component as in the base run.
+
+    Without a norm after the sender this is ``written(new) - written(base)``. With one
+    (:func:`post_norm`) the sender's change is added before that norm, together with the base run's
+    other heads (or neurons), and the change is what leaves the norm:
+    ``norm(pre + (new - base) W) - norm(pre)``, ``pre`` the base run's attention (or MLP) output
+    before the norm."""
+    norm = post_norm(model, node)
+    if norm is None:
+        return written(model, node, new) - written(model, node, base)
+    block = model.blocks[node.layer]
+    if node.kind == Kind.HEAD:
+        W_O = block.attn.W_O  # (H, d_head, d_model)
+        pre = torch.einsum("bphd,hdm->bpm", base, W_O) + block.attn.b_O  # (B, P, d_model)
+    else:
+        if not hasattr(block.mlp, "W_out"):
+            raise BadInputError(f"{node}: this block's MLP has no single W_out (mixture of experts); "
+                                "neurons cannot be senders here")
+        pre = base @ block.mlp.W_out + block.mlp.b_out  # (B, P, d_mlp) x (d_mlp, d_model) -> (B, P, d_model)
+    changed = pre + written(model, node, new) - written(model, node, base)
+    return norm(changed) - norm(pre)
 
 
 def sender_hook(node: Node) -> str:

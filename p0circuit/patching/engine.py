@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from p0circuit import hooks
 from p0circuit.hooks import HookRef
@@ -68,13 +69,13 @@ def start_layer(group: Sequence[PatchOp]) -> int:
 def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef], stop: Optional[int] = None,
                attn_only: bool = False) -> set[str]:
     """Hooks the base-run cache must hold: the input and output of every block before ``stop``
-    (and its middle and MLP output, for :func:`skip_block`, unless the blocks are attention-only;
-    its keys and values, for suffix forwards), the metric's, and ``extra``."""
+    (and its middle and MLP output, for :func:`skip_block`, unless the blocks are attention-only),
+    the metric's, and ``extra``. (The keys and values for suffix forwards come from the base run's
+    key-value cache: :func:`cache_run`.)"""
     layers = range(n_layers if stop is None else min(stop, n_layers))
     names = {hooks.resid_pre(l) for l in layers} | {hooks.resid_post(l) for l in layers}
     if not attn_only:
         names |= {hooks.mlp_out(l) for l in layers} | {hooks.resid_mid(l) for l in layers}
-    names |= {hooks.head_vector(l, w) for l in layers for w in ("k", "v")}
     names |= {h.name for h in metric.needs(n_layers)}
     names |= {h.name for h in extra}
     return names
@@ -113,7 +114,9 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
     return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
 
 
-POST_NORM = ("OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
+POST_NORM = tuple(POST_NORM_ARCHITECTURES)
+"""Architectures whose blocks normalize each sublayer's output instead of its input (TransformerLens'
+list): :func:`skip_block`'s ``ln2`` before the MLP does not hold there."""
 
 
 def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor:
@@ -392,21 +395,21 @@ def _suffix_ok(model: Any, metric: PatchMetric, base_logits: Optional[Tensor], b
         return False
     stop = stop_layer(model, metric)
     layers = range(model.cfg.n_layers if stop is None else stop)
-    return all(hooks.head_vector(l, w) in base_cache for l in layers for w in ("k", "v"))
+    return all(hooks.kv_entry(l, w) in base_cache for l in layers for w in ("k", "v"))
 
 
 def _prefix_cache(model: Any, base_cache: dict[str, Tensor], start: int, first: int, n: int) -> Any:
-    """A frozen key-value cache holding the base run's keys and values of positions < ``first``,
-    repeated for ``n`` groups (empty placeholders for the blocks that do not run: before
-    ``start``, or past the cached ones)."""
-    cached = [l for l in range(model.cfg.n_layers) if hooks.head_vector(l, "k") in base_cache]
-    like_k, like_v = (base_cache[hooks.head_vector(cached[0], w)][:, :0] for w in ("k", "v"))
+    """A frozen key-value cache holding the base run's keys and values of positions < ``first``
+    exactly as its attention appended them (:func:`cache_run`), repeated for ``n`` groups (empty
+    placeholders for the blocks that do not run: before ``start``, or past the cached ones)."""
+    cached = [l for l in range(model.cfg.n_layers) if hooks.kv_entry(l, "k") in base_cache]
+    like_k, like_v = (base_cache[hooks.kv_entry(cached[0], w)][:, :0] for w in ("k", "v"))
     entries = []
     for layer in range(model.cfg.n_layers):
         if layer < start or layer not in cached:  # not run: an empty placeholder
             k, v = like_k, like_v
         else:
-            k, v = base_cache[hooks.head_vector(layer, "k")], base_cache[hooks.head_vector(layer, "v")]
+            k, v = base_cache[hooks.kv_entry(layer, "k")], base_cache[hooks.kv_entry(layer, "v")]
         entries.append(TransformerLensKeyValueCacheEntry(
             k[:, :first].repeat(n, 1, 1, 1), v[:, :first].repeat(n, 1, 1, 1), frozen=True))
     mask = torch.ones(like_k.shape[0] * n, first, dtype=torch.int, device=like_k.device)
@@ -443,8 +446,23 @@ def run_groups_reference(
     return values
 
 
-def cache_run(model: Any, tokens: Tensor, names: set[str], stop: Optional[int] = None) -> tuple[dict[str, Tensor], Optional[Tensor]]:
+def cache_run(model: Any, tokens: Tensor, names: set[str], stop: Optional[int] = None,
+              kv: bool = False) -> tuple[dict[str, Tensor], Optional[Tensor]]:
     """Run ``tokens`` once through the blocks before ``stop`` (all of them and the unembedding when
-    None), keeping only ``names``; returns (cache dict, logits or None when stopped early)."""
-    out, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, stop_at_layer=stop)
-    return dict(cache.cache_dict), (out if stop is None else None)
+    None), keeping only ``names``; returns (cache dict, logits or None when stopped early).
+
+    With ``kv`` the run also fills a TransformerLens key-value cache, and the cache dict holds
+    each run block's keys and values as its attention appended them (:func:`p0circuit.hooks.kv_entry`):
+    the prefix that suffix-only forwards attend to, whatever the attention does to its keys
+    between ``hook_k`` and the cache (QK-norm, clipping)."""
+    extra: dict[str, Any] = {}
+    if kv:
+        extra["past_kv_cache"] = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
+        extra["attention_mask"] = torch.ones_like(tokens)  # no padding (TransformerLens asks for it with a cache)
+    out, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, stop_at_layer=stop, **extra)
+    acts = dict(cache.cache_dict)
+    if kv:
+        for layer, entry in enumerate(extra["past_kv_cache"].entries):
+            if entry.past_keys.shape[1]:  # blocks at or past ``stop`` did not run
+                acts[hooks.kv_entry(layer, "k")], acts[hooks.kv_entry(layer, "v")] = entry.past_keys, entry.past_values
+    return acts, (out if stop is None else None)

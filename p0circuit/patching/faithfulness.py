@@ -17,7 +17,7 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError, entry_point
 from p0circuit.patching.corruptions import Corruption
-from p0circuit.patching.edges import receiver_site, sender_hook, sender_output
+from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
 from p0circuit.patching.engine import run_groups_reference
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
@@ -40,6 +40,11 @@ def _ranked(result: PatchResult) -> list[str]:
 @torch.no_grad()
 def _edges_ablated(job: PatchJob, ablated: Sequence[Edge], named: Sequence[int]) -> float:
     model = job.model
+    normed = sorted({str(e.src) for e in ablated if post_norm(model, e.src) is not None})
+    if normed:
+        raise BadInputError(f"edge faithfulness ablates many edges at once by subtracting each sender's output, which "
+                            f"is not additive where a norm follows the sender ({', '.join(normed[:4])} on this "
+                            f"{model.cfg.original_architecture} model); use node-level faithfulness there")
     current: dict[Node, Tensor] = {}
     by_sender: dict[str, list[Node]] = {}
     for e in ablated:

@@ -99,9 +99,10 @@ class PatchJob:
         keeping the engine's hooks and ``extra``."""
         names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop, bool(self.model.cfg.attn_only)) | extra
         with torch.no_grad():
-            self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop)
+            kv = not self.reference  # the fast path's suffix forwards attend to these keys and values
+            self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop, kv)
             if self.prep.corrupt_tokens is not None:
-                self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names, self.stop)
+                self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names, self.stop, kv)
         for run, cache in (("clean", self.clean), ("corrupted", self.corr)):
             _check_finite_run(self.model, run, cache or {})
         self.clean_metric = self.metric_of(self.clean, self.clean_logits, 0)

@@ -3,7 +3,8 @@ corruption sent into its receiver input alone.
 
 * :func:`node_op` sets a node's activation (a head's ``hook_z`` slice, an MLP output, an
   embedding) at its positions to the other run's value;
-* :func:`sender_delta` is the change of a sender's residual-stream output between the runs;
+* :func:`sender_delta` is the change of a sender's residual-stream output between the runs
+  (through the norm after it, where a block has one: :func:`~p0circuit.patching.edges.sender_change`);
 * :func:`edge_op` adds that change to one receiver input (a head's q/k/v input or an MLP input),
   so only the direct path from the sender to that receiver carries it.
 """
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from p0circuit import hooks
 from p0circuit.hooks import HookRef
-from p0circuit.patching.edges import receiver_site, sender_hook, sender_output, written
+from p0circuit.patching.edges import receiver_site, sender_change, sender_hook, sender_output
 from p0circuit.patching.engine import POST_NORM, PatchOp
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
@@ -42,11 +43,12 @@ def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]
     """Base-frame positions and the change of the sender's output there."""
     model, src = job.model, edge.src
     pos = positions_of(src, job.seq_len, named)
-    clean_out = sender_output(model, job.clean, src, pos)
-    corr_out = written(model, src, job.corrupted_value(sender_hook(src), pos))
+    sender_output(model, job.clean, src, pos)  # refuses senders that are not components
+    clean = job.clean[sender_hook(src)][:, pos]
+    corr = job.corrupted_value(sender_hook(src), pos)
     if direction == "noise":
-        return pos, corr_out - clean_out
-    return [p + job.offset for p in pos], clean_out - corr_out
+        return pos, sender_change(model, src, clean, corr)
+    return [p + job.offset for p in pos], sender_change(model, src, corr, clean)
 
 
 def edge_op(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]) -> PatchOp:

@@ -1,0 +1,129 @@
+"""Every family TransformerLens converts: loaded offline, and patched exactly.
+
+For each family a tiny random checkpoint is made with transformers' own config class
+(``family_configs``: every feature the family brings switched on, prompts longer than the
+sliding windows) and loaded with ``load_checkpoint``. Then:
+
+* logits equal transformers' forward (<= 1e-4 in float32);
+* activation patching (heads and MLPs at 0 and at the other positions, neurons), path patching
+  (head, MLP and neuron senders into q, k, v and MLP-input receivers) and attribution equal the
+  slow reference AND an independent patch written with plain TransformerLens hooks
+  (``plain_patch``, which shares no code with the engine).
+"""
+
+import logging
+
+import pytest
+import torch
+
+import p0circuit as p0
+import plain_patch
+from p0circuit.types import Node
+from family_configs import VOCAB, family_configs
+
+FAMILIES = sorted(family_configs())
+MOE = {"mixtral", "olmoe", "gpt_oss"}
+TOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("families")
+
+
+def make(family, root):
+    from transformers import AutoModelForCausalLM
+
+    path = root / family
+    if not path.exists():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(family_configs()[family])
+        with torch.no_grad():  # random norms and biases too, so a dropped parameter would show
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, root):
+    logging.disable(logging.WARNING)
+    path = make(request.param, root)
+    return request.param, path, p0.load_checkpoint(path)
+
+
+TOKENS = torch.randint(3, VOCAB, (3, 10), generator=torch.Generator().manual_seed(1))  # longer than windows of 4
+METRIC_LAYER = 2
+
+
+def close(a, b, scale=1.0):
+    return abs(a - b) <= TOL * max(1.0, abs(scale))
+
+
+def test_logits_equal_transformers(family):
+    from transformers import AutoModelForCausalLM
+
+    name, path, model = family
+    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    with torch.no_grad():
+        diff = (hf(TOKENS).logits - model(TOKENS)).abs().max().item()
+    assert diff <= 1e-4, f"{name}: max logit difference {diff}"
+
+
+def nodes_of(name, model):
+    nodes = [n.name for n in p0.candidate_nodes(model)]
+    if name not in MOE:
+        nodes += ["M0.N1@0", "M1.N7@0", "M1.N3@rest"]
+    return nodes
+
+
+def senders_of(name):
+    senders = ["A0.H1@0", "M0@0", "A1.H2@0", "A0.H3@rest", "M1@rest"]
+    return senders + ([] if name in MOE else ["M0.N2@0", "M1.N4@rest"])
+
+
+def test_activation_fast_reference_plain(family):
+    name, _, model = family
+    nodes = nodes_of(name, model)
+    kw = dict(nodes=nodes, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.NormRatio(METRIC_LAYER),
+              min_signal=0)
+    fast = p0.activation_patch(model, TOKENS, **kw)
+    slow = p0.activation_patch(model, TOKENS, reference=True, **kw)
+    plain = plain_patch.activation(model, TOKENS, nodes, METRIC_LAYER)
+    bad = [(n, fast.raw[n], slow.raw[n], plain[n]) for n in nodes
+           if not (close(fast.raw[n], plain[n], slow.clean_metric) and close(slow.raw[n], plain[n], slow.clean_metric))]
+    assert not bad, f"{name}: {len(bad)} of {len(nodes)} nodes differ (node, fast, reference, plain): {bad[:4]}"
+    assert max(abs(v - fast.clean_metric) for v in fast.raw.values()) > 1e-3  # the patches change something
+
+
+def test_path_fast_reference_plain(family):
+    name, _, model = family
+    edges = [e.name for e in p0.candidate_edges(model, [Node.parse(s) for s in senders_of(name)])]
+    kw = dict(edges=edges, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.NormRatio(METRIC_LAYER),
+              min_signal=0)
+    fast = p0.path_patch(model, TOKENS, **kw)
+    slow = p0.path_patch(model, TOKENS, reference=True, **kw)
+    plain = plain_patch.path(model, TOKENS, edges, METRIC_LAYER)
+    bad = [(e, fast.raw[e], slow.raw[e], plain[e]) for e in edges
+           if not (close(fast.raw[e], plain[e], slow.clean_metric) and close(slow.raw[e], plain[e], slow.clean_metric))]
+    assert not bad, f"{name}: {len(bad)} of {len(edges)} edges differ (edge, fast, reference, plain): {bad[:4]}"
+    kinds = {e.split("->")[1].rsplit(".", 1)[1] for e in edges}
+    assert kinds == {"q", "k", "v", "mlp_in"}
+
+
+def test_attribution_equals_plain_gradient(family):
+    name, _, model = family
+    nodes = nodes_of(name, model)
+    result = p0.attribution_patch(model, TOKENS, nodes=nodes, corruption=p0.Shift(filler=(plain_patch.FILLER,)),
+                                  metric=p0.NormRatio(METRIC_LAYER), min_signal=0)
+    plain = plain_patch.attribution(model, TOKENS, nodes, METRIC_LAYER)
+    bad = [(n, result.raw[n], plain[n]) for n in nodes if not abs(result.raw[n] - plain[n]) <= 1e-4 * max(1, abs(plain[n]))]
+    assert not bad, f"{name}: {bad[:4]}"
+
+
+def test_every_family_has_a_tiny_checkpoint():
+    from p0circuit.models.families import FAMILIES as LOADED
+
+    classes = {type(c).__name__ for c in family_configs().values()}
+    assert len(family_configs()) == len(LOADED) == 22, "one tiny checkpoint per family TransformerLens converts"
+    assert len(classes) == 22
