@@ -21,7 +21,7 @@ _WHERE = {
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
     **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'faithfulness_curve', 'path_patch'], 'p0circuit.patching'),
     **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),
-    **dict.fromkeys(['export_gguf', 'load_gguf', 'load_smollm2'], 'p0circuit.models.gguf'),
+    **dict.fromkeys(['export_gguf', 'load_gemma3', 'load_gguf', 'load_smollm2'], 'p0circuit.models.gguf'),
     **dict.fromkeys(['load_model'], 'p0circuit.models.resolve'),
     **dict.fromkeys(['PlantSpec', 'PlantedModel', 'build_planted', 'p0_like_positions', 'regular_prompts'], 'p0circuit.planted'),
     **dict.fromkeys(['bos_label', 'check_tokens', 'english_prompts', 'make_prompts', 'probe_tokens', 'set_bos', 'text_windows', 'to_tokens'], 'p0circuit.tokens'),
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
         path_patch,
     )
     from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
-    from p0circuit.models.gguf import export_gguf, load_gguf, load_smollm2
+    from p0circuit.models.gguf import export_gguf, load_gemma3, load_gguf, load_smollm2
     from p0circuit.models.resolve import load_model
     from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
     from p0circuit.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
@@ -80,7 +80,7 @@ __all__ = [
     "PosMean", "Resample", "Shift", "SinkReport", "Zero", "activation_patch", "attribution_patch", "auroc",
     "build_planted", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
     "export_gguf", "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
-    "load_smollm2", "p0_like_positions", "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts",
+    "load_gemma3", "load_smollm2", "p0_like_positions", "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts",
     "sink_report", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
 ]
 

@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
     d.add_argument("--model", help="any model entry: planted:<variant>, spec:<family>, checkpoint:<path>, "
-                   "real:smollm2, hub:<name>")
+                   "real:smollm2, real:gemma3, hub:<name>")
     d.add_argument("--checkpoint", help="a local checkpoint instead of a plant: a Hugging Face directory, a "
                    "p0circuit training checkpoint (runs/train/step_N) or a .gguf file")
     d.add_argument("--spec", choices=sorted(FAMILIES), help="a model family by name, freshly initialized")

@@ -52,3 +52,20 @@ def family_configs() -> dict:
                                    **llama_like),
         "apertus": tf.ApertusConfig(**llama_like),
     }
+
+
+def make_checkpoint(family: str, root):
+    """Save a tiny random checkpoint of ``family`` under ``root/family`` (once) and return its path.
+    Norm weights and biases are random too, so a dropped parameter would show."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = root / family
+    if not path.exists():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(family_configs()[family])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        model.save_pretrained(path)
+    return path

@@ -77,7 +77,7 @@ def test_corrupt_config(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["BertForMaskedLM"]}')
-    with pytest.raises(CheckpointError, match="supported: "):
+    with pytest.raises(CheckpointError, match="does not convert; p0circuit loads"):
         load_checkpoint(tmp_path)
 
 

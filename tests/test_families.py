@@ -19,7 +19,7 @@ import torch
 import p0circuit as p0
 import plain_patch
 from p0circuit.types import Node
-from family_configs import VOCAB, family_configs
+from family_configs import VOCAB, family_configs, make_checkpoint
 
 FAMILIES = sorted(family_configs())
 MOE = {"mixtral", "olmoe", "gpt_oss"}
@@ -31,24 +31,10 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("families")
 
 
-def make(family, root):
-    from transformers import AutoModelForCausalLM
-
-    path = root / family
-    if not path.exists():
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(family_configs()[family])
-        with torch.no_grad():  # random norms and biases too, so a dropped parameter would show
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        model.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, root):
     logging.disable(logging.WARNING)
-    path = make(request.param, root)
+    path = make_checkpoint(request.param, root)
     return request.param, path, p0.load_checkpoint(path)
 
 

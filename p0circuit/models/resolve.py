@@ -9,7 +9,7 @@ entry                  model
 ``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``), a
                        p0circuit training checkpoint (``spec.json``, written by ``p0circuit train``)
                        or a GGUF file (``.gguf``)
-``real:<name>``        a real pretrained model shipped by a package (:data:`REAL`: ``real:smollm2``)
+``real:<name>``        a real pretrained model shipped by a package (:data:`REAL`: ``real:smollm2``, ``real:gemma3``)
 ``hub:<name>``         ``HookedTransformer.from_pretrained`` (needs a hub or the HF cache), no BOS
 =====================  ======================================================================
 """
@@ -22,7 +22,7 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import CheckpointError, ConfigError, entry_point
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
-from p0circuit.models.gguf import load_gguf, load_smollm2
+from p0circuit.models.gguf import load_gemma3, load_gguf, load_smollm2
 from p0circuit.models.spec import FAMILIES, ModelSpec
 from p0circuit.planted import VARIANTS, PlantedModel, build_planted
 from p0circuit.training import load_trained
@@ -56,7 +56,7 @@ class Resolved:
         return None if self.plant is None else self.plant.sink_heads
 
 
-REAL = {"smollm2": load_smollm2}
+REAL = {"smollm2": load_smollm2, "gemma3": load_gemma3}
 """Real pretrained models that installed packages ship (``pip install -e ".[real]"``): name -> loader."""
 
 

@@ -47,3 +47,11 @@ def attached(model: Any, fwd_hooks: Sequence[tuple[str, Callable]]) -> Iterator[
     finally:
         for handle in handles:
             handle.remove()
+
+
+def user_hooks(model: Any) -> list[str]:
+    """Modules of ``model`` (hook points or any other) that carry forward, pre-forward or backward
+    hooks: ones the user left there, since p0circuit removes its own on exit."""
+    return [name or "(the model)" for name, module in model.named_modules()
+            if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+            or getattr(module, "_backward_pre_hooks", None)]

@@ -23,10 +23,11 @@ import torch
 from torch import Tensor
 from p0circuit.progress import tqdm
 
-from p0circuit.errors import ConfigError, NonFiniteError
+from p0circuit.errors import BadInputError, ConfigError, NonFiniteError
 from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, get_corruption
+from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric
 from p0circuit.patching.result import PatchResult, normalize
@@ -74,6 +75,13 @@ class PatchJob:
         self.rows_per_forward = 8 * self.tokens.shape[0] if rows_per_forward is None else rows_per_forward
         self.min_signal = min_signal
         self.reference = reference
+        left = user_hooks(model)
+        if left and not reference:
+            raise BadInputError(
+                f"the model carries hooks of its own at {', '.join(left[:5])}{' and more' if len(left) > 5 else ''}: the "
+                "fast path runs only the blocks and positions a patch can change and reuses cached activations, so "
+                "those hooks would fire on other tensors than in a full forward. Remove them (model.reset_hooks("
+                "including_permanent=True)), or pass reference=True, which runs every patch as a full forward with them")
         self.progress = progress
         self._bar: Optional[tqdm] = None
         self.stop = None if reference else stop_layer(model, self.metric)
