@@ -283,6 +283,10 @@ def _rows_to_tokens(model: HookedTransformer, rows: list[list[int]], prepend_bos
     return tokens
 
 
+TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+"""Dtypes accepted for token ids (the integer dtypes torch indexes and reduces on every device)."""
+
+
 @entry_point
 def check_tokens(
     model: HookedTransformer, tokens: Any, *, min_len: int = 1, what: str = "tokens", bos: Any = None,
@@ -298,8 +302,9 @@ def check_tokens(
             f"{what} must be a torch LongTensor [batch, pos], got {type(tokens).__name__}; "
             "use p0circuit.to_tokens(model, text, prepend_bos=...) for text"
         )
-    if tokens.dtype in (torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.bool):
-        raise BadInputError(f"{what} must hold integer token ids, got dtype {tokens.dtype}; use .long()")
+    if tokens.dtype not in TOKEN_DTYPES:
+        raise BadInputError(f"{what} must hold integer token ids ({', '.join(str(d)[6:] for d in TOKEN_DTYPES)}), got "
+                            f"dtype {tokens.dtype}; convert with .long() (round float ids first, if they are ids at all)")
     if tokens.device.type == "meta":
         raise BadInputError(f"{what} are on the meta device and hold no data; create them on the CPU or the model's device")
     if tokens.ndim == 1:

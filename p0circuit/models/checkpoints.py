@@ -14,7 +14,6 @@ every load. The result is a plain ``HookedTransformer``, so every hook the toolk
 choice explicit.
 """
 
-import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -104,10 +103,11 @@ def load_tokenizer(path: Path) -> Any:
     cls_name = ""
     tcfg = path / "tokenizer_config.json"
     if tcfg.is_file():
-        try:
-            cls_name = json.loads(tcfg.read_text()).get("tokenizer_class") or ""
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{tcfg} is not valid JSON ({e}); re-save the tokenizer") from None
+        settings = read_json(tcfg, "the tokenizer config")
+        if not isinstance(settings, dict):
+            raise CheckpointError(f"{str(tcfg)!r} holds a JSON {type(settings).__name__}, not an object of tokenizer "
+                                  "settings; re-save the tokenizer (tokenizer.save_pretrained) or remove its files")
+        cls_name = settings.get("tokenizer_class") or ""
     try:
         if cls_name in ("PreTrainedTokenizerFast", "TokenizersBackend") and (path / "tokenizer.json").is_file():
             return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)

@@ -169,6 +169,7 @@ def _transformers_load(path: Path, arch: str) -> tuple[Any, Any, Any]:
     try:
         hf_config = AutoConfig.from_pretrained(directory, gguf_file=name)
         hf_model, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
+                                                              config=hf_config,  # else parsed from the file again
                                                               output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     except Exception as e:  # transformers raises its own types for each step

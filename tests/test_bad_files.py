@@ -1,0 +1,43 @@
+"""Bad input that reaches the loaders and token checks (issue 19, item 6): token tensors of any
+non-integer dtype, and config files holding any JSON type, get one clear error naming the
+argument or the file, never a raw AttributeError or NotImplementedError."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+import p0circuit as p0
+from family_configs import make_checkpoint
+
+JSON_VALUES = [[], ["LlamaForCausalLM"], "LlamaForCausalLM", 3, 2.5, True, None, {}, {"architectures": "Llama"},
+               {"architectures": [7]}, {"architectures": []}, {"architectures": ["BertModel"]}]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.bool, torch.float16, torch.bfloat16,
+                                   torch.float32, torch.float64, torch.float8_e4m3fn, torch.uint16, torch.uint32,
+                                   torch.uint64])
+def test_token_dtypes_are_named(dtype):
+    model = p0.ModelSpec(n_layers=1).build()
+    tokens = torch.ones(2, 5, dtype=dtype) if dtype.is_complex else torch.ones(2, 5).to(dtype)
+    for call in (lambda: p0.sink_report(model, tokens), lambda: p0.activation_patch(model, tokens, corruption="shift")):
+        with pytest.raises(p0.BadInputError, match=f"integer token ids.*got dtype {dtype}"):
+            call()
+
+
+@pytest.mark.parametrize("value", JSON_VALUES, ids=[json.dumps(v)[:24] for v in JSON_VALUES])
+def test_config_json_of_any_type(tmp_path, value):
+    (tmp_path / "config.json").write_text(json.dumps(value))
+    with pytest.raises(p0.CheckpointError, match=r"config\.json'|architecture") as err:
+        p0.load_checkpoint(tmp_path)
+    assert str(tmp_path) in str(err.value)
+
+
+@pytest.mark.parametrize("value", [[], "x", 1, None, True])
+def test_tokenizer_config_of_any_type(tmp_path, value):
+    logging.disable(logging.WARNING)
+    path = make_checkpoint("llama", tmp_path)
+    (path / "tokenizer_config.json").write_text(json.dumps(value))
+    with pytest.raises(p0.CheckpointError, match=r"tokenizer_config\.json' .*(not an object|is not valid JSON)"):
+        p0.load_checkpoint(path)
