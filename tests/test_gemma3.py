@@ -1,0 +1,148 @@
+"""A second real model: Gemma 3 270M from the GGUF file its PyPI packages ship (installed by the
+README's set-up command; nothing is downloaded at run time).
+
+Gemma 3 brings what SmolLM2 lacks: QK-norm, norms after attention and after the MLP, sliding-window
+layers (window 512, five local per global), a single key/value head and a BOS-trained model. Every
+feature of p0circuit is run on it, and the fast path is checked against the reference and against
+plain TransformerLens hooks where the two silent bugs of issue 19 were (positions after 0 under
+QK-norm; head senders before a post-attention norm). The sink facts asserted are the measured ones,
+the negative result included: without ``<bos>`` there is no P0 sink.
+"""
+
+import json
+import logging
+
+import pytest
+import torch
+
+import p0circuit as p0
+import plain_patch
+from p0circuit import experiments
+from p0circuit.cli import main
+from p0circuit.models.gguf import gemma3_path, gguf_header
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    logging.disable(logging.WARNING)
+    return p0.load_gemma3()
+
+
+@pytest.fixture(scope="module")
+def english(gemma3):
+    return p0.english_prompts(gemma3, 4, 12, prepend_bos=False)
+
+
+@pytest.fixture(scope="module")
+def with_bos(gemma3):
+    return p0.english_prompts(gemma3, 4, 12, prepend_bos=True)
+
+
+def test_gemma3_loads_like_transformers(gemma3, with_bos):
+    from transformers import AutoModelForCausalLM
+
+    path = gemma3_path()
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        diff = (gemma3(with_bos) - hf(with_bos).logits).abs().max().item()
+    assert diff < 1e-3, diff  # logits up to ~50: 2e-5 relative
+    cfg = gemma3.cfg
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_model, cfg.window_size) == (18, 4, 1, 640, 512)
+    assert cfg.use_qk_norm and cfg.use_normalization_before_and_after
+    assert cfg.attn_types == (["local"] * 5 + ["global"]) * 3
+    assert gguf_header(path)[0] == "gemma3" and with_bos[:, 0].tolist() == [2] * 4
+
+
+def test_second_load_reads_the_conversion_cache(gemma3, with_bos):
+    again = p0.load_gemma3()
+    assert again.cfg.load_seconds < 30
+    with torch.no_grad():
+        assert torch.equal(again(with_bos), gemma3(with_bos))
+
+
+def test_sink_with_bos_and_none_without(gemma3, english, with_bos):
+    """Measured: with <bos> a sink from block 0 (norm 20x, dimension 400 massive); without, none."""
+    on = p0.sink_report(gemma3, with_bos, bos=True)
+    off = p0.sink_report(gemma3, english, bos=False)
+    assert on.sink_rate > 0.9 and on.norm_onsets[0] == 0 and on.norm_ratio_resid[0] > 10
+    assert (0, 400) in {(layer, dim) for layer, dim, _, _ in on.massive}
+    assert off.sink_rate < 0.2 and max(off.norm_ratio_resid) < 1.5 and not off.norm_onsets  # the paper's claim fails
+
+
+@pytest.mark.parametrize("method", ["activation", "path", "attribution", "attribution_edges", "triage"])
+def test_every_method_and_corruption_on_gemma3(gemma3, method):
+    """With <bos>: shift moves the BOS token with the prompt and resample keeps it, so both see no
+    signal; pos_mean and zero find the block-0 MLP making the BOS state massive."""
+    toks = p0.english_prompts(gemma3, 2, 8, prepend_bos=True)
+    nodes = [n for n in p0.candidate_nodes(gemma3) if n.layer < 2]
+    senders = [p0.Node.parse(n) for n in ("A0.H0@0", "M0@0")]
+    edges = [e for e in p0.candidate_edges(gemma3, senders, receiver_layers=2)]
+    for corruption in ("shift", "pos_mean", "zero", "resample"):
+        kw = {"edges": edges} if method in ("path", "attribution_edges") else {"nodes": nodes}
+        circuit = p0.discover(gemma3, toks, method=method, corruption=corruption, metric=p0.NormRatio(1), bos=True, **kw)
+        if corruption in ("shift", "resample"):
+            assert circuit.interpretation.startswith("no signal") and not circuit.nodes, (method, corruption)
+        elif "edges" in kw:  # measured: the block-0 MLP raises the block-1 norm directly, through no receiver
+            assert circuit.settings["signal"] and len(circuit.edge_effects) == len(edges), (method, corruption)
+            assert all(abs(v) < 0.2 for v in circuit.edge_effects.values())
+        else:
+            assert circuit.settings["signal"] and "M0@0" in {n.name for n in circuit.nodes}, (method, corruption)
+
+
+def test_fast_equals_reference_and_plain_hooks_where_the_bugs_were(gemma3, english):
+    """Positions after 0 under QK-norm (activation) and head senders before ln1_post (path)."""
+    toks = english[:2, :10]
+    shift = p0.Shift(filler=(plain_patch.FILLER,))
+    nodes = ["A0.H1@rest", "M0@rest", "A1.H2@rest", "A1.H0@0", "M1@0", "M1.N7@rest"]
+    kw = dict(nodes=nodes, corruption=shift, metric=p0.NormRatio(2), min_signal=0)
+    fast, slow = p0.activation_patch(gemma3, toks, **kw), p0.activation_patch(gemma3, toks, reference=True, **kw)
+    plain = plain_patch.activation(gemma3, toks, nodes, 2)
+    for n in nodes:
+        assert fast.raw[n] == pytest.approx(plain[n], rel=1e-4) and slow.raw[n] == pytest.approx(plain[n], rel=1e-4)
+    edges = ["A0.H0@0->A1.H0@0.q", "A0.H0@0->A1.KV0@0.k", "A0.H2@rest->A2.KV0@rest.v", "A0.H0@0->M1@0.mlp_in",
+             "M0.N5@0->A2.H1@0.q", "M1@rest->M2@rest.mlp_in"]
+    kw = dict(edges=edges, corruption=shift, metric=p0.NormRatio(2), min_signal=0)
+    fast, slow = p0.path_patch(gemma3, toks, **kw), p0.path_patch(gemma3, toks, reference=True, **kw)
+    plain = plain_patch.path(gemma3, toks, edges, 2)
+    for e in edges:
+        assert fast.raw[e] == pytest.approx(plain[e], rel=1e-4) and slow.raw[e] == pytest.approx(plain[e], rel=1e-4)
+
+
+def test_prompts_longer_than_the_sliding_window(gemma3):
+    toks = p0.english_prompts(gemma3, 1, 530, prepend_bos=True)  # window 512 in blocks 0-4
+    kw = dict(nodes=["A0.H0@0", "M0@0", "A3.H1@rest", "M4@0"], corruption="zero", metric=p0.NormRatio(5), min_signal=0)
+    fast, slow = p0.activation_patch(gemma3, toks, **kw), p0.activation_patch(gemma3, toks, reference=True, **kw)
+    assert max(abs(fast.raw[k] - slow.raw[k]) for k in fast.raw) <= 1e-4 * max(1.0, abs(slow.clean_metric))
+
+
+def test_neurons_writing_the_massive_dimension(gemma3, with_bos):
+    neurons = p0.candidate_neurons(gemma3, [0], positions=(0,))
+    kw = dict(corruption="zero", metric=p0.ResidDim(0, 400))
+    fast = p0.activation_patch(gemma3, with_bos, nodes=neurons[:64], **kw)
+    slow = p0.activation_patch(gemma3, with_bos, nodes=neurons[:8], reference=True, **kw)
+    assert max(abs(fast.raw[k] - slow.raw[k]) for k in slow.raw) < 1e-4 * abs(slow.clean_metric)
+    assert fast.clean_metric > 1000  # dimension 400 of <bos> after block 0
+
+
+def test_bos_ablation_experiments_and_survey(gemma3, english):
+    frame = experiments.bos_ablation(gemma3, english).to_frame()
+    assert len(frame) == 18
+    ex = experiments
+    assert set(ex.perturbations(gemma3, english).to_frame().index) == set(ex.PERTURBATIONS)
+    assert len(ex.direction_by_layer(gemma3, english)) == 18
+    survey = ex.survey({"gemma3": ("real", gemma3)}, n_prompts=4, seq_len=12)
+    assert survey.loc["gemma3", "prompts"] == "english"
+
+
+def test_command_line_sweep_and_report_on_gemma3(tmp_path, capsys):
+    assert main(["discover", "--model", "real:gemma3", "--bos", "--corruption", "zero", "--methods", "activation",
+                 "--layers", "0-1", "--n-prompts", "2", "--seq-len", "8", "--quiet", "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "real model gemma3" in out and (tmp_path / "d" / "circuit_activation.json").exists()
+    config = tmp_path / "g.toml"
+    config.write_text('[sweep]\nmodels = ["real:gemma3"]\nprompts = ["english"]\ncorruptions = ["pos_mean"]\n'
+                      'methods = ["activation"]\nmetrics = ["norm_ratio:1"]\nn_prompts = 2\nseq_len = 8\n')
+    assert main(["sweep", str(config), "--out", str(tmp_path / "sweep"), "--quiet"]) == 0
+    record = json.loads((tmp_path / "sweep" / "results.jsonl").read_text().splitlines()[0])
+    assert record["cell"]["model"] == "real:gemma3" and record["circuit"]["nodes"]
+    assert main(["report", str(tmp_path / "sweep")]) == 0
