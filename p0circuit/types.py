@@ -42,6 +42,9 @@ class Kind(str, enum.Enum):
     NEURON = "neuron"
     """One MLP neuron: its activation after the nonlinearity (``M1.N507@0``); it writes its
     activation times its row of ``W_out`` into the residual stream."""
+    EXPERT = "expert"
+    """One expert of a mixture-of-experts MLP (``M1.E3@0``): its routed, weighted contribution
+    to the MLP output (zero at a position the router does not send to it)."""
 
 
 class Input(str, enum.Enum):
@@ -60,7 +63,7 @@ class Input(str, enum.Enum):
 
 
 _SHORT = {Kind.EMBED: "E", Kind.POS_EMBED: "PE", Kind.HEAD: "A", Kind.MLP: "M", Kind.RESID: "R", Kind.KV_HEAD: "A",
-          Kind.NEURON: "M"}
+          Kind.NEURON: "M", Kind.EXPERT: "M"}
 _FROM_SHORT = {"E": Kind.EMBED, "PE": Kind.POS_EMBED, "M": Kind.MLP, "R": Kind.RESID}
 
 
@@ -87,7 +90,7 @@ class Node:
     pos: Pos = 0
     """Position class: an index or ``"rest"``."""
     neuron: int = -1
-    """Neuron index for ``Kind.NEURON``; -1 otherwise."""
+    """Index inside the MLP: the neuron of ``Kind.NEURON``, the expert of ``Kind.EXPERT``; -1 otherwise."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -106,9 +109,9 @@ class Node:
                 "a head index is required for head and kv_head nodes and forbidden for other kinds; "
                 f"got kind={self.kind.value}, head={self.head}"
             )
-        if (self.kind == Kind.NEURON) != (self.neuron >= 0):
+        if (self.kind in (Kind.NEURON, Kind.EXPERT)) != (self.neuron >= 0):
             raise BadInputError(
-                "a neuron index is required for neuron nodes and forbidden for other kinds; "
+                "a neuron (or expert) index is required for neuron and expert nodes and forbidden for other kinds; "
                 f"got kind={self.kind.value}, neuron={self.neuron}"
             )
 
@@ -133,6 +136,8 @@ class Node:
             return f"A{self.layer}.KV{self.head}"
         if self.kind == Kind.NEURON:
             return f"M{self.layer}.N{self.neuron}"
+        if self.kind == Kind.EXPERT:
+            return f"M{self.layer}.E{self.neuron}"
         return f"{short}{self.layer}"
 
     @property
@@ -150,7 +155,7 @@ class Node:
     @classmethod
     def parse(cls, name: str) -> "Node":
         """Inverse of :attr:`name`; raises a clear error for malformed names."""
-        hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'M1.N507@0', 'A2.KV1@0', 'E@0', 'PE@0' or 'R2@0'"
+        hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'M1.N507@0', 'M1.E3@0', 'A2.KV1@0', 'E@0', 'PE@0' or 'R2@0'"
         if not isinstance(name, str):
             raise BadInputError(f"a node is a Node or its name, got {name!r:.60} ({type(name).__name__}); {hint}")
         try:
@@ -164,6 +169,9 @@ class Node:
             if comp.startswith("A"):
                 layer_s, head_s = comp[1:].split(".H")
                 return cls(Kind.HEAD, int(layer_s), int(head_s), pos)
+            if comp.startswith("M") and ".E" in comp:
+                layer_s, expert_s = comp[1:].split(".E")
+                return cls(Kind.EXPERT, int(layer_s), pos=pos, neuron=int(expert_s))
             if comp.startswith("M") and ".N" in comp:
                 layer_s, neuron_s = comp[1:].split(".N")
                 return cls(Kind.NEURON, int(layer_s), pos=pos, neuron=int(neuron_s))

@@ -68,33 +68,30 @@ def senders_of(name):
     return senders + ([] if name in MOE else ["M0.N2@0", "M1.N4@rest"])
 
 
+def three_ways(name, model, method, what, names):
+    """``method`` fast and reference against plain hooks on ``names`` (nodes or edges); the raw values."""
+    kw = {what: names, "corruption": p0.Shift(filler=(plain_patch.FILLER,)), "metric": p0.NormRatio(METRIC_LAYER),
+          "min_signal": 0}
+    fn = getattr(p0, f"{method}_patch")
+    fast, slow = fn(model, TOKENS, **kw), fn(model, TOKENS, reference=True, **kw)
+    plain = getattr(plain_patch, method)(model, TOKENS, names, METRIC_LAYER)
+    bad = [(n, fast.raw[n], slow.raw[n], plain[n]) for n in names
+           if not (close(fast.raw[n], plain[n], slow.clean_metric) and close(slow.raw[n], plain[n], slow.clean_metric))]
+    assert not bad, f"{name}: {len(bad)} of {len(names)} {what} differ (name, fast, reference, plain): {bad[:4]}"
+    return fast
+
+
 def test_activation_fast_reference_plain(family):
     name, _, model = family
-    nodes = nodes_of(name, model)
-    kw = dict(nodes=nodes, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.NormRatio(METRIC_LAYER),
-              min_signal=0)
-    fast = p0.activation_patch(model, TOKENS, **kw)
-    slow = p0.activation_patch(model, TOKENS, reference=True, **kw)
-    plain = plain_patch.activation(model, TOKENS, nodes, METRIC_LAYER)
-    bad = [(n, fast.raw[n], slow.raw[n], plain[n]) for n in nodes
-           if not (close(fast.raw[n], plain[n], slow.clean_metric) and close(slow.raw[n], plain[n], slow.clean_metric))]
-    assert not bad, f"{name}: {len(bad)} of {len(nodes)} nodes differ (node, fast, reference, plain): {bad[:4]}"
+    fast = three_ways(name, model, "activation", "nodes", nodes_of(name, model))
     assert max(abs(v - fast.clean_metric) for v in fast.raw.values()) > 1e-3  # the patches change something
 
 
 def test_path_fast_reference_plain(family):
     name, _, model = family
     edges = [e.name for e in p0.candidate_edges(model, [Node.parse(s) for s in senders_of(name)])]
-    kw = dict(edges=edges, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.NormRatio(METRIC_LAYER),
-              min_signal=0)
-    fast = p0.path_patch(model, TOKENS, **kw)
-    slow = p0.path_patch(model, TOKENS, reference=True, **kw)
-    plain = plain_patch.path(model, TOKENS, edges, METRIC_LAYER)
-    bad = [(e, fast.raw[e], slow.raw[e], plain[e]) for e in edges
-           if not (close(fast.raw[e], plain[e], slow.clean_metric) and close(slow.raw[e], plain[e], slow.clean_metric))]
-    assert not bad, f"{name}: {len(bad)} of {len(edges)} edges differ (edge, fast, reference, plain): {bad[:4]}"
-    kinds = {e.split("->")[1].rsplit(".", 1)[1] for e in edges}
-    assert kinds == {"q", "k", "v", "mlp_in"}
+    three_ways(name, model, "path", "edges", edges)
+    assert {e.split("->")[1].rsplit(".", 1)[1] for e in edges} == {"q", "k", "v", "mlp_in"}
 
 
 def test_attribution_equals_plain_gradient(family):

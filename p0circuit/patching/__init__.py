@@ -5,6 +5,7 @@ whose only job is to know "this is position 0", and the corruptions that can. Th
 
 * ``corruptions``, ``metrics``: what is corrupted and what is measured (open: subclass to add);
 * ``sites``, ``edges``: where a node or edge lives in a hooked model, and the candidates;
+* ``experts``: a mixture-of-experts MLP's experts as nodes, and where its router sends P0;
 * ``engine``: batched patched forwards (fast path) and the slow reference;
 * ``job``, ``ops``: one call's cached runs, and the patch ops every method builds from them;
 * ``methods/``: one file per method, registered in ``registry.METHODS``;
@@ -20,10 +21,11 @@ from p0circuit.patching.check import AttributionCheck, check_attribution
 from p0circuit.patching.faithfulness import faithfulness_curve
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_neurons, candidate_nodes
+from p0circuit.patching.experts import candidate_experts, expert_routing
 
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
     "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Zero", "activation_patch",
-    "attribution_patch", "candidate_edges", "candidate_neurons", "candidate_nodes", "check_attribution", "faithfulness_curve",
-    "get_corruption", "get_method", "path_patch", "register",
+    "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "faithfulness_curve",
+    "expert_routing", "get_corruption", "get_method", "path_patch", "register",
 ]

@@ -111,9 +111,6 @@ def candidate_edges(
 
 def sender_output(model: Any, cache: dict[str, Tensor], node: Node, positions: list[int]) -> Tensor:
     """What ``node`` adds to the residual stream at ``positions``: ``[batch, len(positions), d_model]``."""
-    if node.kind in (Kind.RESID, Kind.KV_HEAD):
-        raise BadInputError(f"{node}: residual-stream nodes and key/value heads cannot be edge senders; use heads, "
-                            "MLPs, neurons or embeddings")
     return written(model, node, cache[sender_hook(node)][:, positions])
 
 
@@ -169,14 +166,16 @@ def sender_change(model: Any, node: Node, base: Tensor, new: Tensor) -> Tensor:
 
 
 def sender_hook(node: Node) -> str:
-    """The hook :func:`sender_output` reads for ``node``."""
+    """The hook :func:`sender_output` reads for ``node``; a clear error for nodes that cannot send."""
+    if node.kind in (Kind.RESID, Kind.KV_HEAD, Kind.EXPERT):
+        raise BadInputError(f"{node}: residual-stream nodes, key/value heads and experts cannot be edge senders; use "
+                            "heads, MLPs (a mixture of experts as a whole), neurons or embeddings")
     return {
         Kind.HEAD: lambda: hooks.head_z(node.layer),
         Kind.MLP: lambda: hooks.mlp_out(node.layer),
         Kind.NEURON: lambda: hooks.mlp_post(node.layer),
         Kind.EMBED: lambda: hooks.EMBED,
         Kind.POS_EMBED: lambda: hooks.POS_EMBED,
-        Kind.RESID: lambda: hooks.resid_post(node.layer),
     }[node.kind]()
 
 

@@ -113,7 +113,7 @@ def faithfulness_curve(
     else:
         items = [Node.parse(n) for n in ranked]
         named = named_positions(items)
-        extra = {site_of(n, model).hook.name for n in items}
+        extra = {site_of(n, model).read.name for n in items}
     # items that cannot reach the metric change nothing whether dropped or kept: never patched
     live = {x for x in items if job.reaches(receiver_site(x, model)[0] if is_edge else site_of(x, model).hook)}
     job.cache(extra)

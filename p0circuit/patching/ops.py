@@ -19,7 +19,8 @@ from p0circuit.patching.edges import receiver_site, sender_change, sender_hook, 
 from p0circuit.patching.engine import POST_NORM, PatchOp
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
-from p0circuit.types import Edge, Node
+from p0circuit.patching.experts import expert_contribution
+from p0circuit.types import Edge, Kind, Node
 
 
 def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> PatchOp:
@@ -27,6 +28,8 @@ def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> 
     positions that ``"rest"`` leaves out)."""
     site = site_of(node, job.model)
     pos = positions_of(node, job.seq_len, named)
+    if node.kind == Kind.EXPERT:
+        return _expert_op(job, node, site, direction, pos)
     name = site.hook.name
     if direction == "noise":
         value = job.corrupted_value(name, pos)
@@ -37,6 +40,20 @@ def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> 
     if site.head is not None:
         value = value[:, :, site.head]
     return PatchOp(site.hook, tuple(base_pos), value, site.head)
+
+
+def _expert_op(job: PatchJob, node: Node, site: Any, direction: str, pos: list[int]) -> PatchOp:
+    """An expert's contribution to the MLP output set to the other run's: the change added at
+    ``hook_mlp_out``. The contributions of every position are recomputed from the cached normalized
+    MLP inputs of both runs, and the corruption acts on them (``pos_mean``: the mean contribution
+    over t > 0; ``zero``: none)."""
+    layer, read = node.layer, site.read.name
+    clean = expert_contribution(job.model, layer, job.clean[read], node.neuron)  # (B, T, d_model)
+    corr = None if job.corr is None else expert_contribution(job.model, layer, job.corr[read], node.neuron)
+    if direction == "noise":
+        return PatchOp(site.hook, tuple(pos), job.prep.corrupted_value(clean, corr, pos) - clean[:, pos], add=True)
+    base_pos = [p + job.offset for p in pos]
+    return PatchOp(site.hook, tuple(base_pos), clean[:, pos] - corr[:, base_pos], add=True)  # type: ignore[index]
 
 
 def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]) -> tuple[list[int], Tensor]:

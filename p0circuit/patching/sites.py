@@ -14,6 +14,7 @@ from p0circuit import hooks
 from p0circuit.args import as_list
 from p0circuit.errors import BadInputError, MissingHookError, entry_point
 from p0circuit.hooks import HookRef
+from p0circuit.patching.experts import check_experts, mlp_input_hook
 from p0circuit.types import REST, Kind, Node, parse_list
 
 
@@ -28,6 +29,14 @@ class Site:
     ``mlp.hook_post``; None for whole activations."""
     start_layer: int
     """First block a patched forward must run."""
+    reads: Optional[HookRef] = None
+    """The hook whose cached value the node's patch is computed from, when it is not ``hook``
+    (an expert's contribution is recomputed from the residual stream the MLP reads)."""
+
+    @property
+    def read(self) -> HookRef:
+        """The hook the patch reads from the cached runs."""
+        return self.reads or self.hook
 
 
 def site_of(node: Node, model: Any) -> Site:
@@ -39,11 +48,23 @@ def site_of(node: Node, model: Any) -> Site:
         if node.head >= n_heads:
             raise BadInputError(f"node {node} names head {node.head}, but layers have heads 0..{n_heads - 1}")
         return Site(HookRef(node.layer, hooks.head_z(node.layer)), node.head, node.layer)
-    if node.kind in (Kind.MLP, Kind.NEURON) and model.cfg.attn_only:
+    if node.kind in (Kind.MLP, Kind.NEURON, Kind.EXPERT) and model.cfg.attn_only:
         raise BadInputError(f"node {node}: this model is attention-only and has no MLPs")
     if node.kind == Kind.MLP:
         return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None, node.layer)
+    n_experts = model.cfg.num_experts
+    if node.kind == Kind.EXPERT:
+        if not n_experts:
+            raise BadInputError(f"node {node}: this model's MLPs are not mixtures of experts; use M{node.layer}@{node.pos}")
+        if node.neuron >= n_experts:
+            raise BadInputError(f"node {node} names expert {node.neuron}, but MLPs have experts 0..{n_experts - 1}")
+        check_experts(model, node)
+        return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None, node.layer,
+                    HookRef(node.layer, mlp_input_hook(model, node.layer)))
     if node.kind == Kind.NEURON:
+        if n_experts:
+            raise BadInputError(f"node {node}: in a mixture of experts each expert has neurons of its own; patch the "
+                                f"experts (M{node.layer}.E0@{node.pos}, ...: p0circuit.candidate_experts)")
         if node.neuron >= model.cfg.d_mlp:
             raise BadInputError(f"node {node} names neuron {node.neuron}, but MLPs have neurons 0..{model.cfg.d_mlp - 1}")
         return Site(HookRef(node.layer, hooks.mlp_post(node.layer)), node.neuron, node.layer)

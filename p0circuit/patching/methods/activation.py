@@ -60,7 +60,7 @@ def activation_patch(
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     named = named_positions(node_list)
     live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
-    job.cache({site_of(n, model).hook.name for n in live})
+    job.cache({site_of(n, model).read.name for n in live})
     ops = [node_op(job, n, direction, named) for n in live]
     corrupted = job.corrupted_metric(ops)
     with job.tracking(len(ops), "activation patching"):

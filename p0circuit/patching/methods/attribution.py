@@ -104,7 +104,7 @@ def attribution_patch(
     named = named_positions(node_list)
     live_nodes = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     live_edges = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
-    job.cache({site_of(n, model).hook.name for n in live_nodes} | {sender_hook(e.src) for e in live_edges})
+    job.cache({site_of(n, model).read.name for n in live_nodes} | {sender_hook(e.src) for e in live_edges})
     base_cache, base_tokens, _, p0 = job.base()
     scores: dict[str, float] = {}
     with receiver_hooks(model):
@@ -112,8 +112,11 @@ def attribution_patch(
             ops = [node_op(job, n, direction, named) for n in live_nodes]
             base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0, job.stop)
             for n, op in zip(live_nodes, ops):
-                cur = base_cache[op.hook.name][:, list(op.positions)]
                 g = grads[op.hook.name][:, list(op.positions)]
+                if op.add:  # the op carries the change itself (an expert's contribution)
+                    scores[n.name] = float((op.value * g).sum())
+                    continue
+                cur = base_cache[op.hook.name][:, list(op.positions)]
                 if op.head is not None:
                     cur, g = cur[:, :, op.head], g[:, :, op.head]
                 scores[n.name] = float(((op.value - cur) * g).sum())
