@@ -42,7 +42,16 @@ def _positions(node, seq_len):
     return list(range(1, seq_len)) if pos == "rest" else [int(pos)]
 
 
+def logit_gap(logits):
+    """The logit metric: last position, token 3 minus token 4, mean over prompts."""
+    return float((logits[:, -1, 3] - logits[:, -1, 4]).mean())
+
+
 def _metric_value(model, tokens, layer, p0, fwd_hooks):
+    """The norm ratio after block ``layer``, or with ``layer=None`` the logit metric (a full forward
+    through the final norm, soft-capping and unembedding)."""
+    if layer is None:
+        return logit_gap(model.run_with_hooks(tokens, fwd_hooks=fwd_hooks))
     got = {}
 
     def grab(act, hook):

@@ -26,6 +26,22 @@ def test_token_dtypes_are_named(dtype):
             call()
 
 
+def test_damaged_gguf_files_are_refused_from_the_header_in_under_a_second(tmp_path):
+    import time
+
+    from p0circuit.models.gguf import smollm2_path
+
+    data = smollm2_path().read_bytes()
+    cases = {"truncated.gguf": data[: len(data) // 2], "header_only.gguf": data[:4000], "garbage.gguf": b"GGUF" + b"\x07" * 64,
+             "not_gguf.gguf": b"PK\x03\x04" + data[4:1000]}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        start = time.perf_counter()
+        with pytest.raises(p0.CheckpointError, match="truncated|not a GGUF|not a readable GGUF"):
+            p0.load_gguf(tmp_path / name)
+        assert time.perf_counter() - start < 1.0, name
+
+
 @pytest.mark.parametrize("value", JSON_VALUES, ids=[json.dumps(v)[:24] for v in JSON_VALUES])
 def test_config_json_of_any_type(tmp_path, value):
     (tmp_path / "config.json").write_text(json.dumps(value))

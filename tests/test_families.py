@@ -94,6 +94,38 @@ def test_path_fast_reference_plain(family):
     assert {e.split("->")[1].rsplit(".", 1)[1] for e in edges} == {"q", "k", "v", "mlp_in"}
 
 
+def test_activation_on_the_logits(family):
+    """A metric on the logits: suffix forwards to the unembedding (final norm, Gemma 2's logit
+    soft-capping, Phi's unembedding bias)."""
+    name, _, model = family
+    nodes = [n for n in nodes_of(name, model) if not n.startswith("PE")][::3]
+    kw = dict(nodes=nodes, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.LogitMetric(logit_gap_tensor),
+              min_signal=0)
+    fast, slow = p0.activation_patch(model, TOKENS, **kw), p0.activation_patch(model, TOKENS, reference=True, **kw)
+    plain = plain_patch.activation(model, TOKENS, nodes, None)
+    for n in nodes:
+        assert close(fast.raw[n], plain[n], plain[n]) and close(slow.raw[n], plain[n], plain[n]), (n, fast.raw[n], plain[n])
+
+
+def logit_gap_tensor(logits):
+    return (logits[:, -1, 3] - logits[:, -1, 4]).mean()
+
+
+def test_shortcuts_are_switched_off_where_they_are_not_exact(family):
+    """skip_block (a head's change through the block's MLP) assumes ln2 before the MLP and no norm
+    after it; the direct q/k/v edge op assumes q = ln1(resid) W + b. Where a family breaks that, the
+    shortcut is off (and the exactness tests above pass through the general path)."""
+    from p0circuit.patching.engine import skippable
+    from p0circuit.patching.ops import PatchOp, direct_qkv
+
+    name, _, model = family
+    cfg = model.cfg
+    op = PatchOp(p0.hooks.HookRef(0, p0.hooks.head_z(0)), (0,), torch.zeros(1, 1, cfg.d_head), head=0)
+    post_norm = cfg.use_normalization_before_and_after or name in ("olmo2", "olmo3")
+    assert skippable(model, [op], p0.NormRatio(2)) is (not post_norm)
+    assert direct_qkv(model) is not (post_norm or cfg.use_qk_norm)  # (OLMoE's norm comes after hook_q: exact)
+
+
 def test_attribution_equals_plain_gradient(family):
     name, _, model = family
     nodes = nodes_of(name, model)

