@@ -57,3 +57,14 @@ def test_tokenizer_config_of_any_type(tmp_path, value):
     (path / "tokenizer_config.json").write_text(json.dumps(value))
     with pytest.raises(p0.CheckpointError, match=r"tokenizer_config\.json' .*(not an object|is not valid JSON)"):
         p0.load_checkpoint(path)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "olmoe", "gpt_oss", "bloom"])
+def test_half_precision_loads_or_is_refused_clearly(tmp_path, family):
+    logging.disable(logging.WARNING)
+    try:
+        model = p0.load_checkpoint(make_checkpoint(family, tmp_path), dtype=torch.bfloat16)
+    except p0.CheckpointError as e:
+        assert "dtype=torch.float32" in str(e) or "does not reproduce" in str(e)
+    else:
+        assert model.cfg.dtype == torch.bfloat16 and bool(torch.isfinite(model(torch.tensor([[3, 4, 5]]))).all())

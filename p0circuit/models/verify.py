@@ -103,8 +103,12 @@ def check_logits(hf_model: Any, model: Any, where: Any, length: int = 24) -> flo
     length = min(length, cfg.n_ctx)
     ids = torch.randint(0, cfg.d_vocab, (2, length), generator=torch.Generator().manual_seed(0))
     hf_device = next(hf_model.parameters()).device
-    expected = hf_model(ids.to(hf_device)).logits.float().cpu()
-    got = model(ids.to(cfg.device)).float().cpu()
+    try:
+        expected = hf_model(ids.to(hf_device)).logits.float().cpu()
+        got = model(ids.to(cfg.device)).float().cpu()
+    except RuntimeError as e:  # e.g. a mixture of experts mixing float32 routing weights into half precision
+        raise CheckpointError(f"{where}: this {cfg.original_architecture} model does not run in {cfg.dtype} here "
+                              f"({str(e)[:160]}); load it with dtype=torch.float32") from None
     if expected.shape != got.shape:
         raise CheckpointError(f"{where}: the converted model gives logits of shape {tuple(got.shape)}, transformers "
                               f"{tuple(expected.shape)}; the {cfg.original_architecture} conversion does not fit this config")
