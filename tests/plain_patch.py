@@ -157,7 +157,8 @@ def attribution(model, tokens, nodes, layer):
     def leaf(act, hook):
         return act.detach().requires_grad_(True)
 
-    for p in model.parameters():
+    frozen = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in frozen:
         p.requires_grad_(False)
     got = {}
 
@@ -171,6 +172,8 @@ def attribution(model, tokens, nodes, layer):
         norms = got["resid"].norm(dim=-1)
         value = (norms[:, 0] / norms[:, 1:].mean(-1)).mean()
         value.backward()
+    for p, was in frozen:  # the model as it was given
+        p.requires_grad_(was)
     out = {}
     for node in nodes:
         name, index, _ = _site(model, node)

@@ -69,6 +69,10 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     state_dict = dict(state_dict)  # TransformerLens pops the entries it loads: the caller's dict stays whole
     if "pos_embed.W_pos" in state_dict:  # learned positions: as many as the (capped) context
         state_dict["pos_embed.W_pos"] = state_dict["pos_embed.W_pos"][:cfg.n_ctx]
+    elif cfg.positional_embedding_type not in ("standard", "shortformer"):
+        # unused (ALiBi, rotary), but TransformerLens would fill it with torch.empty: arbitrary memory, at
+        # times NaN, which the finite-weight check then (rightly) refuses
+        state_dict["pos_embed.W_pos"] = torch.zeros(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     attach_tokenizer(model, tokenizer)
     model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,

@@ -62,6 +62,7 @@ def routing_weights(moe: Any, x: Tensor) -> Tensor:
     return full.scatter(1, index, weights).to(x.dtype)
 
 
+@torch.no_grad()
 def expert_contribution(model: Any, layer: int, resid: Tensor, expert: int) -> Tensor:
     """``[B, T, d_model]``: expert ``expert``'s weighted contribution to block ``layer``'s MLP output,
     from the residual stream the MLP reads (``resid``, ``[B, T, d_model]``: :func:`mlp_input_hook`)."""
