@@ -68,3 +68,17 @@ def test_half_precision_loads_or_is_refused_clearly(tmp_path, family):
         assert "dtype=torch.float32" in str(e) or "does not reproduce" in str(e)
     else:
         assert model.cfg.dtype == torch.bfloat16 and bool(torch.isfinite(model(torch.tensor([[3, 4, 5]]))).all())
+
+
+@pytest.mark.parametrize("variant", [dict(word_embed_proj_dim=16), dict(do_layer_norm_before=False)],
+                         ids=["projected embeddings (OPT-350m)", "post-norm OPT"])
+def test_variants_the_conversion_does_not_fit_are_refused(tmp_path, variant):
+    import transformers as tf
+    from transformers import AutoModelForCausalLM
+
+    logging.disable(logging.WARNING)
+    cfg = tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                       max_position_embeddings=64, vocab_size=64, **{"word_embed_proj_dim": 32, **variant})
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "opt")
+    with pytest.raises(p0.CheckpointError, match="conversion does not fit this checkpoint|does not reproduce"):
+        p0.load_checkpoint(tmp_path / "opt")

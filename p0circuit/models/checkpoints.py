@@ -89,8 +89,13 @@ def from_hf(hf_config: Any, hf_model: Any, architecture: str, tokenizer: Any, *,
     """(hooked model, its state dict) from a loaded Hugging Face model, with its logits checked
     against the Hugging Face forward (:func:`check_logits`)."""
     cfg = hooked_config(hf_config, architecture, dtype=dtype, n_ctx=n_ctx, name=name)
-    state_dict = tl_state_dict(cfg, hf_model, dtype)
-    model = hooked_model(cfg, state_dict, tokenizer)
+    try:
+        state_dict = tl_state_dict(cfg, hf_model, dtype)
+        model = hooked_model(cfg, state_dict, tokenizer)
+    except Exception as e:  # TransformerLens' converter meets a variant it does not know (e.g. OPT-350m's projections)
+        raise CheckpointError(f"{where}: TransformerLens' {architecture} conversion does not fit this checkpoint "
+                              f"({type(e).__name__}: {str(e)[:200]}); p0circuit refuses it rather than patch a "
+                              "different model") from None
     check_logits(hf_model, model, where)
     return model.to(device), state_dict
 
