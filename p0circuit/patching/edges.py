@@ -12,12 +12,12 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
-from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
+from p0circuit.patching.engine import output_norm
 from p0circuit.types import Edge, Input, Kind, Node, parse_list
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
@@ -131,13 +131,8 @@ def post_norm(model: Any, node: Node) -> Optional[Any]:
     (``hook_mlp_out``) is already taken after that norm."""
     if node.kind not in (Kind.HEAD, Kind.NEURON):
         return None
-    block = model.blocks[node.layer]
-    after = "ln1" if node.kind == Kind.HEAD else "ln2"
-    if model.cfg.use_normalization_before_and_after:
-        return getattr(block, f"{after}_post")
-    if model.cfg.original_architecture in POST_NORM_ARCHITECTURES:
-        return getattr(block, after)
-    return None
+    norms = output_norm(model, "attn" if node.kind == Kind.HEAD else "mlp")
+    return None if norms is None else norms[node.layer]
 
 
 def sender_change(model: Any, node: Node, base: Tensor, new: Tensor) -> Tensor:

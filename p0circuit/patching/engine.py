@@ -106,7 +106,7 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
         return False
     op = group[0]
     layer = op.hook.layer
-    if layer < 0 or model.cfg.original_architecture in POST_NORM or model.cfg.use_normalization_before_and_after:
+    if layer < 0 or output_norm(model, "mlp") is not None:
         return False
     if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer)):
         return False
@@ -117,6 +117,18 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
 POST_NORM = tuple(POST_NORM_ARCHITECTURES)
 """Architectures whose blocks normalize each sublayer's output instead of its input (TransformerLens'
 list): :func:`skip_block`'s ``ln2`` before the MLP does not hold there."""
+
+
+def output_norm(model: Any, sublayer: str) -> Optional[Any]:
+    """The norm block outputs of ``sublayer`` ("attn" or "mlp") pass through before the residual
+    stream, one module per block (a list), or None: Gemma 2/3's ``ln1_post``/``ln2_post`` (norms
+    before and after), OLMo 2/3's ``ln1``/``ln2`` (post-norm only)."""
+    name = {"attn": "ln1", "mlp": "ln2"}[sublayer]
+    if model.cfg.use_normalization_before_and_after:
+        name += "_post"
+    elif model.cfg.original_architecture not in POST_NORM:
+        return None
+    return [getattr(block, name) for block in model.blocks]
 
 
 def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor:

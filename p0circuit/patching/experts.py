@@ -37,11 +37,21 @@ def mlp_input_hook(model: Any, layer: int) -> str:
 def check_experts(model: Any, node: Any) -> None:
     """Refuse expert nodes where adding an expert's change at ``hook_mlp_out`` is not exact: a norm
     after the MLP (the experts' sum passes through it)."""
-    from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+    from p0circuit.patching.engine import output_norm
 
-    if model.cfg.use_normalization_before_and_after or model.cfg.original_architecture in POST_NORM_ARCHITECTURES:
+    if output_norm(model, "mlp") is not None:
         raise BadInputError(f"node {node}: this model normalizes the MLP output, so one expert's change does not add "
                             f"up; patch the whole MLP (M{node.layer}@{node.pos})")
+
+
+def _check_layers(where: str, model: Any, layers: Sequence[int]) -> list[int]:
+    """``layers`` as a list, after refusing a model without experts and layers it does not have."""
+    if not is_moe(model):
+        raise BadInputError(f"{where}: this model's MLPs are not mixtures of experts")
+    bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
+    if bad:
+        raise BadInputError(f"{where}: layers {bad} are not blocks of this model (0..{model.cfg.n_layers - 1})")
+    return list(layers)
 
 
 def routing_weights(moe: Any, x: Tensor) -> Tensor:
@@ -78,12 +88,8 @@ def candidate_experts(model: Any, layers: Sequence[int], positions: Sequence[Any
     """Every expert of the MoE MLPs of ``layers`` at each position class (``M1.E3@0``)."""
     from p0circuit.types import Kind, Node
 
-    if not is_moe(model):
-        raise BadInputError("candidate_experts: this model's MLPs are not mixtures of experts")
-    bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
-    if bad:
-        raise BadInputError(f"candidate_experts: layers {bad} are not blocks of this model (0..{model.cfg.n_layers - 1})")
-    return [Node(Kind.EXPERT, l, pos=p, neuron=e) for l in layers for p in positions
+    return [Node(Kind.EXPERT, l, pos=p, neuron=e) for l in _check_layers("candidate_experts", model, layers)
+            for p in positions
             for e in range(model.cfg.num_experts)]
 
 
@@ -99,13 +105,8 @@ def expert_routing(model: Any, tokens: Tensor, layers: Optional[Sequence[int]] =
 
     from p0circuit.tokens import check_tokens
 
-    if not is_moe(model):
-        raise BadInputError("expert_routing: this model's MLPs are not mixtures of experts")
+    layers = _check_layers("expert_routing", model, range(model.cfg.n_layers) if layers is None else layers)
     tokens = check_tokens(model, tokens, min_len=2)
-    layers = list(range(model.cfg.n_layers)) if layers is None else list(layers)
-    bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
-    if bad:
-        raise BadInputError(f"expert_routing: layers {bad} are not blocks of this model (0..{model.cfg.n_layers - 1})")
     names = {mlp_input_hook(model, l) for l in layers}
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, stop_at_layer=max(layers) + 1)
     rows = []

@@ -16,7 +16,7 @@ from torch import Tensor
 from p0circuit import hooks
 from p0circuit.hooks import HookRef
 from p0circuit.patching.edges import receiver_site, sender_change, sender_hook, sender_output
-from p0circuit.patching.engine import POST_NORM, PatchOp
+from p0circuit.patching.engine import PatchOp, output_norm
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
 from p0circuit.patching.experts import expert_contribution
@@ -93,8 +93,8 @@ def direct_qkv(model: Any) -> bool:
     :func:`edge_op` can compute a patched one: not with shortformer positions (added to the
     query and key inputs), post-norm blocks, query/key norms or 4-bit weights."""
     cfg = model.cfg
-    return (cfg.positional_embedding_type != "shortformer" and cfg.original_architecture not in POST_NORM
-            and not cfg.use_normalization_before_and_after and not getattr(cfg, "use_qk_norm", False)
+    return (cfg.positional_embedding_type != "shortformer" and output_norm(model, "attn") is None
+            and not getattr(cfg, "use_qk_norm", False)
             and not getattr(cfg, "load_in_4bit", False) and not cfg.use_attn_in)
 
 
