@@ -11,7 +11,7 @@ import sys
 
 METHODS = ("activation", "attribution", "attribution_edges", "path", "triage")
 """Patching methods (``p0circuit.METHODS``)."""
-CORRUPTIONS = ("pos_mean", "resample", "shift", "zero")
+CORRUPTIONS = ("pos_mean", "resample", "shift", "swap", "zero")
 """Corruptions (``p0circuit.CORRUPTIONS``)."""
 FAMILIES = ("gated MLP (Llama)", "layernorm", "learned", "nope", "parallel (Pythia)", "rope",
             "sliding window (Mistral)")

@@ -61,26 +61,35 @@ def _metric_value(model, tokens, layer, p0, fwd_hooks):
     return norm_ratio(got["resid"], p0)
 
 
+def _patch_hook(model, cache, node, seq_len):
+    """(hook name, hook) that writes the corrupted (shifted) value of ``node`` into a run."""
+    name, index, _ = _site(model, node)
+    pos = _positions(node, seq_len)
+    value = cache[name][:, [p + 1 for p in pos]]
+
+    def patch(act, hook, pos=pos, index=index, value=value):
+        if index is None:
+            act[:, pos] = value
+        else:
+            act[:, pos, index] = value[:, :, index]
+        return act
+
+    return name, patch
+
+
 @torch.no_grad()
 def activation(model, tokens, nodes, layer):
     """{node: patched norm ratio at ``layer``}: the corrupted (shifted) value patched into the clean run."""
-    corrupt = shifted(tokens)
-    _, cache = model.run_with_cache(corrupt)
-    out = {}
-    for node in nodes:
-        name, index, _ = _site(model, node)
-        pos = _positions(node, tokens.shape[1])
-        value = cache[name][:, [p + 1 for p in pos]]
+    _, cache = model.run_with_cache(shifted(tokens))
+    return {node: _metric_value(model, tokens, layer, 0, [_patch_hook(model, cache, node, tokens.shape[1])])
+            for node in nodes}
 
-        def patch(act, hook, pos=pos, index=index, value=value):
-            if index is None:
-                act[:, pos] = value
-            else:
-                act[:, pos, index] = value[:, :, index]
-            return act
 
-        out[node] = _metric_value(model, tokens, layer, 0, [(name, patch)])
-    return out
+@torch.no_grad()
+def activation_together(model, tokens, nodes, layer):
+    """The norm ratio at ``layer`` with every node of ``nodes`` patched at once (a faithfulness point)."""
+    _, cache = model.run_with_cache(shifted(tokens))
+    return _metric_value(model, tokens, layer, 0, [_patch_hook(model, cache, n, tokens.shape[1]) for n in nodes])
 
 
 def _sender_change(model, tokens, corrupt_cache, src):

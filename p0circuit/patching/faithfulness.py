@@ -18,7 +18,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.errors import BadInputError, entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
-from p0circuit.patching.engine import run_groups_reference
+from p0circuit.patching.engine import run_groups
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric, RunView
@@ -119,16 +119,15 @@ def faithfulness_curve(
     job.cache(extra)
     gap = result.clean_metric - result.corrupted_metric
     curve = []
+    kept = [math.ceil(f * len(items)) for f in fractions]
+    dropped = [[x for x in items[k:] if x in live] for k in kept]
+    values: dict[int, float] = {}
     with receiver_hooks(model):
-        for f in fractions:
-            k = math.ceil(f * len(items))
-            dropped = [x for x in items[k:] if x in live]
-            if not dropped:
-                value = job.clean_metric
-            elif is_edge:
-                value = _edges_ablated(job, dropped, named)
-            else:
-                ops = [node_op(job, n, "noise", named) for n in dropped]
-                value = run_groups_reference(model, job.prep.clean_tokens, [ops], job.metric, 0)[0]
-            curve.append((float(f), k, (value - result.corrupted_metric) / gap))
-    return curve
+        if is_edge:
+            values = {i: _edges_ablated(job, d, named) for i, d in enumerate(dropped) if d}
+        else:  # every point in one pass of the engine, which runs only the blocks up to the metric
+            todo = [i for i, d in enumerate(dropped) if d]
+            groups = [[node_op(job, n, "noise", named) for n in dropped[i]] for i in todo]
+            values = dict(zip(todo, run_groups(model, job.clean, groups, job.metric, 0, job.rows_per_forward)))
+    return [(float(f), k, (values.get(i, job.clean_metric) - result.corrupted_metric) / gap)
+            for i, (f, k) in enumerate(zip(fractions, kept))]

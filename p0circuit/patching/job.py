@@ -26,12 +26,12 @@ from p0circuit.progress import tqdm
 from p0circuit.errors import BadInputError, ConfigError, NonFiniteError
 from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
-from p0circuit.patching.corruptions import Prepared, get_corruption
+from p0circuit.patching.corruptions import Prepared, advice, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric
 from p0circuit.patching.result import PatchResult, normalize
-from p0circuit.tokens import check_tokens
+from p0circuit.tokens import bos_id, check_tokens
 
 DIRECTIONS = ("noise", "denoise")
 """``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
@@ -195,7 +195,10 @@ class PatchJob:
         unreachable = [n for n in names if n not in raw]
         raw = {n: raw.get(n, self.base_metric) for n in names}
         settings = {**settings, "unreachable": len(unreachable)}
-        norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction, self.min_signal)
+        bos = bos_id(self.model)
+        at_p0 = bos is not None and bool((self.prep.clean_tokens[:, 0] == bos).all())
+        norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction, self.min_signal,
+                                      advice(self.prep.name, at_p0))
         tokens = self.prep.clean_tokens
         return PatchResult(
             method=method, level=level, corruption=self.prep.name, metric=self.metric.name,

@@ -8,7 +8,7 @@ so a shifted run is compared with the clean one token by token, not index by ind
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
@@ -58,37 +58,51 @@ def _check_layer(layer: int, n_layers: int, what: str) -> None:
 @dataclass
 class NormRatio(PatchMetric):
     """``||h_k|| / mean_{t != k} ||h_t||`` of ``resid_post`` at ``layer``, mean over prompts, for
-    the position ``k = pos`` (0: P0) counted from the run's P0, over the positions from P0 on."""
+    the position ``k = pos`` (0: P0) counted from the run's P0, over the positions from P0 on.
+
+    ``pos`` may also give one position per prompt (a tuple), e.g. each prompt's first comma from
+    :func:`p0circuit.metrics.positions.find_positions`; ``where`` names it in results."""
 
     layer: int
     """Block whose output is measured."""
-    pos: int = 0
-    """Position whose norm is compared (a sink at position 1 during the transition stage: 1)."""
+    pos: Union[int, tuple[int, ...]] = 0
+    """Position whose norm is compared (a sink at position 1 during the transition stage: 1), or one per prompt."""
+    where: str = ""
+    """Name of the position (e.g. ``"first:,"``), shown in the metric's name."""
 
     def __post_init__(self) -> None:
         at_least("NormRatio", "layer", self.layer, 0, "blocks count from 0")
-        at_least("NormRatio", "pos", self.pos, 0, "positions count from the run's P0")
+        if isinstance(self.pos, (list, tuple)):
+            self.pos = tuple(self.pos)
+            for p in self.pos:
+                at_least("NormRatio", "pos", p, 0, "positions count from the run's P0")
+        else:
+            at_least("NormRatio", "pos", self.pos, 0, "positions count from the run's P0")
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return f"norm_ratio@L{self.layer}" + (f"@{self.pos}" if self.pos else "")
+        label = self.where or ("" if self.pos == 0 else str(self.pos) if isinstance(self.pos, int) else "per-prompt")
+        return f"norm_ratio@L{self.layer}" + (f"@{label}" if label else "")
 
     def needs(self, n_layers: int) -> list[HookRef]:
         return [HookRef(self.layer, hooks.resid_post(self.layer))]
 
     def validate(self, n_layers: int, n_heads: int) -> None:
         _check_layer(self.layer, n_layers, "NormRatio")
-        if isinstance(self.pos, bool) or not isinstance(self.pos, int) or self.pos < 0:
-            raise BadInputError(f"NormRatio.pos must be a position >= 0, got {self.pos!r}")
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         h = view.acts[hooks.resid_post(self.layer)].float()
         norms = h.norm(dim=-1)[:, view.p0:]  # (B, T - p0): the run's own positions
-        k = self.pos
-        if norms.shape[1] < max(k + 1, 2):
-            raise BadInputError(f"NormRatio at position {k} needs prompts of at least {max(k + 1, 2)} tokens; use longer prompts")
-        others = torch.cat([norms[:, :k], norms[:, k + 1:]], dim=1)
-        return (norms[:, k] / others.mean(-1)).mean()
+        batch, seq = norms.shape
+        ks = torch.tensor(self.pos if isinstance(self.pos, tuple) else (self.pos,) * batch, device=norms.device)
+        if len(ks) != batch:
+            raise BadInputError(f"NormRatio has {len(ks)} positions (one per prompt) but the run has {batch} prompts")
+        if seq < max(int(ks.max()) + 1, 2):
+            raise BadInputError(f"NormRatio at position {int(ks.max())} needs prompts of at least "
+                                f"{max(int(ks.max()) + 1, 2)} tokens; use longer prompts")
+        at = norms.gather(1, ks[:, None])[:, 0]
+        others = (norms.sum(1) - at) / (seq - 1)
+        return (at / others).mean()
 
 
 @entry_point

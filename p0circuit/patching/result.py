@@ -136,17 +136,17 @@ class PatchResult:
 
 
 def normalize(
-    clean: float, corrupted: float, raw: dict[str, float], direction: str, min_signal: float
+    clean: float, corrupted: float, raw: dict[str, float], direction: str, min_signal: float, hint: str = "",
 ) -> tuple[dict[str, float], bool, str]:
-    """Normalized effects, whether there is signal, and a message when there is not."""
+    """Normalized effects, whether there is signal, and a message when there is not (ending with
+    ``hint``: which corruption fits instead, :func:`p0circuit.patching.corruptions.advice`)."""
     gap = clean - corrupted
     scale = max(abs(clean), abs(corrupted), 1e-12)
     if abs(gap) < min_signal * scale or gap == 0:
         msg = (
             f"clean ({clean:.6g}) and corrupted ({corrupted:.6g}) metrics differ by {abs(gap):.3g}, less "
             f"than min_signal={min_signal} of their scale: this corruption does not change the metric, "
-            "so no component can be credited (a position-only circuit is invisible to 'resample'; "
-            "use 'shift' or 'pos_mean')"
+            "so no component can be credited" + (f" ({hint})" if hint else "")
         )
         return {k: math.nan for k in raw}, False, msg
     if direction == "noise":
