@@ -16,7 +16,7 @@ CORRUPTIONS = ("pos_mean", "resample", "shift", "swap", "zero")
 FAMILIES = ("gated MLP (Llama)", "layernorm", "learned", "nope", "parallel (Pythia)", "rope",
             "sliding window (Mistral)")
 """Model families built from a spec (``p0circuit.models.spec.FAMILIES``)."""
-VARIANTS = ("layer2", "learned", "nope", "rope")
+VARIANTS = ("bos", "layer2", "learned", "nope", "rope")
 """Planted-model variants (``p0circuit.planted.VARIANTS``)."""
 METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
 """Metric entries of the command line and sweep configs (``p0circuit.patching.metrics.METRIC_ENTRIES``)."""

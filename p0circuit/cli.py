@@ -1,4 +1,4 @@
-"""Command line: ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``, ``p0circuit train``, ``p0circuit track DIR``.
+"""Command line: ``p0circuit analyze``, ``p0circuit discover``, ``p0circuit survey`` and ``p0circuit sweep CONFIG``, ``p0circuit report DIR``, ``p0circuit train``, ``p0circuit track DIR``.
 
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
@@ -82,6 +82,30 @@ def _discover(args: argparse.Namespace) -> int:
     out = found.write(args.out)
     print(f"\nwrote {out}/")
     return 1 if resolved.truth is not None and not found.exact else 0
+
+
+def default_out(command: str, entry: str) -> Path:
+    """``runs/<command>/<entry>``, the entry made a directory name (``real:smollm2`` -> ``real-smollm2``)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in entry.replace(":", "-")).strip("-.")
+    return Path("runs") / command / (safe or "model")
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from p0circuit.analysis.run import AnalysisSettings, analyze, precheck
+    from p0circuit.models.resolve import check_model_entry
+
+    check_model_entry(args.model)  # every cheap check before the model is loaded
+    bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
+    settings = AnalysisSettings(n_prompts=args.n_prompts, length=args.length, bos=bos, seed=args.seed,
+                                max_onsets=args.max_onsets, neurons_keep=args.neurons_keep)
+    out = Path(args.out)
+    precheck(out, args.model, settings, resume=not args.fresh)
+    bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
+    result = analyze(args.model, out=out, bos_token=bos_token, resume=not args.fresh, progress=not args.quiet,
+                     settings=settings)
+    print(result)
+    print(f"\nwrote {out}/analysis.md, analysis.json and report.html")
+    return 0
 
 
 def _survey(args: argparse.Namespace) -> int:
@@ -241,6 +265,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="runs/discover")
     d.set_defaults(func=_discover)
+    a = sub.add_parser("analyze", help="the paper's questions for one model: sinks, onsets, nodes, edges, neurons, "
+                       "faithfulness, with and without BOS (resumable)")
+    a.add_argument("--model", default="planted:rope", help="a model entry: planted:<variant>, spec:<family>, "
+                   "checkpoint:<path>, real:smollm2, real:gemma3, hub:<name> (default planted:rope)")
+    a.add_argument("--out", help="output directory (default runs/analyze/<model entry>)")
+    a.add_argument("--bos", default="both", choices=["both", "without", "with"],
+                   help="BOS settings to measure (default both; 'with' is skipped, with the reason, for a model "
+                   "without a start token)")
+    a.add_argument("--bos-token", help="the start token of the with-BOS setting when the tokenizer's BOS is not one "
+                   "(real:smollm2 uses <|endoftext|> by default)")
+    a.add_argument("--n-prompts", type=int, default=16)
+    a.add_argument("--length", type=int, default=24, help="tokens of text per prompt (a BOS token adds one)")
+    a.add_argument("--max-onsets", type=int, default=3, help="onsets analysed per BOS setting")
+    a.add_argument("--neurons-keep", type=int, default=32, help="neurons confirmed by exact patching per onset")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")
+    a.add_argument("--quiet", action="store_true", help="no progress bar")
+    a.set_defaults(func=_analyze)
     s = sub.add_parser("survey", help="P0 sink and identification signal across architectures")
     s.add_argument("--model", nargs="*", help="model entries to add, e.g. real:smollm2 or spec:llama")
     s.add_argument("--checkpoint", nargs="*", help="local checkpoints to add (Hugging Face directories, .gguf files)")
@@ -305,6 +347,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from p0circuit.errors import P0CircuitError
 
     args = build_parser().parse_args(argv)
+    if args.command == "analyze" and args.out is None:
+        args.out = str(default_out("analyze", args.model))
     previous = signal.signal(signal.SIGTERM, _terminated)
     made: list[Path] = []
     try:

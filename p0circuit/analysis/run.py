@@ -149,6 +149,25 @@ class _State:
         return self.done[key]["value"]
 
 
+def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
+    """Refuse, before any model is loaded, a directory that holds an analysis of another model or
+    other settings (``resume=False`` replaces it instead)."""
+    path = None if out is None else out / STATE
+    if path is None or not path.is_file() or not resume:
+        return
+    try:
+        old = json.loads(path.read_text()).get("header", {})
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
+                          "to start over") from None
+    mine = json.loads(json.dumps(asdict(settings)))
+    if old.get("model") != label or old.get("settings") != mine:
+        diff = sorted(k for k in mine if old.get("settings", {}).get(k) != mine[k])
+        raise ConfigError(f"{out} holds an analysis of {old.get('model')!r}"
+                          + (f" with other settings ({', '.join(diff)})" if diff else "")
+                          + "; write to another directory, or pass fresh=True (--fresh) to replace it")
+
+
 def _start_token(model: Any, bos_token: Optional[Union[str, int]]) -> tuple[Optional[str], Any]:
     """(why the with-BOS setting cannot run, or None; the BOS attribute to restore afterwards)."""
     previous = getattr(model, BOS_ATTR, None)
@@ -188,7 +207,8 @@ def analyze(
 ) -> Analysis:
     """Measure the P0 sink of ``model`` and its circuit, with and without BOS (see the module docstring).
 
-    ``model``: a ``HookedTransformer`` or a model entry (``"real:smollm2"``, ``"planted:rope"``, ...).
+    ``model``: a ``HookedTransformer``, a :class:`~p0circuit.planted.PlantedModel` (its ground truth is
+    recorded beside the findings) or a model entry (``"real:smollm2"``, ``"planted:rope"``, ...).
     ``out``: a directory for ``analysis.json``, ``analysis.md`` and ``report.html`` (and the state
     that lets an interrupted analysis resume). ``bos_token``: the start token of the with-BOS
     setting when the tokenizer's BOS is not one (SmolLM2: ``"<|endoftext|>"``). Settings are an
@@ -202,12 +222,18 @@ def analyze(
     label = entry
     truth = None
     if isinstance(model, str):
+        precheck(None if out is None else Path(out), entry or model, settings, resume)
         from p0circuit.models.resolve import load_model
 
         resolved = load_model(model)
-        label, model, truth = model, resolved.model, resolved.truth
+        label, model, truth = entry or model, resolved.model, resolved.truth
         bos_token = bos_token if bos_token is not None else resolved.start_token
     from transformer_lens import HookedTransformer
+
+    from p0circuit.planted import PlantedModel
+
+    if isinstance(model, PlantedModel):  # a plant: its ground truth goes into the record
+        label, model, truth = label or f"planted ({model.spec.key}-keyed)", model.model, model.truth
 
     if not isinstance(model, HookedTransformer):
         raise BadInputError(f"analyze needs a HookedTransformer or a model entry string, got {type(model).__name__}")
@@ -314,10 +340,17 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
     entry.update(state.run(key + "/nodes", node_step, bar))
     entry["edges"] = {}
     entry["neurons"] = {}
+    entry["into_sinks"] = {}
     if entry["signal"] and entry["nodes"]:
-        e = state.run(key + "/edges", lambda: steps.edges(model, toks, bos, corruption, metric, layer,
-                                                          entry["nodes"], s.threshold), bar)
-        entry["edges"], entry["edge_pass"] = e.pop("edges"), e
+        def edge_step() -> dict[str, Any]:
+            out = steps.edges(model, toks, bos, corruption, metric, layer, entry["nodes"], s.threshold)
+            if where == "P0":
+                out["into_sinks"] = steps.into_sinks(model, toks, bos, corruption, layer, entry["nodes"],
+                                                     summary["alpha"], 0.3, s.threshold)
+            return out
+
+        e = dict(state.run(key + "/edges", edge_step, bar))
+        entry["edges"], entry["into_sinks"], entry["edge_pass"] = e.pop("edges"), e.pop("into_sinks", {}), e
     else:
         bar.update(1)
     dims = [d for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]

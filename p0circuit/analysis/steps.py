@@ -115,6 +115,30 @@ def edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
             "seconds": round(time.perf_counter() - t, 2)}
 
 
+def into_sinks(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int,
+               node_effects: dict[str, float], alpha: list[list[float]], eps: float, threshold: float,
+               blocks: int = 2, max_senders: int = 6) -> dict[str, Any]:
+    """Path patching from the strongest nodes into the keys and values of the sink heads (alpha_0 >
+    ``eps``) of the ``blocks`` blocks after the onset, metric = their attention to P0: how the
+    amplified P0 state becomes the key every later query attends to."""
+    from p0circuit.patching import AttnToP0
+
+    layers = list(range(layer + 1, min(layer + 1 + blocks, model.cfg.n_layers)))
+    heads = [(l, h) for l in layers for h in range(model.cfg.n_heads) if alpha[l][h] > eps]
+    senders = sorted(n for n in (Node.parse(x) for x in list(node_effects)[:max_senders]) if n.kind != Kind.EXPERT)
+    if not heads or not senders:
+        return {"edges": {}, "candidates": 0, "note": f"no sink head (alpha_0 > {eps}) in blocks {layers}" if not heads
+                else "no sender"}
+    cands = [e for e in candidate_edges(model, senders, qkv=("k", "v"), receiver_layers=max(layers) + 1)
+             if e.dst.layer in layers and e.dst.pos == 0]
+    metric = AttnToP0(heads=heads)
+    t = time.perf_counter()
+    res = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos)
+    return {"edges": strong(res, threshold), "candidates": len(cands), "metric": res.metric, "signal": res.signal,
+            "clean": res.clean_metric, "corrupted": res.corrupted_metric, "message": res.message,
+            "seconds": round(time.perf_counter() - t, 2)}
+
+
 def neurons(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int, dim: int,
             node_effects: dict[str, float], threshold: float, keep: int, steps: int) -> dict[str, Any]:
     """The neurons at P0 that write massive dimension ``dim`` at block ``layer``: integrated

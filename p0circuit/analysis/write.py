@@ -97,6 +97,13 @@ def markdown(d: dict[str, Any]) -> str:
             ep = o.get("edge_pass", {})
             if ep:
                 lines.append(f"- Edges ({ep.get('candidates', 0)} candidates): {_fmt(o['edges'], 10)}.")
+            sk_e = o.get("into_sinks") or {}
+            if sk_e.get("candidates"):
+                lines.append(f"- Edges into the sink heads' keys and values (metric `{sk_e['metric']}`, "
+                             f"{sk_e['clean']:.3g} clean -> {sk_e['corrupted']:.3g}; {sk_e['candidates']} candidates): "
+                             + (_fmt(sk_e["edges"], 8) if sk_e["signal"] else "no signal") + ".")
+            elif sk_e.get("note"):
+                lines.append(f"- Edges into the sink heads: {sk_e['note']}.")
             npass = o.get("neuron_pass", {})
             if "metric" in npass:
                 lines.append(f"- Neurons writing `{npass['metric']}` ({npass['clean']:.4g} clean -> "

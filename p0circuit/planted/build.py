@@ -200,6 +200,7 @@ class PlantedModel:
 
 VARIANTS: dict[str, dict[str, object]] = {
     "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
+    "bos": {"key": "bos"},
 }
 """Named planted variants (command line and sweep configs): name -> :class:`PlantSpec` overrides."""
 
