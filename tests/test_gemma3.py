@@ -146,3 +146,21 @@ def test_command_line_sweep_and_report_on_gemma3(tmp_path, capsys):
     record = json.loads((tmp_path / "sweep" / "results.jsonl").read_text().splitlines()[0])
     assert record["cell"]["model"] == "real:gemma3" and record["circuit"]["nodes"]
     assert main(["report", str(tmp_path / "sweep")]) == 0
+
+
+def test_analyze_gemma3_finds_the_bos_token_sink_and_no_p0_sink(gemma3):
+    """The paper's questions at a small size: without BOS no P0 sink (the claim fails, measured);
+    with ``<bos>`` the sink is built on the token (``swap`` is chosen over ``shift``) by its embedding
+    and block 0's MLP, whose neuron 1405 writes the massive dimension 400."""
+    from p0circuit.analysis import analyze
+
+    result = analyze(gemma3, entry="real:gemma3", progress=False, n_prompts=4, length=12, lengths=(8,),
+                     neurons_keep=8, max_onsets=1)
+    assert result["verdict"]["holds"] is False and "never reaches the threshold" in result["verdict"]["claim"]
+    assert not [o for o in result["onsets"]["without_bos"] if o["where"] == "P0"]
+    assert "first ','" in {p["where"] for p in result["sinks"]["without_bos"]["sink_positions"]}
+    onset = result["onsets"]["with_bos"][0]
+    assert (onset["layer"], onset["corruption"]) == (0, "swap")
+    assert onset["corruption_choice"]["drops"]["swap"] > 10 * abs(onset["corruption_choice"]["drops"]["shift"])
+    assert {"E@0", "M0@0"} <= set(onset["nodes"]) and onset["neurons"].get("M0.N1405@0", 0) > 0.5
+    assert result["sinks"]["with_bos"]["massive_dims"][0]["dim"] == 400

@@ -245,3 +245,20 @@ def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path)
         assert (again(toks) - smollm2(toks)).abs().max() < 1e-4
     with pytest.raises(p0.CheckpointError, match="already exists"):
         p0.export_gguf(smollm2_path(), out)
+
+
+def test_analyze_smollm2_finds_a_position_sink_with_and_without_bos(smollm2):
+    """At a small size: the claim holds (a P0 sink without BOS, onset at block 2, carried by M0 and
+    M2 and M2's neuron 90 on the massive dimension 507); with ``<|endoftext|>`` first, replacing that
+    token does not remove the sink, so ``shift`` is chosen: the sink is built on the position."""
+    from p0circuit.analysis import analyze
+
+    result = analyze(smollm2, entry="real:smollm2", bos_token="<|endoftext|>", progress=False, n_prompts=4,
+                     length=12, lengths=(8,), neurons_keep=8, max_onsets=1)
+    assert result["verdict"]["holds"] is True
+    onset = result["onsets"]["without_bos"][0]
+    assert (onset["layer"], onset["corruption"]) == (2, "shift") and {"M0@0", "M2@0"} <= set(onset["nodes"])
+    assert onset["neurons"].get("M2.N90@0", 0) > 0.3 and result["sinks"]["without_bos"]["massive_dims"][0]["dim"] == 507
+    with_bos = result["onsets"]["with_bos"][0]
+    assert with_bos["corruption_choice"]["chosen"] == "shift" and with_bos["corruption_choice"]["drops"]["swap"] < 1
+    assert not hasattr(smollm2, p0.tokens.BOS_ATTR)  # the start token was set for the call only
