@@ -108,6 +108,15 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _atlas(args: argparse.Namespace) -> int:
+    from p0circuit.analysis.atlas import atlas
+
+    text = atlas(args.models, out=args.page, runs=args.runs, progress=not args.quiet)
+    print(text)
+    print(f"wrote {args.page}")
+    return 0
+
+
 def _survey(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -283,6 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=_analyze)
+    at = sub.add_parser("atlas", help="analyse several models and write their atlas page (docs/atlas.md)")
+    at.add_argument("--models", nargs="+", default=["real:smollm2", "real:gemma3", "planted:rope", "planted:learned",
+                                                    "planted:bos"], help="model entries (default: both real models "
+                    "and three plants)")
+    at.add_argument("--out", dest="page", default="docs/atlas.md", help="the page (default docs/atlas.md)")
+    at.add_argument("--runs", default="runs/analyze", help="where each model's analysis goes (resumable)")
+    at.add_argument("--quiet", action="store_true", help="no progress bars")
+    at.set_defaults(func=_atlas)
     s = sub.add_parser("survey", help="P0 sink and identification signal across architectures")
     s.add_argument("--model", nargs="*", help="model entries to add, e.g. real:smollm2 or spec:llama")
     s.add_argument("--checkpoint", nargs="*", help="local checkpoints to add (Hugging Face directories, .gguf files)")

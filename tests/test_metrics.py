@@ -142,6 +142,18 @@ def test_report_names_first_nonfinite_layer():
         sink_report(model, torch.randint(0, 40, (2, 6)))
 
 
+def test_weight_check_sums_first_and_tests_elements_only_where_a_sum_is_not_finite():
+    from p0circuit.models.checks import check_finite_weights
+
+    model = ModelSpec(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, d_vocab=40, n_ctx=16).build()
+    with torch.no_grad():
+        model.blocks[0].mlp.W_out.fill_(3e38)  # finite, but its sum overflows float32
+    check_finite_weights(model)
+    model.blocks[1].attn.W_V.data[0, 0, 0] = float("inf")  # written through .data: no version bump to rely on
+    with pytest.raises(NonFiniteError, match=r"weight blocks\.1\.attn\.W_V holds NaN or inf"):
+        check_finite_weights(model)
+
+
 def test_sink_report_lists_every_norm_onset_and_erasure():
     from p0circuit.metrics.report import SinkReport
 

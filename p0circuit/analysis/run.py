@@ -261,6 +261,10 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     header = {"model": label, "settings": json.loads(json.dumps(asdict(s))),
               "prompts": {SETTINGS[b]: fingerprint(t) for b, t in tokens.items()}}
     state = _State(out, header, resume)
+    first = tokens[tags[0]]
+    t = time.perf_counter()
+    model(first)  # one forward of the batch, timed in the same run as the analysis
+    forward_s = time.perf_counter() - t
     started = time.perf_counter()
     bar = tqdm(total=len(tags), desc="analyze", unit="step", disable=not progress, mininterval=0.5)
     sinks: dict[str, Any] = {}
@@ -291,7 +295,8 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         "n_heads": int(model.cfg.n_heads), "sinks": sinks, "onsets": onsets, "variations": variations,
         "verdict": verdict(sinks, onsets),
         "timing": {"seconds": round(sum(v["seconds"] for v in state.done.values()), 1),
-                   "this_call": round(time.perf_counter() - started, 1),
+                   "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
+                   "forwards": round(sum(v["seconds"] for v in state.done.values()) / forward_s),
                    "steps": {k: v["seconds"] for k, v in state.done.items()}},
     }
     if truth is not None:

@@ -55,7 +55,8 @@ def markdown(d: dict[str, Any]) -> str:
              f"{s['n_prompts']} prompts x {s['length']} tokens of text (a BOS token adds one); effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
              f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. Measured in "
-             f"{d['timing']['seconds']:.0f} s of steps.", "",
+             f"{d['timing']['seconds']:.0f} s of steps, {d['timing']['forwards']} times one forward of the batch "
+             f"({d['timing']['forward_s'] * 1000:.0f} ms) timed in the same run.", "",
              f"**The paper's claim** (without BOS, position 0 becomes a sink): {d['verdict']['claim']}.", ""]
     for tag, title in _TITLES.items():
         sk = d["sinks"].get(tag)
