@@ -122,6 +122,8 @@ def test_interrupted_analysis_resumes_without_redoing_steps(tmp_path, monkeypatc
     assert calls["faithfulness"] == 1  # the finished node step was read back, not run again
     fresh = analyze(pm, progress=False, bos=(False,), **SMALL)
     assert untimed(resumed["onsets"]) == untimed(fresh["onsets"]) and resumed["sinks"] == fresh["sinks"]
+    again = analyze(pm, out=tmp_path, progress=False, bos=(False,), **SMALL)  # everything read back
+    assert untimed(again["onsets"]) == untimed(fresh["onsets"]) and again["verdict"] == fresh["verdict"]
 
 
 def test_another_analysis_is_refused_before_the_model_is_built(tmp_path, monkeypatch, capsys):

@@ -9,6 +9,7 @@ edges, its faithfulness and the verdict on the paper's claim, as measured.
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from p0circuit.analysis.run import sink_label
 from p0circuit.io import write_atomic
 
 DEFAULT_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos")
@@ -45,7 +46,7 @@ def rows(d: dict[str, Any]) -> list[list[str]]:
             continue
         onsets = [o for o in d["onsets"].get(tag, []) if o["where"] == "P0"]
         first = onsets[0] if onsets else None
-        others = sorted({p["where"] for p in s["sink_positions"] if not p["where"].startswith("P0")})
+        others = sorted({sink_label(p) for p in s["sink_positions"] if not p["where"].startswith("P0")})
         where = ", ".join((["P0"] if any(p["where"].startswith("P0") for p in s["sink_positions"]) else []) + others)
         if first is None:
             circuit = edges = faith = "no P0 onset"

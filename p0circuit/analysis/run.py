@@ -12,6 +12,7 @@ settings, and refuses to mix runs). The plan:
 3. per BOS setting, at the first onset: every corruption side by side, and other prompt lengths.
 """
 
+import copy
 import hashlib
 import json
 import time
@@ -146,7 +147,7 @@ class _State:
             if self.path is not None:
                 write_atomic(self.path, json.dumps({"header": self.header, "steps": self.done}, allow_nan=False))
         bar.update(1)
-        return self.done[key]["value"]
+        return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
 
 
 def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
@@ -400,6 +401,12 @@ def _variations(model: Any, bos: bool, layer: int, s: AnalysisSettings, state: _
     return out
 
 
+def sink_label(p: dict[str, Any]) -> str:
+    """A sink position's class, with its commonest token for the catch-all class ``other``."""
+    tokens = p.get("tokens") or []
+    return f"other ({tokens[0][0]!r})" if p["where"] == "other" and tokens else p["where"]
+
+
 def verdict(sinks: dict[str, Any], onsets: dict[str, Any]) -> dict[str, Any]:
     """The paper's claim, as measured: without BOS, does position 0 become a sink? It holds when the
     P0 norm ratio reaches the threshold and, from that layer on, some head gives P0 a mean attention
@@ -411,7 +418,7 @@ def verdict(sinks: dict[str, Any], onsets: dict[str, Any]) -> dict[str, Any]:
     strongest = max((max(row) for row in no["alpha"][onset[0]:]), default=0.0) if onset else \
         max(max(row) for row in no["alpha"])
     holds = bool(onset) and strongest > 0.5
-    elsewhere = sorted({p["where"] for p in no["sink_positions"] if not p["where"].startswith("P0")})
+    elsewhere = sorted({sink_label(p) for p in no["sink_positions"] if not p["where"].startswith("P0")})
     text = (f"{'holds' if holds else 'fails'}: without BOS the P0 norm ratio "
             + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the threshold")
             + f", the strongest head's alpha_0 is {strongest:.2f} and Sink_0^0.3 = {no['sink_rate']:.3f}")
