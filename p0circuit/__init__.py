@@ -2,7 +2,8 @@
 
 The public surface: build or load a model (:class:`ModelSpec`, :func:`load_checkpoint`,
 :func:`build_planted`, or any entry with :func:`load_model`), tokenize with an explicit BOS choice
-(:func:`to_tokens`) or draw probes (:func:`probe_tokens`), measure the sink (:func:`sink_report`),
+(:func:`to_tokens`) or draw probes (:func:`probe_tokens`), ask the paper's questions in one call
+(:func:`analyze`), measure the sink (:func:`sink_report`),
 patch (:func:`activation_patch`, :func:`path_patch`, :func:`attribution_patch`, or :func:`discover`
 for a :class:`Circuit` of :class:`Node` and :class:`Edge`).
 """
@@ -16,6 +17,7 @@ from p0circuit import _moved
 # ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
 _WHERE = {
     **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.errors'),
+    **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.analysis'),
     **dict.fromkeys(['discover', 'interpret'], 'p0circuit.find'),
     **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
@@ -37,6 +39,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
         NonFiniteError,
         P0CircuitError,
     )
+    from p0circuit.analysis import Analysis, AnalysisSettings, analyze
     from p0circuit.find import discover, interpret
     from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
     from p0circuit.metrics import SinkReport, sink_report
@@ -77,7 +80,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
-    "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "ConfigError",
+    "Analysis", "AnalysisSettings", "analyze", "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "ConfigError",
     "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
     "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Swap", "Zero", "activation_patch", "attribution_patch", "auroc",

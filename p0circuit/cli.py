@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 
 from p0circuit import choices
+from p0circuit.io import run_dir
 from p0circuit.choices import FAMILIES, METRIC_ENTRIES, VARIANTS
 
 
@@ -82,12 +83,6 @@ def _discover(args: argparse.Namespace) -> int:
     out = found.write(args.out)
     print(f"\nwrote {out}/")
     return 1 if resolved.truth is not None and not found.exact else 0
-
-
-def default_out(command: str, entry: str) -> Path:
-    """``runs/<command>/<entry>``, the entry made a directory name (``real:smollm2`` -> ``real-smollm2``)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in entry.replace(":", "-")).strip("-.")
-    return Path("runs") / command / (safe or "model")
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -365,7 +360,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.command == "analyze" and args.out is None:
-        args.out = str(default_out("analyze", args.model))
+        args.out = str(run_dir("analyze", args.model))
     previous = signal.signal(signal.SIGTERM, _terminated)
     made: list[Path] = []
     try:

@@ -11,6 +11,14 @@ from pathlib import Path
 from typing import Callable
 
 
+def run_dir(command: str, entry: str) -> Path:
+    """The default output directory of ``p0circuit <command>`` for a model entry:
+    ``runs/<command>/<entry>``, the entry made a directory name (``real:smollm2`` -> ``real-smollm2``),
+    so runs of different models never share a directory."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in entry.replace(":", "-")).strip("-.")
+    return Path("runs") / command / (safe or "model")
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that it appears whole or not at all."""
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")

@@ -154,7 +154,7 @@ def test_bad_settings_are_refused_by_name():
 
 
 def test_default_output_directory_is_per_model_entry():
-    from p0circuit.cli import default_out
+    from p0circuit.io import run_dir
 
-    assert str(default_out("analyze", "real:smollm2")) == "runs/analyze/real-smollm2"
-    assert default_out("analyze", "checkpoint:/a/b c") != default_out("analyze", "checkpoint:/a/b_d")
+    assert str(run_dir("analyze", "real:smollm2")) == "runs/analyze/real-smollm2"
+    assert run_dir("analyze", "checkpoint:/a/b c") != run_dir("analyze", "checkpoint:/a/b_d")

@@ -9,8 +9,9 @@ edges, its faithfulness and the verdict on the paper's claim, as measured.
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from p0circuit.analysis.run import sink_label
-from p0circuit.io import write_atomic
+from p0circuit.analysis.run import analyze, sink_label
+from p0circuit.models.resolve import check_model_entry
+from p0circuit.io import run_dir, write_atomic
 
 DEFAULT_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos")
 """The atlas' models: both shipped real models and three plants (position-keyed with RoPE, with a
@@ -86,7 +87,8 @@ def page(analyses: Sequence[dict[str, Any]]) -> str:
               "| model | position 0 in training | the claim (without BOS, P0 becomes a sink), as measured |",
               "|---|---|---|"]
     for d in analyses:
-        lines.append(f"| {d['model']} | {TRAINED_WITH.get(d['model'], 'unknown')} | {d['verdict']['claim']} |")
+        cells = [d["model"], TRAINED_WITH.get(d["model"], "unknown"), d["verdict"]["claim"]]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
               "directory; the command prints where.", ""]
     return "\n".join(lines)
@@ -95,17 +97,12 @@ def page(analyses: Sequence[dict[str, Any]]) -> str:
 def atlas(models: Sequence[str] = DEFAULT_MODELS, *, out: Union[str, Path] = "docs/atlas.md",
           runs: Union[str, Path] = "runs/analyze", progress: bool = True, **settings: Any) -> str:
     """Analyse ``models`` (resuming what ``runs`` holds) and write the atlas page to ``out``."""
-    from p0circuit.analysis.run import analyze
-    from p0circuit.models.resolve import check_model_entry
-
     for entry in models:
         check_model_entry(entry)  # every entry checked before the first model is loaded
-    from p0circuit.cli import default_out
-
     analyses = []
     for entry in models:
-        run_dir = Path(runs) / default_out("analyze", entry).name
-        analyses.append(analyze(entry, out=run_dir, progress=progress, **settings).data)
+        where = Path(runs) / run_dir("analyze", entry).name
+        analyses.append(analyze(entry, out=where, progress=progress, **settings).data)
     text = page(analyses)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)

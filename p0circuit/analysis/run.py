@@ -22,14 +22,17 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor
+from transformer_lens import HookedTransformer
 
 from p0circuit.analysis import steps
-from p0circuit.analysis.write import strict
+from p0circuit.analysis.write import markdown, strict, write_all
 from p0circuit.errors import BadInputError, ConfigError, P0CircuitError, entry_point
 from p0circuit.io import write_atomic
 from p0circuit.patching import NormRatio
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.metrics.positions import find_positions
+from p0circuit.models.resolve import load_model
+from p0circuit.planted import PlantedModel
 from p0circuit.progress import tqdm
 from p0circuit.tokens import BOS_ATTR, english_prompts, prepend_id, probe_tokens, set_bos
 
@@ -96,8 +99,6 @@ class Analysis:
         return self.data[key]
 
     def __str__(self) -> str:
-        from p0circuit.analysis.write import markdown
-
         return markdown(self.data)
 
 
@@ -224,15 +225,9 @@ def analyze(
     truth = None
     if isinstance(model, str):
         precheck(None if out is None else Path(out), entry or model, settings, resume)
-        from p0circuit.models.resolve import load_model
-
         resolved = load_model(model)
         label, model, truth = entry or model, resolved.model, resolved.truth
         bos_token = bos_token if bos_token is not None else resolved.start_token
-    from transformer_lens import HookedTransformer
-
-    from p0circuit.planted import PlantedModel
-
     if isinstance(model, PlantedModel):  # a plant: its ground truth goes into the record
         label, model, truth = label or f"planted ({model.spec.key}-keyed)", model.model, model.truth
 
@@ -304,8 +299,6 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         data["truth"] = {"nodes": [n.name for n in truth.nodes], "edges": [e.name for e in truth.edges]}
     result = Analysis(data, out, reports)
     if out is not None:
-        from p0circuit.analysis.write import write_all
-
         write_all(result, out)
     return result
 

@@ -15,10 +15,11 @@ from torch import Tensor
 from p0circuit.errors import P0CircuitError
 from p0circuit.metrics.report import SinkReport, sink_report
 from p0circuit.patching import (
-    NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
+    AttnToP0, NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
     candidate_nodes, faithfulness_curve, path_patch,
 )
 from p0circuit.patching.corruptions import Corruption, Swap, get_corruption
+from p0circuit.patching.job import PatchJob
 from p0circuit.patching.result import PatchResult
 from p0circuit.types import Kind, Node
 
@@ -56,8 +57,6 @@ def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple
 
 def drop(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric) -> float:
     """``clean - corrupted`` of ``metric`` under ``corruption`` (two forwards up to the metric's block)."""
-    from p0circuit.patching.job import PatchJob
-
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, bos=bos).cache(set())
     return job.clean_metric - job.corrupted_metric([])
 
@@ -121,8 +120,6 @@ def into_sinks(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, la
     """Path patching from the strongest nodes into the keys and values of the sink heads (alpha_0 >
     ``eps``) of the ``blocks`` blocks after the onset, metric = their attention to P0: how the
     amplified P0 state becomes the key every later query attends to."""
-    from p0circuit.patching import AttnToP0
-
     layers = list(range(layer + 1, min(layer + 1 + blocks, model.cfg.n_layers)))
     heads = [(l, h) for l in layers for h in range(model.cfg.n_heads) if alpha[l][h] > eps]
     senders = sorted(n for n in (Node.parse(x) for x in list(node_effects)[:max_senders]) if n.kind != Kind.EXPERT)

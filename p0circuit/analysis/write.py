@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from p0circuit.io import write_atomic
+from p0circuit.types import Kind, Node
 
 _TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
 
@@ -132,7 +133,7 @@ def markdown(d: dict[str, Any]) -> str:
 
 
 def _png(fig: Any) -> str:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -143,12 +144,7 @@ def _png(fig: Any) -> str:
 def _figures(d: dict[str, Any]) -> dict[str, str]:
     """Per BOS setting: the P0 norm ratio and the strongest head's attention per layer, the alpha_0
     heatmap, and per onset the node effects as a layer x head (+ MLP) heatmap at P0."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    from p0circuit.types import Kind, Node
+    import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
     figs: dict[str, str] = {}
     for tag, title in _TITLES.items():

@@ -108,7 +108,9 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
     layer = op.hook.layer
     if layer < 0 or output_norm(model, "mlp") is not None:
         return False
-    if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer)):
+    if op.hook.name == hooks.mlp_in(layer) and (model.cfg.parallel_attn_mlp or op.head is not None):
+        return False
+    if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer), hooks.mlp_in(layer)):
         return False
     allowed = {hooks.resid_post(layer), hooks.pattern(layer)}
     return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
@@ -145,6 +147,9 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     layer = op.hook.layer
     pos = list(op.positions)
     out = base_cache[hooks.resid_post(layer)].clone()
+    if op.hook.name == hooks.mlp_in(layer):  # only the MLP sees the change; the residual stream does not
+        out[:, pos] = _mlp_in_outputs(model, base_cache, [op])[0]
+        return out
     base = base_cache[op.hook.name]
     if op.hook.name in (hooks.mlp_out(layer), hooks.mlp_post(layer)):
         out[:, pos] += _mlp_change(model, base_cache, op)
@@ -159,6 +164,22 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     mid = base_cache[hooks.resid_mid(layer)][:, pos] + delta
     mlp_new = block.apply_mlp(block.ln2(mid))
     out[:, pos] = mid + mlp_new
+    return out
+
+
+def _mlp_in_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[PatchOp]) -> list[Tensor]:
+    """Block ``l``'s output at each op's positions for MLP-input ops (an edge into the MLP): the
+    cached ``resid_mid`` plus the MLP of ``resid_mid + delta`` (``value`` replaces the input when the
+    op does not add), the ops' positions concatenated into one MLP call."""
+    layer = ops[0].hook.layer
+    block, mid = model.blocks[layer], base_cache[hooks.resid_mid(layer)]
+    parts = [mid[:, list(op.positions)] for op in ops]
+    inputs = torch.cat([part + op.value if op.add else op.value for part, op in zip(parts, ops)], dim=1)
+    new = block.apply_mlp(block.ln2(inputs))
+    out, at = [], 0
+    for part in parts:
+        out.append(part + new[:, at:at + part.shape[1]])
+        at += part.shape[1]
     return out
 
 
@@ -186,8 +207,13 @@ def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[Pat
     post = base_cache[hooks.resid_post(layer)]
     out: list[Optional[Tensor]] = [None] * len(ops)
     heads = []
+    mlp_in = [i for i, op in enumerate(ops) if op.hook.name == hooks.mlp_in(layer)]
+    for i, value in zip(mlp_in, _mlp_in_outputs(model, base_cache, [ops[i] for i in mlp_in]) if mlp_in else []):
+        out[i] = value
     for i, op in enumerate(ops):
         pos = list(op.positions)
+        if op.hook.name == hooks.mlp_in(layer):
+            continue
         if op.hook.name != hooks.head_z(layer):  # MLP output or neuron: no MLP call needed
             out[i] = post[:, pos] + _mlp_change(model, base_cache, op)
         else:
