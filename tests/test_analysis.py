@@ -142,6 +142,12 @@ def test_another_analysis_is_refused_before_the_model_is_built(tmp_path, monkeyp
     assert "holds an analysis of 'planted:rope'" in err and "--fresh" in err
 
 
+def test_analyze_leaves_the_grad_mode_alone(rope_run):
+    import torch
+
+    assert torch.is_grad_enabled()  # the module's analyses ran in this process before
+
+
 def test_bad_settings_are_refused_by_name():
     with pytest.raises(p0.ConfigError, match="n_prompts must be an int >= 2"):
         AnalysisSettings(n_prompts=1)

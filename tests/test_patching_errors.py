@@ -70,7 +70,7 @@ def test_bad_metrics(planted, toks, metric, msg):
 
 
 def test_bad_options(planted, toks):
-    with pytest.raises(ConfigError, match=r"unknown corruption 'shuffle'; choose one of \['pos_mean', 'resample', 'shift', 'zero'\]"):
+    with pytest.raises(ConfigError, match=r"unknown corruption 'shuffle'; choose one of \['pos_mean', 'resample', 'shift', 'swap', 'zero'\]"):
         p0.activation_patch(planted.model, toks, corruption="shuffle")
     with pytest.raises(ConfigError, match="unknown method 'acdc'; choose one of"):
         p0.discover(planted.model, toks, method="acdc")

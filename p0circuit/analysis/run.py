@@ -241,7 +241,8 @@ def analyze(
         out_dir.mkdir(parents=True, exist_ok=True)
     no_bos_reason, previous = _start_token(model, bos_token) if True in settings.bos else (None, None)
     try:
-        return _analyze(model, label, settings, out_dir, resume, progress, no_bos_reason, truth)
+        with torch.no_grad():  # the caller's grad mode is left as it was (the screen enables grad itself)
+            return _analyze(model, label, settings, out_dir, resume, progress, no_bos_reason, truth)
     finally:
         if previous is None and hasattr(model, BOS_ATTR) and bos_token is not None:
             delattr(model, BOS_ATTR)
@@ -251,7 +252,6 @@ def analyze(
 
 def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], resume: bool, progress: bool,
              no_bos_reason: Optional[str], truth: Any) -> Analysis:
-    torch.set_grad_enabled(False)
     tags = [b for b in s.bos if not (b and no_bos_reason)]
     tokens = {b: prompts(model, s.n_prompts, s.length, b, s.seed) for b in tags}
     header = {"model": label, "settings": json.loads(json.dumps(asdict(s))),
