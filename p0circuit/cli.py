@@ -46,6 +46,29 @@ def _layers(text: str, n_layers: int) -> list[int]:
     return layers
 
 
+def _check_before_loading(args: argparse.Namespace) -> None:
+    """Every check that needs no model, and those that need only its number of blocks (known without
+    loading for planted, spec and Hugging Face directory entries), before the model is built."""
+    from p0circuit.errors import ConfigError
+    from p0circuit.models.resolve import entry_layers
+    from p0circuit.patching.metrics import check_metric_entry
+    from p0circuit.patching.sites import parse_nodes
+
+    n_layers = entry_layers(_model_entry(args))
+    if args.metric:
+        check_metric_entry(args.metric)
+        kind, _, layer = args.metric.partition(":")
+        if kind == "norm_ratio" and n_layers is not None and int(layer) >= n_layers:
+            raise ConfigError(f"--metric {args.metric}: the model has blocks 0..{n_layers - 1}")
+    if args.layers and n_layers is not None:
+        _layers(args.layers, n_layers)
+    if args.nodes:
+        nodes = parse_nodes(args.nodes)
+        late = [n.name for n in nodes if n_layers is not None and n.layer >= n_layers]
+        if late:
+            raise ConfigError(f"--nodes {' '.join(late[:3])}: the model has blocks 0..{n_layers - 1}")
+
+
 def _discover(args: argparse.Namespace) -> int:
     from p0circuit.discovery import run_discovery
     from p0circuit.models.resolve import load_model
@@ -54,6 +77,7 @@ def _discover(args: argparse.Namespace) -> int:
     from p0circuit.patching.sites import parse_nodes
     from p0circuit.tokens import bos_label, make_prompts, set_bos, text_windows
 
+    _check_before_loading(args)
     resolved = load_model(_model_entry(args), seed=args.seed)
     model = resolved.model
     large = sum(p.numel() for p in model.parameters()) > 50_000_000  # a real-size model: a smaller default batch

@@ -43,6 +43,14 @@ class CheckpointError(P0CircuitError, OSError):
     """A local checkpoint directory that cannot be loaded."""
 
 
+def nearest(value: object, choices: "typing.Iterable[str]") -> str:
+    """``" (did you mean 'x'?)"`` for the choice closest to a mistyped ``value``, or ``""``."""
+    import difflib  # small, and only needed when a name is wrong
+
+    found = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
 def from_known_keys(cls: type, data: dict, what: str) -> object:
     """``cls(**data)`` for a dataclass, naming unknown keys and the valid ones first."""
     known = {f.name for f in fields(cls)}

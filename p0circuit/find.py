@@ -12,6 +12,7 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import ConfigError, entry_point
 from p0circuit.patching import METHODS, Corruption, PatchMetric, PatchResult, get_method
+from p0circuit.patching.metrics import MetricSpec
 from p0circuit.types import Circuit, Edge, Kind, Node, format_effect
 
 
@@ -65,7 +66,7 @@ def discover(
     *,
     method: str = "activation",
     corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    metric: Optional[MetricSpec] = None,
     threshold: float = 0.1,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     edges: Optional[Sequence[Union[Edge, str]]] = None,

@@ -61,12 +61,17 @@ def test_metric_hook_missing(planted, toks):
         (p0.NormRatio(7), "NormRatio: layer 7 is outside 0..3"),
         (p0.AttnToP0(), "AttnToP0 needs heads="),
         (p0.AttnToP0(heads=[(2, 9)]), "head 9 is outside 0..1"),
-        ("attention", "metric='attention' \\(str\\) is not PatchMetric or None; pass a metric such as"),
+        (42, "metric=42 \\(int\\) is not str or PatchMetric or None; pass a metric such as"),
     ],
 )
 def test_bad_metrics(planted, toks, metric, msg):
     with pytest.raises(BadInputError, match=msg):
         p0.activation_patch(planted.model, toks, nodes=["M0@0"], corruption="shift", metric=metric)
+
+
+def test_a_metric_name_that_is_not_one(planted, toks):
+    with pytest.raises(ConfigError, match="metric 'attention' not valid.*; use one of"):
+        p0.activation_patch(planted.model, toks, nodes=["M0@0"], corruption="shift", metric="attention")
 
 
 def test_bad_options(planted, toks):

@@ -78,7 +78,7 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
     linear_layout(model)  # values unchanged; no weight copy per forward
-    model.to(device)
+    model.to(device, print_details=False)  # no "Moving model to device" line
     model.eval()
     return model
 
@@ -97,7 +97,7 @@ def from_hf(hf_config: Any, hf_model: Any, architecture: str, tokenizer: Any, *,
                               f"({type(e).__name__}: {str(e)[:200]}); p0circuit refuses it rather than patch a "
                               "different model") from None
     check_logits(hf_model, model, where)
-    return model.to(device), state_dict
+    return model.to(device, print_details=False), state_dict
 
 
 def load_tokenizer(path: Path) -> Any:

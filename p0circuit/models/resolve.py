@@ -14,17 +14,18 @@ entry                  model
 =====================  ======================================================================
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import CheckpointError, ConfigError, entry_point
+from p0circuit.errors import CheckpointError, ConfigError, entry_point, nearest
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
 from p0circuit.models.gguf import load_gemma3, load_gguf, load_smollm2
 from p0circuit.models.spec import FAMILIES, ModelSpec
-from p0circuit.planted import VARIANTS, PlantedModel, build_planted
+from p0circuit.planted import VARIANTS, PlantedModel, PlantSpec, build_planted
 from p0circuit.training import load_trained
 from p0circuit.types import Circuit
 
@@ -80,8 +81,29 @@ def check_model_entry(entry: Any) -> tuple[str, str]:
     ok = ((kind == "planted" and arg in VARIANTS) or (kind == "spec" and arg in FAMILIES)
           or (kind == "real" and arg in REAL) or (kind in ("checkpoint", "hub") and bool(arg)))
     if not ok:
-        raise ConfigError(f"model entry {entry!r} not valid; {_usage()}")
+        names = ([f"planted:{v}" for v in VARIANTS] + [f"spec:{f}" for f in FAMILIES] + [f"real:{r}" for r in REAL])
+        raise ConfigError(f"model entry {entry!r} not valid{nearest(entry, names)}; {_usage()}")
     return kind, arg
+
+
+def entry_layers(entry: str) -> Optional[int]:
+    """The number of blocks of the model ``entry`` names, without building or loading it (planted and
+    spec models from their settings, Hugging Face directories from config.json), or None when it is
+    only known after loading (GGUF files, real models, hub names)."""
+    kind, arg = check_model_entry(entry)
+    if kind == "planted":
+        return int(VARIANTS[arg].get("n_layers", PlantSpec.n_layers))  # type: ignore[arg-type]
+    if kind == "spec":
+        return int(FAMILIES[arg].get("n_layers", ModelSpec.n_layers))  # type: ignore[arg-type]
+    if kind == "checkpoint" and (Path(arg) / "config.json").is_file():
+        try:
+            config = json.loads((Path(arg) / "config.json").read_text())
+        except ValueError:
+            return None  # the load says what is wrong with the file
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(config.get(key), int):
+                return int(config[key])
+    return None
 
 
 def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTransformer:
@@ -106,7 +128,7 @@ def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
     kind, arg = check_model_entry(entry)
     if kind == "planted":
         plant = build_planted(**VARIANTS[arg])
-        return Resolved(entry, plant.model.to(device), f"planted model ({arg})", plant)
+        return Resolved(entry, plant.model.to(device, print_details=False), f"planted model ({arg})", plant)
     if kind == "spec":
         model = ModelSpec(seed=seed, **FAMILIES[arg]).build(device)
         return Resolved(entry, model, f"untrained {arg} model (ModelSpec, seed {seed})")

@@ -40,7 +40,7 @@ from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.methods.activation import activation_patch
 from p0circuit.patching.methods.attribution import attribution_patch
 from p0circuit.patching.methods.path import path_patch
-from p0circuit.patching.metrics import PatchMetric
+from p0circuit.patching.metrics import MetricSpec, PatchMetric
 from p0circuit.patching.result import PatchResult
 from p0circuit.tokens import check_tokens
 
@@ -122,7 +122,7 @@ def p0_scale_ratio(model: Any, tokens: torch.Tensor) -> float:
 @entry_point
 def check_attribution(
     model: HookedTransformer, tokens: Tensor, *, corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None, level: str = "node", nodes: Optional[Sequence[Any]] = None,
+    metric: Optional[MetricSpec] = None, level: str = "node", nodes: Optional[Sequence[Any]] = None,
     edges: Optional[Sequence[Any]] = None, direction: str = "noise", bos: Optional[bool] = None,
     tol: float = 0.2, precision: bool = True, precision_tol: float = 1e-3,
 ) -> AttributionCheck:

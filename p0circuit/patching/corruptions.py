@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Optional, Union
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, ConfigError, entry_point
+from p0circuit.errors import BadInputError, ConfigError, entry_point, nearest
 from p0circuit.args import at_least
 from p0circuit.metrics.positions import find_positions
 from p0circuit.tokens import bos_id, check_tokens
@@ -290,7 +290,7 @@ def get_corruption(spec: Any, **params: Any) -> Corruption:
     """A corruption from its registry name (with parameters) or an instance."""
     if isinstance(spec, str):
         if spec not in CORRUPTIONS:
-            raise ConfigError(f"unknown corruption {spec!r}; choose one of {sorted(CORRUPTIONS)}")
+            raise ConfigError(f"unknown corruption {spec!r}{nearest(spec, CORRUPTIONS)}; choose one of {sorted(CORRUPTIONS)}")
         return CORRUPTIONS[spec](**params)
     if not isinstance(spec, Corruption):
         raise ConfigError(

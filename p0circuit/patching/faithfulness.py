@@ -21,7 +21,7 @@ from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, send
 from p0circuit.patching.engine import run_groups
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import PatchMetric, RunView
+from p0circuit.patching.metrics import MetricSpec, PatchMetric, RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import named_positions, site_of
@@ -88,7 +88,7 @@ def faithfulness_curve(
     *,
     result: PatchResult,
     corruption: Union[str, Corruption],
-    metric: Optional[PatchMetric],
+    metric: Optional[MetricSpec],
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
 ) -> list[tuple[float, int, float]]:
     """``(fraction, number kept, faithfulness)`` for each fraction, for a node or edge result.

@@ -29,7 +29,7 @@ from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, advice, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
-from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric
+from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric, resolve_metric
 from p0circuit.patching.result import PatchResult, normalize
 from p0circuit.tokens import bos_id, check_tokens
 
@@ -65,6 +65,7 @@ class PatchJob:
         check_model(model)
         self.model = model
         self.tokens: Tensor = check_tokens(model, tokens, min_len=2, bos=bos)
+        metric = resolve_metric(metric, model)  # a metric by name, as corruptions are: "norm_ratio:2"
         self.metric: PatchMetric = metric if metric is not None else default_metric(model.cfg.n_layers)
         check_metric(self.metric, model)
         if direction not in DIRECTIONS:

@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point
+from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point, nearest
 from p0circuit.args import at_least
 from p0circuit.hooks import HookRef
 
@@ -311,7 +311,20 @@ def _split_entry(entry: Any) -> tuple[str, Optional[int]]:
     kind, _, arg = str(entry).partition(":")
     if isinstance(entry, str) and kind == "norm_ratio" and arg.isdigit():
         return kind, int(arg)
-    raise ConfigError(f"metric {entry!r} not valid; use one of {list(METRIC_ENTRIES)}")
+    if isinstance(entry, str) and kind == "norm_ratio":
+        raise ConfigError(f"metric {entry!r} not valid: norm_ratio takes a block number, e.g. 'norm_ratio:2'")
+    hint = nearest(entry, ["sink_heads", "attn_to_p0"]) if isinstance(entry, str) else ""
+    raise ConfigError(f"metric {entry!r} not valid{hint}; use one of {list(METRIC_ENTRIES)}")
+
+
+MetricSpec = Union[str, PatchMetric]
+"""A patching metric, or its name (:data:`METRIC_ENTRIES`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
+
+
+def resolve_metric(metric: Any, model: Any) -> Any:
+    """``metric`` as a :class:`PatchMetric` for ``model``: a name is parsed (:func:`metric_from_entry`);
+    anything else is returned as it is (``None`` means the default; the rest is checked later)."""
+    return metric_from_entry(metric, model) if isinstance(metric, str) else metric
 
 
 def check_metric_entry(entry: Any) -> None:

@@ -9,7 +9,7 @@ configs read their choices from :data:`METHODS`, and every consumer of a result 
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from p0circuit.errors import ConfigError
+from p0circuit.errors import ConfigError, nearest
 from p0circuit.patching.result import PatchResult
 
 Level = Literal["node", "edge"]
@@ -48,5 +48,5 @@ def register(method: Method) -> Method:
 def get_method(name: str) -> Method:
     """The registered method ``name``, or a clear error listing the choices."""
     if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+        raise ConfigError(f"unknown method {name!r}{nearest(name, METHODS)}; choose one of {sorted(METHODS)}")
     return METHODS[name]

@@ -82,12 +82,17 @@ class PatchResult:
         return Circuit(nodes=tuple(Node.parse(n) for n in keep), node_effects=dict(self.normalized), settings=record)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per node or edge, largest |normalized effect| first: raw and normalized effect,
-        and the node's (the edge's receiver's) kind, layer, head and position."""
+        """One row per node or edge, largest |normalized effect| first: ``raw`` (the metric with this
+        patch applied), ``effect`` (how much the patch changed the metric: ``raw`` minus the run it was
+        patched into, the clean one for ``noise``, the corrupted one for ``denoise``), ``normalized``
+        (the share of the clean-to-corrupted change), and the node's (the edge's receiver's) kind,
+        layer, head and position."""
         rows = []
+        base = self.clean_metric if self.direction == "noise" else self.corrupted_metric
         for name, item in zip(self.names, self.parsed()):
             node = item.dst if isinstance(item, Edge) else item
-            row: dict[str, Any] = {"name": name, "raw": self.raw[name], "normalized": self.normalized[name],
+            row: dict[str, Any] = {"name": name, "raw": self.raw[name], "effect": self.raw[name] - base,
+                                   "normalized": self.normalized[name],
                                    "kind": node.kind.value, "layer": node.layer, "head": node.head, "pos": node.pos}
             if isinstance(item, Edge):
                 row.update(sender=item.src.name, input=item.input.value)

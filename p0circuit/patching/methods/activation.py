@@ -22,7 +22,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.errors import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import PatchMetric
+from p0circuit.patching.metrics import MetricSpec, PatchMetric
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
@@ -37,7 +37,7 @@ def activation_patch(
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    metric: Optional[MetricSpec] = None,
     direction: str = "noise",
     min_signal: float = 0.05,
     bos: Optional[bool] = None,

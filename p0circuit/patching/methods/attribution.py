@@ -34,7 +34,7 @@ from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import PatchMetric, RunView
+from p0circuit.patching.metrics import MetricSpec, PatchMetric, RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
@@ -140,7 +140,7 @@ def attribution_patch(
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
     corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    metric: Optional[MetricSpec] = None,
     level: str = "node",
     direction: str = "noise",
     min_signal: float = 0.05,

@@ -21,7 +21,7 @@ from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import PatchMetric
+from p0circuit.patching.metrics import MetricSpec, PatchMetric
 from p0circuit.patching.ops import direct_qkv, edge_op, node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
@@ -36,7 +36,7 @@ def path_patch(
     *,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
     corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    metric: Optional[MetricSpec] = None,
     direction: str = "noise",
     min_signal: float = 0.05,
     bos: Optional[bool] = None,

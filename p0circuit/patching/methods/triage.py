@@ -28,7 +28,7 @@ from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.engine import reaches
 from p0circuit.patching.methods.activation import activation_patch
 from p0circuit.patching.methods.attribution import attribution_patch
-from p0circuit.patching.metrics import PatchMetric, default_metric
+from p0circuit.patching.metrics import MetricSpec, PatchMetric, default_metric, resolve_metric
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, parse_nodes, site_of
@@ -45,7 +45,7 @@ def triage_patch(
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     corruption: Union[str, Corruption] = "shift",
-    metric: Optional[PatchMetric] = None,
+    metric: Optional[MetricSpec] = None,
     top: int = 20,
     sample: int = 20,
     seed: int = 0,
@@ -61,6 +61,7 @@ def triage_patch(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
+    metric = resolve_metric(metric, model)
     common = dict(corruption=corruption, metric=metric, direction=direction, bos=bos, rows_per_forward=rows_per_forward)
     approx = attribution_patch(model, tokens, nodes=node_list, min_signal=0.0, **common)
     used = metric if metric is not None else default_metric(model.cfg.n_layers)

@@ -1,0 +1,74 @@
+"""Names a researcher types: metrics by name as corruptions are, the nearest valid name for a
+mistyped one, the command line's checks before any model is built, and no third-party noise."""
+
+import pytest
+
+import p0circuit as p0
+from p0circuit.cli import main
+from p0circuit.models import resolve
+
+
+@pytest.fixture(scope="module")
+def setup():
+    pm = p0.build_planted()
+    return pm, p0.probe_tokens(pm.model, 6, 10, regular=True)
+
+
+def test_a_metric_by_name_equals_the_metric_object(setup):
+    pm, toks = setup
+    by_name = p0.activation_patch(pm.model, toks, metric="norm_ratio:1")
+    by_object = p0.activation_patch(pm.model, toks, metric=p0.NormRatio(1))
+    assert by_name.metric == by_object.metric and by_name.raw == by_object.raw
+    circuit = p0.discover(pm.model, toks, metric="norm_ratio:1")
+    assert {n.name for n in circuit.nodes} == {n.name for n in pm.truth.nodes}
+    from p0circuit.patching.methods.triage import triage_patch
+
+    assert triage_patch(pm.model, toks, metric="attn_to_p0", top=3, sample=0).metric.startswith("attn_to_p0")
+
+
+@pytest.mark.parametrize("call, fix", [
+    (lambda m, t: p0.activation_patch(m, t, metric="sink_head"), "did you mean 'sink_heads'"),
+    (lambda m, t: p0.activation_patch(m, t, metric="attn_to_p"), "did you mean 'attn_to_p0'"),
+    (lambda m, t: p0.activation_patch(m, t, metric="norm_ratio:x"), "takes a block number, e.g. 'norm_ratio:2'"),
+    (lambda m, t: p0.activation_patch(m, t, corruption="shfit"), "did you mean 'shift'"),
+    (lambda m, t: p0.discover(m, t, method="activaton"), "did you mean 'activation'"),
+    (lambda m, t: resolve.check_model_entry("real:smollm"), "did you mean 'real:smollm2'"),
+])
+def test_a_mistyped_name_gets_the_nearest_valid_one(setup, call, fix):
+    pm, toks = setup
+    with pytest.raises(p0.ConfigError, match=fix):
+        call(pm.model, toks)
+
+
+def test_to_frame_has_the_effect_beside_the_patched_metric(setup):
+    pm, toks = setup
+    frame = p0.activation_patch(pm.model, toks, metric="norm_ratio:1").to_frame()
+    result = p0.activation_patch(pm.model, toks, metric="norm_ratio:1")
+    assert list(frame.columns[:3]) == ["raw", "effect", "normalized"]
+    assert (frame["effect"] - (frame["raw"] - result.clean_metric)).abs().max() < 1e-9
+    denoise = p0.activation_patch(pm.model, toks, metric="norm_ratio:1", direction="denoise").to_frame()
+    assert (denoise["effect"] - (denoise["raw"] - p0.activation_patch(
+        pm.model, toks, metric="norm_ratio:1", direction="denoise").corrupted_metric)).abs().max() < 1e-9
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--metric", "norm_ratio:99"], "the model has blocks 0..3"),
+    (["--layers", "0-99"], "the model has layers 0..3"),
+    (["--nodes", "A9.H0@0"], "the model has blocks 0..3"),
+    (["--metric", "sink_head"], "did you mean 'sink_heads'"),
+    (["--model", "spec:rope", "--metric", "norm_ratio:4"], "blocks 0..3"),
+])
+def test_the_command_line_checks_before_building_the_model(argv, said, monkeypatch, capsys):
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before the arguments were checked")
+
+    monkeypatch.setattr(resolve, "load_model", no_build)
+    assert main(["discover", "--quiet", *argv]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_loading_prints_no_transformer_lens_device_lines(capsys):
+    resolve.load_model("planted:rope")
+    resolve.load_model("spec:rope")
+    out = capsys.readouterr()
+    assert "Moving model to device" not in out.out + out.err
