@@ -10,6 +10,7 @@ when Graphviz is installed, SVG) and the report under ``runs/discover/``.
 # need no more than the registries imported below.
 import argparse
 import os
+import shutil
 import signal
 import sys
 import warnings
@@ -106,6 +107,10 @@ def _discover(args: argparse.Namespace) -> int:
     print(found)
     out = found.write(args.out)
     print(f"\nwrote {out}/")
+    if shutil.which("dot") is None:
+        from p0circuit.graphs import GRAPHVIZ_MISSING  # already imported by the discovery above
+
+        print(f"p0circuit: note: {GRAPHVIZ_MISSING}", file=sys.stderr)
     return 1 if resolved.truth is not None and not found.exact else 0
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from p0circuit.find import discover
 from p0circuit.errors import BadInputError, ConfigError
 from p0circuit.graphs import compare, to_dot, to_svg
-from p0circuit.io import write_atomic
+from p0circuit.io import strict, write_atomic
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
@@ -75,7 +75,8 @@ class Discovery:
         Graphviz's ``dot`` is installed) under ``out``."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "sink_report.json", json.dumps(self.report.to_dict(), indent=2, default=str))
+        report = strict(json.loads(json.dumps(self.report.to_dict(), default=str)))  # NaN -> null: strict JSON
+        write_atomic(out / "sink_report.json", json.dumps(report, indent=2, allow_nan=False))
         for method, circuit in self.circuits.items():
             write_atomic(out / f"circuit_{method}.json", circuit.to_json(indent=2))
             write_atomic(out / f"circuit_{method}.dot", to_dot(circuit))

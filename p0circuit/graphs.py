@@ -133,6 +133,11 @@ def _title(circuit: Circuit) -> str:
     return " ".join(f"{k}={s[k]}" for k in ("method", "corruption", "metric") if k in s)
 
 
+GRAPHVIZ_MISSING = ("Graphviz's 'dot' program is not installed: the circuits are written as JSON and DOT, without "
+                    "SVG (apt-get install graphviz, or render the .dot files elsewhere)")
+"""What the command line says, once, when it skips SVG."""
+
+
 @entry_point
 def to_svg(circuit: Circuit, title: str = "") -> str:
     """SVG text of :func:`to_dot` (needs Graphviz's ``dot`` program on PATH)."""

@@ -5,10 +5,23 @@ to a temporary file that is renamed over the target, and a checkpoint directory 
 temporary name and renamed when complete.
 """
 
+import math
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+
+def strict(x: Any) -> Any:
+    """``x`` with tuples as lists and every NaN or infinity as None: JSON that strict readers accept
+    (``json.dumps(strict(x), allow_nan=False)``)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict(v) for v in x]
+    return x
 
 
 def run_dir(command: str, entry: str) -> Path:

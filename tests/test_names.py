@@ -72,3 +72,20 @@ def test_loading_prints_no_transformer_lens_device_lines(capsys):
     resolve.load_model("spec:rope")
     out = capsys.readouterr()
     assert "Moving model to device" not in out.out + out.err
+
+
+def test_discover_writes_strict_json_and_says_once_when_svg_is_skipped(tmp_path, monkeypatch, capsys):
+    import json
+    import shutil
+
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "dot" else real_which(name, *a, **k))
+    assert main(["discover", "--quiet", "--out", str(tmp_path), "--n-prompts", "8", "--seq-len", "12"]) == 0
+
+    def refuse(name):
+        raise AssertionError(f"sink_report.json holds {name}")
+
+    json.loads((tmp_path / "sink_report.json").read_text(), parse_constant=refuse)
+    err = capsys.readouterr().err
+    assert err.count("Graphviz's 'dot' program is not installed") == 1
+    assert not list(tmp_path.glob("*.svg")) and list(tmp_path.glob("*.dot"))

@@ -25,9 +25,9 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.analysis import steps
-from p0circuit.analysis.write import markdown, strict, write_all
+from p0circuit.analysis.write import markdown, write_all
 from p0circuit.errors import BadInputError, ConfigError, P0CircuitError, entry_point
-from p0circuit.io import write_atomic
+from p0circuit.io import strict, write_atomic
 from p0circuit.patching import NormRatio
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.metrics.positions import find_positions

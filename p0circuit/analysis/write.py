@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from p0circuit.io import write_atomic
+from p0circuit.io import strict, write_atomic
 from p0circuit.types import Kind, Node
 
 _TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
@@ -240,14 +240,3 @@ def write_all(result: Any, out: Path) -> None:
     write_atomic(out / "analysis.json", json.dumps(strict(d), indent=1, allow_nan=False))
     write_atomic(out / "analysis.md", markdown(d))
     write_atomic(out / "report.html", report_html(d))
-
-
-def strict(x: Any) -> Any:
-    """``x`` with tuples as lists and every NaN or infinity as None: JSON that strict readers accept."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): strict(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [strict(v) for v in x]
-    return x
