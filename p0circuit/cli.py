@@ -3,12 +3,14 @@
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
 corruption, compares both with the planted ground truth, and writes the circuits (JSON, DOT and,
-when Graphviz is installed, SVG) and the report under ``runs/discover/``.
+when Graphviz is installed, SVG) and the report under ``runs/discover/planted-rope/`` (one
+directory per model entry; another model's run there is refused unless ``--force``).
 """
 
 # The subcommands import their modules inside their functions so that argument errors and --help
 # need no more than the registries imported below.
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -47,6 +49,27 @@ def _layers(text: str, n_layers: int) -> list[int]:
     return layers
 
 
+OWNER = "run.json"
+"""The file a ``discover`` directory names its model entry in."""
+
+
+def _check_owner(out: Path, entry: str, force: bool) -> None:
+    """Refuse to write a discovery of ``entry`` over a directory holding another model's run."""
+    import json
+
+    from p0circuit.errors import ConfigError
+
+    marker = out / OWNER
+    if marker.is_file() and not force:
+        try:
+            held = json.loads(marker.read_text()).get("model")
+        except ValueError:
+            held = None
+        if held != entry:
+            raise ConfigError(f"--out {out} holds a discovery of {held!r}; choose another --out, or pass --force to "
+                              "write this one over it")
+
+
 def _check_before_loading(args: argparse.Namespace) -> None:
     """Every check that needs no model, and those that need only its number of blocks (known without
     loading for planted, spec and Hugging Face directory entries), before the model is built."""
@@ -55,6 +78,7 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     from p0circuit.patching.metrics import check_metric_entry
     from p0circuit.patching.sites import parse_nodes
 
+    _check_owner(Path(args.out), _model_entry(args), args.force)
     n_layers = entry_layers(_model_entry(args))
     if args.metric:
         check_metric_entry(args.metric)
@@ -106,6 +130,7 @@ def _discover(args: argparse.Namespace) -> int:
                           node_budget=args.node_budget, progress=not args.quiet)
     print(found)
     out = found.write(args.out)
+    (out / OWNER).write_text(json.dumps({"model": _model_entry(args)}))
     print(f"\nwrote {out}/")
     if shutil.which("dot") is None:
         from p0circuit.graphs import GRAPHVIZ_MISSING  # already imported by the discovery above
@@ -296,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n-prompts", type=int, help="prompts (default 32; 8 for models over 50M parameters)")
     d.add_argument("--seq-len", type=int, help="tokens per prompt (default 32; 24 for models over 50M parameters)")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", default="runs/discover")
+    d.add_argument("--out", help="output directory (default runs/discover/<model entry>)")
+    d.add_argument("--force", action="store_true", help="write into --out even when it holds another model's run")
     d.set_defaults(func=_discover)
     a = sub.add_parser("analyze", help="the paper's questions for one model: sinks, onsets, nodes, edges, neurons, "
                        "faithfulness, with and without BOS (resumable)")
@@ -390,6 +416,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "analyze" and args.out is None:
         args.out = str(run_dir("analyze", args.model))
+    if args.command == "discover" and args.out is None:
+        args.out = str(run_dir("discover", _model_entry(args)))
     previous = signal.signal(signal.SIGTERM, _terminated)
     made: list[Path] = []
     try:

@@ -89,3 +89,22 @@ def test_discover_writes_strict_json_and_says_once_when_svg_is_skipped(tmp_path,
     err = capsys.readouterr().err
     assert err.count("Graphviz's 'dot' program is not installed") == 1
     assert not list(tmp_path.glob("*.svg")) and list(tmp_path.glob("*.dot"))
+
+
+def test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["discover", "--quiet", "--n-prompts", "4", "--seq-len", "10"]) == 0
+    assert (tmp_path / "runs" / "discover" / "planted-rope" / "circuit_activation.json").is_file()
+    other = tmp_path / "mine"
+    assert main(["discover", "--quiet", "--n-prompts", "4", "--seq-len", "10", "--out", str(other)]) == 0
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built before the directory was checked")
+
+    monkeypatch.setattr(resolve, "load_model", no_build)
+    assert main(["discover", "--quiet", "--plant", "nope", "--out", str(other)]) == 2
+    assert "holds a discovery of 'planted:rope'" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["discover", "--quiet", "--plant", "nope", "--out", str(other), "--force", "--n-prompts", "4",
+                 "--seq-len", "10"]) == 0
