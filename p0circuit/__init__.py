@@ -19,6 +19,7 @@ _WHERE = {
     **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.errors'),
     **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.analysis'),
     **dict.fromkeys(['discover', 'interpret'], 'p0circuit.find'),
+    **dict.fromkeys(['plot'], 'p0circuit.plotting'),
     **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
     **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'expert_routing', 'faithfulness_curve', 'path_patch'], 'p0circuit.patching'),
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     )
     from p0circuit.analysis import Analysis, AnalysisSettings, analyze
     from p0circuit.find import discover, interpret
+    from p0circuit.plotting import plot
     from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
     from p0circuit.metrics import SinkReport, sink_report
     from p0circuit.patching import (
@@ -86,7 +88,7 @@ __all__ = [
     "PosMean", "Resample", "Shift", "SinkReport", "Swap", "Zero", "activation_patch", "attribution_patch", "auroc",
     "build_planted", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
     "expert_routing", "export_gguf", "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
-    "load_gemma3", "load_smollm2", "p0_like_positions", "path_patch", "positional_kind", "probe_tokens", "prune", "regular_prompts",
+    "load_gemma3", "load_smollm2", "p0_like_positions", "path_patch", "plot", "positional_kind", "probe_tokens", "prune", "regular_prompts",
     "sink_report", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
 ]
 

@@ -108,3 +108,44 @@ def test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another
     monkeypatch.chdir(tmp_path)
     assert main(["discover", "--quiet", "--plant", "nope", "--out", str(other), "--force", "--n-prompts", "4",
                  "--seq-len", "10"]) == 0
+
+
+def test_every_position_its_own_node_as_transformer_lens_returns_it(setup):
+    import plain_patch
+
+    pm, toks = setup
+    kw = dict(corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric="norm_ratio:1", positions="each", min_signal=0)
+    fast = p0.activation_patch(pm.model, toks, **kw)
+    slow = p0.activation_patch(pm.model, toks, reference=True, **kw)
+    assert fast.to_tensor("head").shape == (4, toks.shape[1], 2) and fast.to_tensor("mlp").shape == (4, toks.shape[1])
+    names = [n for n in fast.raw if p0.Node.parse(n).layer <= 1]
+    plain = plain_patch.activation(pm.model, toks, names, 1)
+    assert max(abs(fast.raw[n] - plain[n]) + abs(slow.raw[n] - plain[n]) for n in names) < 1e-4
+    with pytest.raises(p0.BadInputError, match="positions must be 'split'"):
+        p0.activation_patch(pm.model, toks, positions="every")
+    with pytest.raises(p0.BadInputError, match="not both"):
+        p0.activation_patch(pm.model, toks, positions="each", nodes=["M0@0"])
+
+
+def test_plot_draws_the_effects_it_is_given(setup):
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    pm, toks = setup
+    nodes = p0.activation_patch(pm.model, toks, metric="norm_ratio:1", positions="each")
+    fig = p0.plot(nodes)
+    heads, mlp = (fig.axes[i].images[0].get_array() for i in (0, 1))  # the two heatmaps (colorbars after)
+    want = nodes.to_tensor("head").numpy()
+    assert np.allclose(heads.filled(np.nan)[0, 0], np.nansum(want[0, :, 0]))
+    assert np.allclose(mlp.filled(np.nan)[1], nodes.to_tensor("mlp").numpy()[1], equal_nan=True)
+    edges = p0.path_patch(pm.model, toks, metric="norm_ratio:1")
+    grid = p0.plot(edges).axes[0]
+    senders = [t.get_text() for t in grid.get_yticklabels()]
+    receivers = [t.get_text() for t in grid.get_xticklabels()]
+    value = grid.images[0].get_array()[senders.index("A0.H0@0"), receivers.index("M0@0.mlp_in")]
+    assert value == pytest.approx(edges.normalized["A0.H0@0->M0@0.mlp_in"])
+    neurons = p0.activation_patch(pm.model, toks, nodes=p0.candidate_neurons(pm.model, [1]), metric="norm_ratio:1")
+    bars = p0.plot(neurons, top=5).axes[0]
+    layer, amplifier = pm.neurons["amplifier"]
+    assert bars.get_yticklabels()[0].get_text() in {f"M{layer}.N{n}@0" for n in amplifier}

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import entry_point
+from p0circuit.errors import BadInputError, entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import MetricSpec, PatchMetric
@@ -44,11 +44,14 @@ def activation_patch(
     rows_per_forward: Optional[int] = None,
     reference: bool = False,
     progress: bool = False,
+    positions: str = "split",
 ) -> PatchResult:
     """Patch each node alone and return raw and normalized effects on ``metric``.
 
     ``nodes`` defaults to :func:`candidate_nodes` (every head and MLP at position 0 and "rest",
-    plus the position embedding for learned positions). ``rows_per_forward`` bounds the batch of a
+    plus the position embedding for learned positions); ``positions="each"`` makes every position
+    its own node instead, as TransformerLens' patching functions do (``result.to_tensor()`` is then
+    ``[layer, pos, head]``). ``rows_per_forward`` bounds the batch of a
     patched forward (default 8 copies of the prompts). ``reference=True`` uses the slow path;
     ``progress=True`` shows a progress bar with an ETA.
     ``bos`` is the run's BOS choice, checked against ``tokens`` (the BOS id at position 0 of a
@@ -57,6 +60,12 @@ def activation_patch(
     """
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
                    min_signal=min_signal, rows_per_forward=rows_per_forward, reference=reference, progress=progress)
+    if positions not in ("split", "each"):
+        raise BadInputError(f"positions must be 'split' (P0 and the rest) or 'each' (every position), got {positions!r}")
+    if positions == "each" and nodes is not None:
+        raise BadInputError("positions='each' chooses the candidate nodes; pass it or nodes=[...], not both")
+    if positions == "each":
+        nodes = candidate_nodes(model, positions=range(job.seq_len), rest=False)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     named = named_positions(node_list)
     live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
