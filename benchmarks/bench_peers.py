@@ -1,7 +1,7 @@
 """What a researcher would write instead, timed beside p0circuit on the analysis' own work
 (SmolLM2-135M, 16 English prompts x 24 tokens, no BOS, metric = the P0 norm ratio after block 2,
 corruption = the prompt shifted by one token, token-aligned). Needs ``.[real]``; nnsight is used when
-installed (``pip install nnsight``).
+installed (``pip install -e ".[peers]"``).
 
 Three workloads, each patched exactly by every tool, with the values compared:
 
