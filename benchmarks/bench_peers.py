@@ -269,8 +269,8 @@ def split_inputs(model, on):
 
 def screen_recall(model, toks, bos, layer, dim, mlps, keep=32, steps=4, threshold=0.1):
     """The analysis' neuron screen against full exact patching of the same neurons."""
-    corruption = get_corruption("swap" if bos and analysis_steps.drop(model, toks, bos, p0.Swap(), NormRatio(layer))
-                                   > analysis_steps.drop(model, toks, bos, p0.Shift(), NormRatio(layer)) else "shift")
+    corruption = (analysis_steps.choose(model, toks, bos, ("swap", "shift"), NormRatio(layer), seed=0)[0] if bos
+                  else get_corruption("shift"))  # the corruption analyze would use
     cands = p0.candidate_neurons(model, mlps, positions=(0,))
     metric = ResidDim(layer, dim)
     t_exact, exact = timed(lambda: p0.activation_patch(model, toks, nodes=cands, corruption=corruption, metric=metric,

@@ -28,6 +28,8 @@ def _site(model, node):
     comp = node.split("@")[0]
     if comp == "PE":
         return "hook_pos_embed", None, -1
+    if comp == "E":
+        return "hook_embed", None, -1
     if comp.startswith("A"):
         layer, head = comp[1:].split(".H")
         return f"blocks.{layer}.attn.hook_z", int(head), int(layer)
@@ -61,11 +63,12 @@ def _metric_value(model, tokens, layer, p0, fwd_hooks):
     return norm_ratio(got["resid"], p0)
 
 
-def _patch_hook(model, cache, node, seq_len):
-    """(hook name, hook) that writes the corrupted (shifted) value of ``node`` into a run."""
+def _patch_hook(model, cache, node, seq_len, offset=1):
+    """(hook name, hook) that writes the corrupted value of ``node`` (clean position p read at
+    p + ``offset`` of the corrupted run) into a run."""
     name, index, _ = _site(model, node)
     pos = _positions(node, seq_len)
-    value = cache[name][:, [p + 1 for p in pos]]
+    value = cache[name][:, [p + offset for p in pos]]
 
     def patch(act, hook, pos=pos, index=index, value=value):
         if index is None:
@@ -77,11 +80,20 @@ def _patch_hook(model, cache, node, seq_len):
     return name, patch
 
 
+def swapped(tokens):
+    """The corrupted prompts of a token swap: the first token replaced by the filler, positions kept."""
+    out = tokens.clone()
+    out[:, 0] = FILLER
+    return out
+
+
 @torch.no_grad()
-def activation(model, tokens, nodes, layer):
-    """{node: patched norm ratio at ``layer``}: the corrupted (shifted) value patched into the clean run."""
-    _, cache = model.run_with_cache(shifted(tokens))
-    return {node: _metric_value(model, tokens, layer, 0, [_patch_hook(model, cache, node, tokens.shape[1])])
+def activation(model, tokens, nodes, layer, swap=False):
+    """{node: patched norm ratio at ``layer``}: the corrupted value (shifted, or with ``swap`` the
+    first token replaced in place) patched into the clean run."""
+    corrupt, offset = (swapped(tokens), 0) if swap else (shifted(tokens), 1)
+    _, cache = model.run_with_cache(corrupt)
+    return {node: _metric_value(model, tokens, layer, 0, [_patch_hook(model, cache, node, tokens.shape[1], offset)])
             for node in nodes}
 
 

@@ -94,6 +94,23 @@ def test_path_fast_reference_plain(family):
     assert {e.split("->")[1].rsplit(".", 1)[1] for e in edges} == {"q", "k", "v", "mlp_in"}
 
 
+def test_swap_fast_reference_plain(family):
+    """The token swap (the corruption of a BOS-driven sink) on every family: the first token replaced
+    in place, every position kept; the embedding at P0 is a candidate."""
+    name, _, model = family
+    if (TOKENS[:, 0] == plain_patch.FILLER).any():
+        pytest.skip("a prompt already starts with the filler")
+    nodes = ["E@0"] + nodes_of(name, model)
+    kw = dict(nodes=nodes, corruption=p0.Swap(token=plain_patch.FILLER), metric=p0.NormRatio(METRIC_LAYER),
+              min_signal=0)
+    fast, slow = p0.activation_patch(model, TOKENS, **kw), p0.activation_patch(model, TOKENS, reference=True, **kw)
+    plain = plain_patch.activation(model, TOKENS, nodes, METRIC_LAYER, swap=True)
+    bad = [(n, fast.raw[n], slow.raw[n], plain[n]) for n in nodes
+           if not (close(fast.raw[n], plain[n], slow.clean_metric) and close(slow.raw[n], plain[n], slow.clean_metric))]
+    assert not bad, f"{name}: {len(bad)} of {len(nodes)} nodes differ (name, fast, reference, plain): {bad[:4]}"
+    assert abs(fast.raw["E@0"] - fast.clean_metric) > 1e-4  # swapping the token changes something
+
+
 def test_node_faithfulness_plain(family):
     """A faithfulness point patches many nodes at once in the engine's fast pass: each point equals
     plain hooks patching every dropped node together."""

@@ -126,11 +126,7 @@ class _State:
         self.done: dict[str, Any] = {}
         if self.path is not None and self.path.is_file():
             if resume:
-                try:
-                    old = json.loads(self.path.read_text())
-                except ValueError:
-                    raise ConfigError(f"{self.path} is not valid JSON (a damaged state file); delete it, or pass "
-                                      "fresh=True (--fresh) to start over") from None
+                old = _read_state(self.path)
                 if old.get("header") != header:
                     raise ConfigError(
                         f"{self.path.parent} holds an analysis of {old.get('header', {}).get('model')!r} with other "
@@ -151,17 +147,22 @@ class _State:
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
 
 
+def _read_state(path: Path) -> dict[str, Any]:
+    """The state file's content, or a clear error for a damaged one."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
+                          "to start over") from None
+
+
 def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
     """Refuse, before any model is loaded, a directory that holds an analysis of another model or
     other settings (``resume=False`` replaces it instead)."""
     path = None if out is None else out / STATE
     if path is None or not path.is_file() or not resume:
         return
-    try:
-        old = json.loads(path.read_text()).get("header", {})
-    except ValueError:
-        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
-                          "to start over") from None
+    old = _read_state(path).get("header", {})
     mine = json.loads(json.dumps(asdict(settings)))
     if old.get("model") != label or old.get("settings") != mine:
         diff = sorted(k for k in mine if old.get("settings", {}).get(k) != mine[k])

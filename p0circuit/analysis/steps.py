@@ -78,8 +78,7 @@ def choose(model: Any, tokens: Tensor, bos: bool, names: Sequence[str], metric: 
 def onset_nodes(model: Any, layer: int, corruption: Corruption) -> list[Node]:
     """The candidate nodes of an onset: every head and MLP output (at P0 and the rest) up to its block,
     and the token embedding when the corruption changes a token in place (``swap``)."""
-    nodes = [n for n in candidate_nodes(model, embed=isinstance(corruption, Swap)) if n.layer <= layer]
-    return nodes
+    return [n for n in candidate_nodes(model, embed=isinstance(corruption, Swap)) if n.layer <= layer]
 
 
 def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
@@ -88,7 +87,7 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
     t = time.perf_counter()
     res = activation_patch(model, tokens, nodes=onset_nodes(model, layer, corruption), corruption=corruption,
                            metric=metric, bos=bos)
-    return res, {"corruption": res.corruption, "corruption_choice": {}, "corruption_params": res.settings.get("corruption_params", {}),
+    return res, {"corruption": res.corruption, "corruption_params": res.settings.get("corruption_params", {}),
                  "metric": res.metric, "clean": res.clean_metric, "corrupted": res.corrupted_metric,
                  "signal": res.signal, "message": res.message, "candidates": len(res.raw),
                  "nodes": strong(res, threshold), "effects": strong(res, 0.0) if res.signal else {},

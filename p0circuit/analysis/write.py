@@ -28,27 +28,6 @@ def _curve(curve: dict[str, float]) -> str:
     return ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()) or "n/a"
 
 
-def atlas_row(d: dict[str, Any]) -> dict[str, str]:
-    """One model's line of the atlas table (also the head of ``analysis.md``)."""
-    row = {"model": d["model"]}
-    for tag, title in _TITLES.items():
-        s = d["sinks"].get(tag)
-        if s is None or "skipped" in s:
-            row[title] = "not measured"
-            continue
-        p0_onsets = [o for o in d["onsets"].get(tag, []) if o["where"] == "P0"]
-        first = p0_onsets[0] if p0_onsets else None
-        dims = ", ".join(f"{m['dim']}" for m in s["massive_dims"][:2]) or "none"
-        where = sorted({p["where"] for p in s["sink_positions"]})
-        circuit = (f"nodes {_fmt(first['nodes'], 3)}; edges {_fmt(first['edges'], 2)}; faithfulness at 5: "
-                   f"{first['faithfulness'].get('5', float('nan')):.2f}" if first and first.get("signal") else
-                   ("no signal" if first else "no P0 onset"))
-        row[title] = (f"Sink_0^0.3 {s['sink_rate']:.2f}; onsets {[l for k, l, _ in s['norm_stages'] if k == 'onset']}; "
-                      f"massive dims {dims}; sinks at {', '.join(where) or 'none'}; {circuit}")
-    row["verdict"] = d["verdict"]["claim"]
-    return row
-
-
 def markdown(d: dict[str, Any]) -> str:
     """The analysis as Markdown."""
     s = d["settings"]

@@ -185,8 +185,8 @@ def find_positions(model: Any, tokens: Tensor, where: PositionSpec, bos: Optiona
                             "(e.g. 'first:,' for each prompt's first comma)")
     out, missing = [], []
     for b, row in enumerate(tokens.tolist()):
-        hits = [t for t, tok in enumerate(row) if t > 0 and target(tok)] if where != "bos" else \
-            [t for t, tok in enumerate(row) if target(tok)]
+        first = 0 if where == "bos" else 1  # a delimiter class starts after P0; a BOS may stand at P0
+        hits = [t for t, tok in enumerate(row) if t >= first and target(tok)]
         if not hits:
             missing.append(b)
         else:
