@@ -80,12 +80,13 @@ def compare(circuit: Circuit, truth: Circuit) -> dict[str, float]:
     A node circuit is scored over nodes (``node_precision``, ``node_recall``, ``node_auroc``), an
     edge circuit (path patching, attribution over edges) over edges (``edge_*``): the nodes an edge
     circuit touches were not chosen one by one, so scoring them would mislead. Precision and recall
-    are over the circuit's members; AUROC ranks every scored candidate by |effect| (truth items
+    are over the circuit's members (a node circuit against the truth's :attr:`~p0circuit.Circuit.writers`,
+    the nodes whose output matters; receivers only read); AUROC ranks every scored candidate by |effect| (truth items
     never scored count as missed) and is left out when the circuit carries no effects, or when the
     candidates are all in the truth or all outside it (it is then undefined).
     """
     level = circuit.level
-    found, true_set, effects = ((circuit.node_names, truth.node_names, circuit.node_effects) if level == "node"
+    found, true_set, effects = ((circuit.node_names, {n.name for n in truth.writers}, circuit.node_effects) if level == "node"
                                 else (circuit.edge_names, truth.edge_names, circuit.edge_effects))
     if level == "edge" and not true_set:
         raise BadInputError("compare: the circuit is over edges but the truth has no edges; compare against a "

@@ -239,7 +239,7 @@ class Circuit:
     """Nodes and edges, with effect sizes and the settings that produced them."""
 
     nodes: tuple[Node, ...]
-    """The circuit's nodes, sorted."""
+    """The circuit's nodes, sorted; every edge's sender and receiver are among them (added when not given)."""
     edges: tuple[Edge, ...] = ()
     """The circuit's edges, sorted."""
     node_effects: Mapping[str, float] = field(default_factory=dict)
@@ -260,6 +260,8 @@ class Circuit:
                 raise BadInputError(f"Circuit: {name} holds {wrong[0]!r:.60}, not a {cls.__name__}; "
                                     f"parse names with {cls.__name__}.parse")
             object.__setattr__(self, name, tuple(sorted(set(items))))
+        ends = {n for e in self.edges for n in (e.src, e.dst)}
+        object.__setattr__(self, "nodes", tuple(sorted(set(self.nodes) | ends)))
         for name in ("node_effects", "edge_effects"):
             object.__setattr__(self, name, _effects(getattr(self, name), name))
         if not isinstance(self.settings, Mapping):
@@ -283,6 +285,17 @@ class Circuit:
     def node_names(self) -> frozenset[str]:
         """Names of the circuit's nodes."""
         return frozenset(n.name for n in self.nodes)
+
+    @property
+    def writers(self) -> tuple[Node, ...]:
+        """The nodes whose own output carries the circuit: those that send an edge (every node when
+        there are no edges). A node that only receives (a sink head whose key an edge writes) acts
+        through its input, so patching node outputs cannot find it; a node-level circuit is
+        compared with these."""
+        if not self.edges:
+            return self.nodes
+        senders = {e.src for e in self.edges}
+        return tuple(n for n in self.nodes if n in senders)
 
     @property
     def edge_names(self) -> frozenset[str]:

@@ -17,6 +17,7 @@ PLANT_VARIANTS = {
     "layer2": {"circuit_layer": 2, "n_layers": 6},
     "sink1": {"sink_pos": 1},
     "sink1_nope": {"sink_pos": 1, "pos": "nope"},
+    "bos": {"key": "bos"},
 }
 
 

@@ -45,9 +45,9 @@ def rope_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bos_run(tmp_path_factory):
+def bos_run(tmp_path_factory, planted_models):
     out = tmp_path_factory.mktemp("bos")
-    pm = build_planted(key="bos")
+    pm = planted_models("bos")
     return pm, analyze(pm, out=out, progress=False, **SMALL), out
 
 
@@ -56,7 +56,7 @@ def test_position_plant_nodes_edges_and_neurons(rope_run):
     (onset,) = result["onsets"]["without_bos"]
     a = pm.spec.circuit_layer
     assert onset["layer"] == a + 1 and onset["where"] == "P0" and onset["corruption"] == "shift"
-    assert set(onset["nodes"]) == {n.name for n in pm.truth.nodes}
+    assert set(onset["nodes"]) == {n.name for n in pm.truth.writers}
     within = {e.name for e in pm.truth.edges if e.dst.layer <= onset["layer"]}
     assert set(onset["edges"]) == within
     into_keys = {e.name for e in pm.truth.edges if e.dst.layer > onset["layer"]}
@@ -89,7 +89,7 @@ def test_bos_plant_swap_finds_the_token_shift_cannot(bos_run):
     assert "fails" in result["verdict"]["claim"]
     (onset,) = result["onsets"]["with_bos"]
     assert onset["corruption"] == "swap" and onset["corruption_choice"]["chosen"] == "swap"
-    assert set(onset["nodes"]) == {n.name for n in pm.truth.nodes}  # E@0, M0@0, M1@0
+    assert set(onset["nodes"]) == {n.name for n in pm.truth.writers}  # E@0, M0@0, M1@0
     assert set(onset["edges"]) == {e.name for e in pm.truth.edges if e.dst.layer <= onset["layer"]}
     shift = result["variations"]["with_bos"]["corruption"]["shift"]
     assert shift["signal"] is False and "try 'swap'" in shift["message"] and "try 'shift'" not in shift["message"]

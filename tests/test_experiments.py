@@ -20,8 +20,8 @@ def content_tokens(n=32, length=32, seed=0):
 
 
 @pytest.fixture(scope="module")
-def bos_plant():
-    return p0.build_planted(key="bos")
+def bos_plant(planted_models):
+    return planted_models("bos")
 
 
 def test_bos_ablation_position_keyed_plant_keeps_its_sink(planted, tmp_path):
@@ -38,7 +38,7 @@ def test_bos_ablation_bos_keyed_plant_loses_its_sink(bos_plant):
     assert result.with_bos.norm_onset_layer == 1
     assert result.without_bos.norm_onset_layer is None and result.layer_shift is None
     assert max(result.without_bos.norm_ratio_resid) < 1.5
-    assert bos_plant.truth.node_names == {"E@0", "M0@0", "M1@0"}
+    assert {n.name for n in bos_plant.truth.writers} == {"E@0", "M0@0", "M1@0"}
 
 
 def test_bos_ablation_bad_input(planted):

@@ -20,7 +20,7 @@ def test_a_metric_by_name_equals_the_metric_object(setup):
     by_object = p0.activation_patch(pm.model, toks, metric=p0.NormRatio(1))
     assert by_name.metric == by_object.metric and by_name.raw == by_object.raw
     circuit = p0.discover(pm.model, toks, metric="norm_ratio:1")
-    assert {n.name for n in circuit.nodes} == {n.name for n in pm.truth.nodes}
+    assert {n.name for n in circuit.nodes} == {n.name for n in pm.truth.writers}
     from p0circuit.patching.methods.triage import triage_patch
 
     assert triage_patch(pm.model, toks, metric="attn_to_p0", top=3, sample=0).metric.startswith("attn_to_p0")

@@ -27,7 +27,7 @@ def sink_metric(pm):
 def test_activation_patching_recovers_nodes(planted_models, variant, corruption):
     pm = planted_models(variant)
     circuit = p0.discover(pm.model, regular_tokens(pm), method="activation", corruption=corruption, metric=sink_metric(pm))
-    assert circuit.node_names == pm.truth.node_names
+    assert circuit.node_names == {n.name for n in pm.truth.writers}
     scores = p0.compare(circuit, pm.truth)
     assert scores["node_auroc"] == 1.0 and scores["node_precision"] == 1.0 and scores["node_recall"] == 1.0
     assert "attention under the causal mask (A0.H0@0)" in circuit.settings["interpretation"]
@@ -36,13 +36,13 @@ def test_activation_patching_recovers_nodes(planted_models, variant, corruption)
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])
 def test_activation_patching_with_norm_metric(planted, corruption):
     circuit = p0.discover(planted.model, regular_tokens(planted), method="activation", corruption=corruption, metric=p0.NormRatio(1))
-    assert circuit.node_names == planted.truth.node_names
+    assert circuit.node_names == {n.name for n in planted.truth.writers}
 
 
 def test_activation_patching_at_other_layers(planted_models):
     pm = planted_models("layer2")
     circuit = p0.discover(pm.model, regular_tokens(pm), method="activation", corruption="shift", metric=sink_metric(pm))
-    assert circuit.node_names == {"A2.H0@0", "M2@0", "M3@0"} == pm.truth.node_names
+    assert circuit.node_names == {"A2.H0@0", "M2@0", "M3@0"} == {n.name for n in pm.truth.writers}
 
 
 @pytest.mark.parametrize("variant", ["rope", "nope"])
@@ -83,7 +83,7 @@ def test_resample_is_reported_as_no_signal(planted_models, variant, method):
 def test_learned_positions_yield_a_different_circuit(planted_models, corruption):
     pm = planted_models("learned")
     circuit = p0.discover(pm.model, regular_tokens(pm), method="activation", corruption=corruption, metric=sink_metric(pm))
-    assert circuit.node_names == {"PE@0", "M0@0", "M1@0"} == pm.truth.node_names
+    assert circuit.node_names == {"PE@0", "M0@0", "M1@0"} == {n.name for n in pm.truth.writers}
     assert not any(n.kind == Kind.HEAD for n in circuit.nodes)
     assert "position embedding (PE@0); no attention head is needed" in circuit.settings["interpretation"]
     path = p0.discover(pm.model, regular_tokens(pm), method="path", corruption=corruption, metric=sink_metric(pm))
@@ -120,7 +120,7 @@ def test_triage_finds_what_full_activation_patching_finds(planted_models, varian
     result = p0.patching.methods.triage.triage_patch(pm.model, toks, corruption="shift", metric=sink_metric(pm),
                                                      top=3, sample=5)
     small = result.to_circuit(0.1)
-    assert triage.node_names == full.node_names == pm.truth.node_names
+    assert triage.node_names == full.node_names == {n.name for n in pm.truth.writers}
     assert small.node_names == full.node_names
     report = result.settings["triage"]
     assert report["exact_top"] == 3 and report["sampled"] == 5 and report["sample_notable"] == 0

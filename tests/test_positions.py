@@ -88,12 +88,12 @@ def test_no_signal_advice_never_recommends_the_corruption_used(used, bos):
     assert (f"'{first_choice}'" in recommended) == (used != first_choice)
 
 
-def test_no_signal_on_a_bos_run_recommends_swap():
-    pm = p0.build_planted(key="bos")
+def test_no_signal_on_a_bos_run_recommends_swap(planted_models):
+    pm = planted_models("bos")
     toks = p0.probe_tokens(pm.model, 8, 12, regular=True)
     toks = torch.cat([torch.zeros(8, 1, dtype=toks.dtype), toks], 1)  # the plant's BOS id is 0
     res = p0.activation_patch(pm.model, toks, corruption="shift", metric=p0.NormRatio(1), bos=True)
     assert not res.signal and "try 'swap'" in res.message and "try 'shift'" not in res.message
     swapped = p0.activation_patch(pm.model, toks, nodes=p0.candidate_nodes(pm.model, embed=True), corruption="swap",
                                   metric=p0.NormRatio(1), bos=True)
-    assert set(swapped.kept(0.5)) == {n.name for n in pm.truth.nodes}
+    assert set(swapped.kept(0.5)) == {n.name for n in pm.truth.writers}

@@ -35,7 +35,7 @@ def test_stages_of_a_planted_series(series, plants, tmp_path):
     assert list(frame["located_by"]) == ["patching"] * 3
     assert list(frame["circuit_layers"]) == ["2-3", "0-1", "0-1"]
     for step, plant in plants.items():
-        assert set(frame.loc[step, "circuit_nodes"].split()) == {n.name for n in plant.truth.nodes}, step
+        assert set(frame.loc[step, "circuit_nodes"].split()) == {n.name for n in plant.truth.writers}, step
     assert "patching" in frame.loc[10, "rule"] and "reaches middle layers" in frame.loc[10, "rule"]
     assert frame.loc[10, "norm_onset"] == 3 and frame.loc[1000, "norm_onset"] == 1
     assert frame.loc[100, "sink_position"] == 1 and frame.loc[1000, "sink_position"] == 0
@@ -60,8 +60,8 @@ def test_locate_on_planted_variants(planted_models):
     for variant in ("rope", "learned", "layer2"):
         plant = planted_models(variant)
         where = locate(plant.model, tokens())
-        assert set(where.nodes) == {n.name for n in plant.truth.nodes}, variant
-        assert where.by == "patching" and where.layers == tuple(sorted({n.layer for n in plant.truth.nodes} - {-1}))
+        assert set(where.nodes) == {n.name for n in plant.truth.writers}, variant
+        assert where.by == "patching" and where.layers == tuple(sorted({n.layer for n in plant.truth.writers} - {-1}))
     untrained = p0.ModelSpec(pos="rope", n_layers=3, d_vocab=32).build()
     assert locate(untrained, tokens()).by == "none"
 
