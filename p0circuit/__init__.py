@@ -20,6 +20,7 @@ _WHERE = {
     **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.analysis'),
     **dict.fromkeys(['discover', 'interpret'], 'p0circuit.find'),
     **dict.fromkeys(['plot'], 'p0circuit.plotting'),
+    **dict.fromkeys(['CircuitFigure', 'circuit_figure'], 'p0circuit.drawing'),
     **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
     **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'expert_routing', 'faithfulness_curve', 'path_patch'], 'p0circuit.patching'),
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from p0circuit.analysis import Analysis, AnalysisSettings, analyze
     from p0circuit.find import discover, interpret
     from p0circuit.plotting import plot
+    from p0circuit.drawing import CircuitFigure, circuit_figure
     from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
     from p0circuit.metrics import SinkReport, sink_report
     from p0circuit.patching import (
@@ -82,7 +84,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from p0circuit.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
-    "Analysis", "AnalysisSettings", "analyze", "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "ConfigError",
+    "Analysis", "AnalysisSettings", "analyze", "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "CircuitFigure", "circuit_figure", "ConfigError",
     "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
     "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Swap", "Zero", "activation_patch", "attribution_patch", "auroc",

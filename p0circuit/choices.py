@@ -13,15 +13,6 @@ METHODS = ("activation", "attribution", "attribution_edges", "path", "triage")
 """Patching methods (``p0circuit.METHODS``)."""
 CORRUPTIONS = ("pos_mean", "resample", "shift", "swap", "zero")
 """Corruptions (``p0circuit.CORRUPTIONS``)."""
-FAMILIES = ("gated MLP (Llama)", "layernorm", "learned", "nope", "parallel (Pythia)", "rope",
-            "sliding window (Mistral)")
-"""Model families built from a spec (``p0circuit.models.spec.FAMILIES``)."""
-VARIANTS = ("bos", "layer2", "learned", "nope", "rope")
-"""Planted-model variants (``p0circuit.planted.VARIANTS``)."""
-METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
-"""Metric entries of the command line and sweep configs (``p0circuit.patching.metrics.METRIC_ENTRIES``)."""
-
-
 def offered(what: str) -> list[str]:
     """The sorted names of ``METHODS`` or ``CORRUPTIONS``: the ones above, plus any registered in
     this process (the registries, if imported)."""

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from p0circuit import choices
 from p0circuit.io import run_dir
-from p0circuit.choices import FAMILIES, METRIC_ENTRIES, VARIANTS
+from p0circuit.entries import FAMILIES, METRIC_ENTRIES, VARIANTS
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -53,40 +53,58 @@ OWNER = "run.json"
 """The file a ``discover`` directory names its model entry in."""
 
 
-def _check_owner(out: Path, entry: str, force: bool) -> None:
-    """Refuse to write a discovery of ``entry`` over a directory holding another model's run."""
-    import json
+def _run_settings(args: argparse.Namespace) -> dict:
+    """What makes one discovery differ from another in the same model (the run marker records it)."""
+    return {"model": _model_entry(args), "methods": sorted(args.methods), "corruption": args.corruption,
+            "metric": args.metric or "default", "bos": bool(args.bos), "positions": args.positions,
+            "layers": args.layers, "nodes": args.nodes, "threshold": args.threshold, "prompts": args.prompts,
+            "text": args.text, "n_prompts": args.n_prompts, "seq_len": args.seq_len, "seed": args.seed}
 
+
+def _default_out(args: argparse.Namespace) -> Path:
+    """``runs/discover/<entry>/<corruption>-<metric>[-bos][-each]``: one directory per model and settings."""
+    tags = [args.corruption, args.metric or "default"] + (["bos"] if args.bos else []) + (
+        ["each"] if args.positions == "each" else [])
+    return run_dir("discover", _model_entry(args), *tags)
+
+
+def _check_owner(out: Path, settings: dict, force: bool) -> None:
+    """Refuse to write a discovery over a directory holding a run of another model or other settings."""
     from p0circuit.errors import ConfigError
 
     marker = out / OWNER
     if marker.is_file() and not force:
         try:
-            held = json.loads(marker.read_text()).get("model")
+            held = json.loads(marker.read_text())
         except ValueError:
-            held = None
-        if held != entry:
-            raise ConfigError(f"--out {out} holds a discovery of {held!r}; choose another --out, or pass --force to "
-                              "write this one over it")
+            held = {}
+        held = held if isinstance(held, dict) else {}
+        if held.get("model") != settings["model"]:
+            raise ConfigError(f"--out {out} holds a discovery of {held.get('model')!r}; choose another --out, or pass "
+                              "--force to write this one over it")
+        differ = sorted(k for k in settings if k in held and held[k] != settings[k])
+        if differ:
+            raise ConfigError(f"--out {out} holds a discovery of {settings['model']!r} with other settings "
+                              f"({', '.join(f'{k}={held[k]!r}' for k in differ)}); choose another --out, or pass "
+                              "--force to write this one over it")
 
 
 def _check_before_loading(args: argparse.Namespace) -> None:
     """Every check that needs no model, and those that need only its number of blocks (known without
     loading for planted, spec and Hugging Face directory entries), before the model is built."""
+    from p0circuit.entries import check_metric_entry, entry_layers
     from p0circuit.errors import ConfigError
-    from p0circuit.models.resolve import entry_layers
-    from p0circuit.patching.metrics import check_metric_entry
-    from p0circuit.patching.sites import parse_nodes
+    from p0circuit.types import parse_nodes
 
-    _check_owner(Path(args.out), _model_entry(args), args.force)
+    _check_owner(Path(args.out), args.settings, args.force)
     n_layers = entry_layers(_model_entry(args))
     if args.metric:
-        check_metric_entry(args.metric)
-        kind, _, layer = args.metric.partition(":")
-        if kind == "norm_ratio" and n_layers is not None and int(layer) >= n_layers:
-            raise ConfigError(f"--metric {args.metric}: the model has blocks 0..{n_layers - 1}")
+        check_metric_entry(args.metric, n_layers)
     if args.layers and n_layers is not None:
         _layers(args.layers, n_layers)
+    if args.nodes and args.positions == "each":
+        raise ConfigError("--positions each makes every position of every component a candidate; pass it or --nodes, "
+                          "not both (--layers narrows either)")
     if args.nodes:
         nodes = parse_nodes(args.nodes)
         late = [n.name for n in nodes if n_layers is not None and n.layer >= n_layers]
@@ -95,14 +113,15 @@ def _check_before_loading(args: argparse.Namespace) -> None:
 
 
 def _discover(args: argparse.Namespace) -> int:
+    args.settings = _run_settings(args)  # as given, before the defaults that depend on the model
+    _check_before_loading(args)  # before torch is imported: a mistyped name is refused in well under a second
     from p0circuit.discovery import run_discovery
     from p0circuit.models.resolve import load_model
     from p0circuit.patching import candidate_nodes
     from p0circuit.patching.metrics import metric_from_entry
-    from p0circuit.patching.sites import parse_nodes
+    from p0circuit.types import parse_nodes
     from p0circuit.tokens import bos_label, make_prompts, set_bos, text_windows
 
-    _check_before_loading(args)
     resolved = load_model(_model_entry(args), seed=args.seed)
     model = resolved.model
     large = sum(p.numel() for p in model.parameters()) > 50_000_000  # a real-size model: a smaller default batch
@@ -121,6 +140,8 @@ def _discover(args: argparse.Namespace) -> int:
         tokens, what = prompts.tokens, prompts.describe()
     metric = metric_from_entry(args.metric, model, resolved.sink_heads) if args.metric else None
     nodes = parse_nodes(args.nodes) if args.nodes else None
+    if args.positions == "each":  # every position its own node, as TransformerLens' patching returns them
+        nodes = candidate_nodes(model, positions=range(tokens.shape[1]), rest=False)
     if args.layers:
         layers = _layers(args.layers, model.cfg.n_layers)
         nodes = [n for n in (nodes or candidate_nodes(model)) if n.layer in layers]
@@ -130,7 +151,7 @@ def _discover(args: argparse.Namespace) -> int:
                           node_budget=args.node_budget, progress=not args.quiet)
     print(found)
     out = found.write(args.out)
-    (out / OWNER).write_text(json.dumps({"model": _model_entry(args)}))
+    (out / OWNER).write_text(json.dumps(args.settings))
     print(f"\nwrote {out}/")
     if shutil.which("dot") is None:
         from p0circuit.graphs import GRAPHVIZ_MISSING  # already imported by the discovery above
@@ -140,10 +161,11 @@ def _discover(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from p0circuit.analysis.run import AnalysisSettings, analyze, precheck
-    from p0circuit.models.resolve import check_model_entry
+    from p0circuit.entries import check_model_entry
 
-    check_model_entry(args.model)  # every cheap check before the model is loaded
+    check_model_entry(args.model)  # before torch is imported, in well under a second
+    from p0circuit.analysis.run import AnalysisSettings, analyze, precheck
+
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
     settings = AnalysisSettings(n_prompts=args.n_prompts, length=args.length, bos=bos, seed=args.seed,
                                 max_onsets=args.max_onsets, neurons_keep=args.neurons_keep)
@@ -305,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "norm_ratio at the layer where the P0 norm first passes 5x, else attn_to_p0)")
     d.add_argument("--layers", help="candidate nodes only in these layers, e.g. 0-3 or 0,2,5")
     d.add_argument("--nodes", nargs="+", help="candidate nodes by name, e.g. A0.H0@0 M1@0 M2@rest")
+    d.add_argument("--positions", choices=["split", "each"], default="split",
+                   help="candidate positions: split (P0 and the rest, default) or each (every position its own node)")
     d.add_argument("--edge-budget", type=int, default=5000,
                    help="most candidate edges path patching runs; above it, edges from an activation pass's nodes")
     d.add_argument("--node-budget", type=int, default=5000,
@@ -417,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "analyze" and args.out is None:
         args.out = str(run_dir("analyze", args.model))
     if args.command == "discover" and args.out is None:
-        args.out = str(run_dir("discover", _model_entry(args)))
+        args.out = str(_default_out(args))
     previous = signal.signal(signal.SIGTERM, _terminated)
     made: list[Path] = []
     try:

@@ -71,17 +71,31 @@ class Discovery:
         return "\n".join(lines)
 
     def write(self, out: Union[str, Path]) -> Path:
-        """``sink_report.json`` and, per method, ``circuit_<method>.json``/``.dot`` (and ``.svg`` when
-        Graphviz's ``dot`` is installed) under ``out``."""
+        """Under ``out``: ``sink_report.json`` and, per method, the circuit as ``circuit_<method>.json``
+        and ``.dot``, its figure as ``.png``, ``.svg`` (Graphviz's layout when its ``dot`` program is
+        installed, else matplotlib's) and ``.html`` (interactive), with the truth overlaid on a planted
+        model, and the heatmap of every candidate's effect as ``effects_<method>.png``."""
+        import matplotlib.pyplot as plt
+
+        from p0circuit.drawing import circuit_figure
+        from p0circuit.plotting import plot
+
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         report = strict(json.loads(json.dumps(self.report.to_dict(), default=str)))  # NaN -> null: strict JSON
         write_atomic(out / "sink_report.json", json.dumps(report, indent=2, allow_nan=False))
+        truth = self.resolved.truth
         for method, circuit in self.circuits.items():
             write_atomic(out / f"circuit_{method}.json", circuit.to_json(indent=2))
-            write_atomic(out / f"circuit_{method}.dot", to_dot(circuit))
-            if shutil.which("dot"):
-                write_atomic(out / f"circuit_{method}.svg", to_svg(circuit))
+            write_atomic(out / f"circuit_{method}.dot", to_dot(circuit, truth=truth))
+            figure = circuit_figure(circuit, truth)
+            figure.save(out / f"circuit_{method}.png")
+            figure.save(out / f"circuit_{method}.html")
+            write_atomic(out / f"circuit_{method}.svg",
+                         to_svg(circuit, truth=truth) if shutil.which("dot") else figure.svg())
+            heat = plot(circuit)
+            heat.savefig(str(out / f"effects_{method}.png"), dpi=100)
+            plt.close(heat)
         return out
 
 

@@ -113,35 +113,59 @@ def to_networkx(circuit: Circuit) -> "nx.DiGraph":
     return g
 
 
+ARROWHEAD = {"q": "normal", "k": "diamond", "v": "dot", "mlp": "vee", "resid": "normal", "": "normal"}
+"""Graphviz arrowheads by the receiver's input, beside the edge's label."""
+
+
 @entry_point
-def to_dot(circuit: Circuit, title: str = "") -> str:
-    """Graphviz DOT source: one row per layer, edges labelled with the receiver input and effect."""
-    dot = graphviz.Digraph("circuit", graph_attr={"rankdir": "BT", "label": title or _title(circuit)})
-    for n in circuit.nodes:
-        eff = circuit.node_effects.get(n.name)
-        label = n.name if eff is None or math.isnan(eff) else f"{n.name}\n{eff:+.2f}"
-        shape = "box" if n.kind.value in ("mlp", "embed", "pos_embed") else "ellipse"
-        dot.node(n.name, label, shape=shape)
-    for e in circuit.edges:
-        eff = circuit.edge_effects.get(e.name)
-        label = e.input.value if eff is None or math.isnan(eff) else f"{e.input.value} {eff:+.2f}"
-        dot.edge(e.src.name, e.dst.name, label=label)
+def to_dot(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -> str:
+    """Graphviz DOT source of :func:`p0circuit.drawing.layout`: one rank per stage of the forward
+    pass (embeddings at the bottom, the metric node at the top, a label per rank on the left), sign
+    as colour, |effect| as pen width, the receiver's input as the edge label and arrowhead, and
+    ``truth`` overlaid when given; every node and edge has a tooltip with its effect."""
+    from p0circuit.drawing import MISSED, METRIC, _label, _tint, colour, edge_label, layout, width
+
+    lay = layout(circuit, truth, title)
+    dot = graphviz.Digraph("circuit", graph_attr={"rankdir": "BT", "newrank": "true", "label": lay.title,
+                                                  "labelloc": "t", "fontsize": "11", "nodesep": "0.3"},
+                           node_attr={"fontsize": "10", "style": "rounded,filled", "shape": "box"})
+    rows: dict[float, list] = {}
+    for p in lay.nodes:
+        rows.setdefault(p.y, []).append(p)
+    for i, (y, label) in enumerate(lay.ranks):
+        with dot.subgraph(name=f"rank{i}") as sub:
+            sub.attr(rank="same")
+            sub.node(f"rank_{i}", label, shape="plaintext", style="", fontcolor="#666666")
+            for p in rows.get(y, []):
+                missed = p.status == "missed"
+                tip = p.name + ("" if p.effect is None else f": effect {p.effect:+.3f}") + f" ({p.status})"
+                sub.node(p.name, _label(p).replace("\n", "\\n"), tooltip=tip, id=f"node:{p.name}",
+                         fillcolor="#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else _tint(p.effect, lay.bound),
+                         color=MISSED if missed else "#222222", fontcolor=MISSED if missed else "#111111",
+                         penwidth="2.4" if p.status == "match" else "1",
+                         style={"extra": "rounded,filled,dotted", "missed": "rounded,filled,dashed"}.get(p.status,
+                                                                                                      "rounded,filled"))
+        if i:
+            dot.edge(f"rank_{i - 1}", f"rank_{i}", style="invis")
+    for link in lay.links:
+        missed = link.status == "missed"
+        tip = link.name + ("" if link.effect is None else f": effect {link.effect:+.3f}")
+        dot.edge(link.src, link.dst, label=edge_label(link), tooltip=tip, id=f"edge:{link.name}",
+                 color=MISSED if missed else colour(link.effect), penwidth=f"{width(link.effect, lay.bound):.2f}",
+                 arrowhead=ARROWHEAD[link.input], fontsize="9",
+                 style="dashed" if missed or link.effect is None else "solid")
     return dot.source
 
 
-def _title(circuit: Circuit) -> str:
-    s = circuit.settings
-    return " ".join(f"{k}={s[k]}" for k in ("method", "corruption", "metric") if k in s)
-
-
-GRAPHVIZ_MISSING = ("Graphviz's 'dot' program is not installed: the circuits are written as JSON and DOT, without "
-                    "SVG (apt-get install graphviz, or render the .dot files elsewhere)")
+GRAPHVIZ_MISSING = ("Graphviz's 'dot' program is not installed: the circuit SVGs are drawn by matplotlib instead of "
+                    "Graphviz (apt-get install graphviz for its layout, or render the .dot files elsewhere)")
 """What the command line says, once, when it skips SVG."""
 
 
 @entry_point
-def to_svg(circuit: Circuit, title: str = "") -> str:
-    """SVG text of :func:`to_dot` (needs Graphviz's ``dot`` program on PATH)."""
+def to_svg(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -> str:
+    """SVG text of :func:`to_dot` (needs Graphviz's ``dot`` program on PATH; without it,
+    :func:`p0circuit.drawing.to_svg` draws the same figure with matplotlib)."""
     if shutil.which("dot") is None:
         raise BadInputError("rendering SVG needs Graphviz's 'dot' program: install it (apt-get install graphviz)")
-    return graphviz.Source(to_dot(circuit, title)).pipe(format="svg").decode("utf-8")
+    return graphviz.Source(to_dot(circuit, title, truth)).pipe(format="svg").decode("utf-8")

@@ -24,12 +24,16 @@ def strict(x: Any) -> Any:
     return x
 
 
-def run_dir(command: str, entry: str) -> Path:
-    """The default output directory of ``p0circuit <command>`` for a model entry:
-    ``runs/<command>/<entry>``, the entry made a directory name (``real:smollm2`` -> ``real-smollm2``),
-    so runs of different models never share a directory."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in entry.replace(":", "-")).strip("-.")
-    return Path("runs") / command / (safe or "model")
+def run_dir(command: str, entry: str, *settings: str) -> Path:
+    """The default output directory of ``p0circuit <command>`` for a model entry and settings:
+    ``runs/<command>/<entry>[/<settings>]``, each part made a directory name (``real:smollm2`` ->
+    ``real-smollm2``; settings joined by ``-``), so runs of different models or settings never share
+    a directory."""
+    def safe(text: str) -> str:
+        return "".join(c if c.isalnum() or c in "._-" else "-" for c in text.replace(":", "-")).strip("-.")
+
+    path = Path("runs") / command / (safe(entry) or "model")
+    return path / safe("-".join(settings)) if settings else path
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -4,6 +4,8 @@ saved as PNG on request."""
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from p0circuit.errors import BadInputError
+
 import matplotlib.pyplot as plt  # the user's backend is left alone: inline in Jupyter, Agg without a display
 
 
@@ -23,49 +25,63 @@ def finish(fig: Any, path: Optional[Union[str, Path]] = None) -> Any:
 
 
 def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
-    """A heatmap of a patching result's normalized effects, in the layout a TransformerLens user
-    expects: for nodes, heads as layer x head (summed over the position classes) beside MLP outputs as
-    layer x position; for edges, a sender x receiver matrix; for neurons, the ``top`` largest as bars.
-    Red raises the metric, blue lowers it. Returns the figure (``p0.plot(result).savefig(path)``)."""
+    """A heatmap of the normalized effects of a patching result (or of a :class:`~p0circuit.Circuit`,
+    which keeps every candidate's effect), in the layout a TransformerLens user expects: for nodes,
+    heads as layer x head (summed over the positions) beside MLP outputs as layer x position; for
+    edges, a sender x receiver matrix; for neurons, the ``top`` largest as bars. Red: the component
+    carries the clean-to-corrupted change of the metric; blue: it works against it; grey: not
+    patched. Returns the figure (``p0.plot(result).savefig(path)``)."""
     import math
 
     import numpy as np
 
-    from p0circuit.types import Edge, Kind  # floor 2: the result's own types
+    from p0circuit.types import Circuit, Edge, Kind, Node, effect_grid  # floor 2: the result's own types
 
-    items = result.parsed()
-    finite = {n: v for n, v in result.normalized.items() if isinstance(v, float) and math.isfinite(v)}
-    if result.level == "edge":
-        senders = sorted({e.src.name for e in items if isinstance(e, Edge)})
-        receivers = sorted({f"{e.dst.name}.{e.input.value}" for e in items if isinstance(e, Edge)})
+    if isinstance(result, Circuit):
+        level, values = result.level, dict(result.edge_effects if result.level == "edge" else result.node_effects)
+        items = [(Edge if level == "edge" else Node).parse(n) for n in values]
+        s = result.settings
+    elif hasattr(result, "normalized") and hasattr(result, "parsed"):
+        level, values, items, s = result.level, dict(result.normalized), result.parsed(), dict(result.settings)
+        s.update(method=result.method, corruption=result.corruption, metric=result.metric)
+    else:
+        raise BadInputError(f"plot takes a patching result or a Circuit, got {type(result).__name__}")
+    finite = {n: v for n, v in values.items() if isinstance(v, float) and math.isfinite(v)}
+    title = f"{s.get('method', '')} patching, {s.get('corruption', '')}, {s.get('metric', '')}"
+    if level == "edge":
+        senders = sorted({e.src for e in items})
+        receivers = sorted({(e.dst, e.input.value) for e in items}, key=lambda r: (r[0], r[1]))
         grid = np.full((len(senders), len(receivers)), np.nan)
         for e in items:
-            grid[senders.index(e.src.name), receivers.index(f"{e.dst.name}.{e.input.value}")] = finite.get(e.name, np.nan)
+            grid[senders.index(e.src), receivers.index((e.dst, e.input.value))] = finite.get(e.name, np.nan)
         fig, axes = new_figure(1, width=max(5.0, 0.35 * len(receivers) + 2), height=max(3.0, 0.3 * len(senders) + 1.5))
-        _heat(axes[0], grid, receivers, senders, f"edges: {result.metric}", ylabel="sender")
+        _heat(axes[0], grid, [f"{d.name}.{i}" for d, i in receivers], [n.name for n in senders], f"edges: {title}",
+              ylabel="sender")
         return finish(fig)
     neurons = [n for n in items if n.kind == Kind.NEURON]
     if neurons:
         ranked = sorted((n for n in neurons if n.name in finite), key=lambda n: -abs(finite[n.name]))[:top]
         fig, axes = new_figure(1, width=6, height=max(3.0, 0.25 * len(ranked) + 1))
-        values = [finite[n.name] for n in ranked]
-        axes[0].barh(range(len(ranked)), values, color=["#b2182b" if v > 0 else "#2166ac" for v in values])
+        bars = [finite[n.name] for n in ranked]
+        axes[0].barh(range(len(ranked)), bars, color=["#b2182b" if v > 0 else "#2166ac" for v in bars])
         axes[0].set_yticks(range(len(ranked)), [n.name for n in ranked], fontsize=7)
         axes[0].invert_yaxis()
-        axes[0].set(xlabel="normalized effect", title=f"strongest neurons: {result.metric}")
+        axes[0].set(xlabel="normalized effect", title=f"strongest neurons: {title}")
         return finish(fig)
-    heads = result.to_tensor("head").numpy()  # (layer, pos, head)
+    n_layers = s.get("n_layers") or 1 + max((n.layer for n in items), default=0)
+    n_heads = s.get("n_heads") or 1 + max((n.head for n in items), default=0)
+    positions = sorted({n.pos for n in items}, key=lambda p: (isinstance(p, str), p if isinstance(p, int) else 0))
+    heads = effect_grid(items, finite, Kind.HEAD, n_layers, positions, n_heads)
     has_mlp = any(n.kind == Kind.MLP for n in items)
     fig, axes = new_figure(2 if has_mlp else 1)
     with np.errstate(invalid="ignore"):
         summed = np.where(np.isnan(heads).all(1), np.nan, np.nansum(heads, axis=1))
-    _heat(axes[0], summed, [f"H{h}" for h in range(heads.shape[2])], [str(l) for l in range(heads.shape[0])],
-          "heads (summed over positions)")
+    _heat(axes[0], summed, [f"H{h}" for h in range(n_heads)], [str(l) for l in range(n_layers)],
+          "heads (summed over positions)" if len(positions) > 1 else f"heads at position {positions[0]}")
     if has_mlp:
-        mlp = result.to_tensor("mlp").numpy()
-        _heat(axes[1], mlp, [str(p) for p in result.positions], [str(l) for l in range(mlp.shape[0])],
-              "MLP outputs by position")
-    fig.suptitle(f"{result.method} patching, {result.corruption}, {result.metric}", fontsize=9)
+        mlp = effect_grid(items, finite, Kind.MLP, n_layers, positions)
+        _heat(axes[1], mlp, [str(p) for p in positions], [str(l) for l in range(n_layers)], "MLP outputs by position")
+    fig.suptitle(title, fontsize=9)
     return finish(fig)
 
 

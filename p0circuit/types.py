@@ -9,8 +9,9 @@ effect sizes and settings that produced it. Names are derived from fields, never
 """
 
 import enum
-import typing
 import json
+import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
@@ -303,14 +304,16 @@ class Circuit:
         return frozenset(e.name for e in self.edges)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict; :meth:`from_dict` inverts it."""
-        return {
+        """A dict for strict JSON (an undefined effect, NaN, is ``None``); :meth:`from_dict` inverts it."""
+        from p0circuit.io import strict
+
+        return strict({
             "nodes": [n.name for n in self.nodes],
             "edges": [e.name for e in self.edges],
             "node_effects": dict(self.node_effects),
             "edge_effects": dict(self.edge_effects),
             "settings": dict(self.settings),
-        }
+        })
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Circuit":
@@ -329,12 +332,13 @@ class Circuit:
                 raise BadInputError(f"a circuit's {key} must be a list of names (e.g. {cls_.__name__}.parse's "
                                     f"input), got {items!r:.60}")
             names[key] = tuple(cls_.parse(x) for x in items)
-        return cls(nodes=names["nodes"], edges=names["edges"], node_effects=d.get("node_effects", {}),
-                   edge_effects=d.get("edge_effects", {}), settings=d.get("settings", {}))
+        effects = {key: {k: math.nan if v is None else v for k, v in d.get(key, {}).items()}
+                   if isinstance(d.get(key, {}), Mapping) else d[key] for key in ("node_effects", "edge_effects")}
+        return cls(nodes=names["nodes"], edges=names["edges"], settings=d.get("settings", {}), **effects)
 
     def to_json(self, **kw: Any) -> str:
-        """JSON text; ``Circuit.from_json`` round-trips it."""
-        return json.dumps(self.to_dict(), **kw)
+        """Strict JSON text (no NaN); ``Circuit.from_json`` round-trips it."""
+        return json.dumps(self.to_dict(), allow_nan=False, **kw)
 
     @classmethod
     def from_json(cls, text: str) -> "Circuit":
@@ -380,6 +384,21 @@ def _effects(effects: Any, what: str) -> dict[str, float]:
     return out
 
 
+def effect_grid(items: Any, values: Mapping[str, float], kind: Kind, n_layers: int, positions: list, n_heads: int = 0) -> Any:
+    """Effects of the ``kind`` nodes among ``items`` as an array: ``[layer, pos, head]`` for heads,
+    ``[layer, pos]`` for MLPs, the position axis in the order of ``positions``; NaN where a node was
+    not patched (the layout of TransformerLens' patching functions)."""
+    import numpy as np
+
+    index = {p: i for i, p in enumerate(positions)}
+    shape = (n_layers, len(positions), n_heads) if n_heads else (n_layers, len(positions))
+    grid = np.full(shape, np.nan)
+    for node in items:
+        if node.kind == kind and node.name in values:
+            grid[(node.layer, index[node.pos]) + ((node.head,) if n_heads else ())] = values[node.name]
+    return grid
+
+
 def format_effect(value: float) -> str:
     """An effect with four significant digits and its sign (``+0.09962``, ``-0.4107``): enough
     to see on which side of a threshold like 0.1 it falls."""
@@ -400,3 +419,8 @@ def parse_list(items: Any, cls: type, what: str, example: str) -> list:
         dup = sorted({x.name for x in out if out.count(x) > 1})
         raise BadInputError(f"duplicate {what} {dup}: list each once")
     return out
+
+
+def parse_nodes(nodes: Any) -> list[Node]:
+    """Nodes from Node objects or names like 'A0.H1@0'; duplicates and empties are errors."""
+    return parse_list(nodes, Node, "nodes", "A0.H0@0")

@@ -13,10 +13,11 @@ import torch
 import p0circuit as p0
 from p0circuit.cli import build_parser, main
 from p0circuit.locate import locate
-from p0circuit.models.resolve import check_model_entry, load_any_checkpoint, load_model
+from p0circuit.entries import check_metric_entry, check_model_entry
+from p0circuit.models.resolve import load_any_checkpoint, load_model
 from p0circuit.patching import CORRUPTIONS, METHODS, Corruption, Method, register
 from p0circuit.patching.corruptions import Prepared
-from p0circuit.patching.metrics import check_metric_entry, metric_from_entry
+from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.sweep import SweepConfig
 from p0circuit.tokens import p0_like_positions, probe_tokens
 

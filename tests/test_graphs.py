@@ -41,7 +41,7 @@ def test_prune_and_exports():
     g = p0.to_networkx(pruned)
     assert isinstance(g, nx.DiGraph) and g.has_edge("A0.H0@0", "M0@0") and g.edges["M0@0", "A1.H0@0"]["input"] == "k"
     dot = p0.to_dot(pruned)
-    assert '"A0.H0@0" -> "M0@0"' in dot and "mlp_in +0.90" in dot
+    assert '"A0.H0@0" -> "M0@0"' in dot and "mlp +0.90" in dot
     assert Circuit.from_json(pruned.to_json()) == pruned
 
 

@@ -5,6 +5,7 @@ import pytest
 
 import p0circuit as p0
 from p0circuit.cli import main
+from p0circuit import entries
 from p0circuit.models import resolve
 
 
@@ -32,7 +33,7 @@ def test_a_metric_by_name_equals_the_metric_object(setup):
     (lambda m, t: p0.activation_patch(m, t, metric="norm_ratio:x"), "takes a block number, e.g. 'norm_ratio:2'"),
     (lambda m, t: p0.activation_patch(m, t, corruption="shfit"), "did you mean 'shift'"),
     (lambda m, t: p0.discover(m, t, method="activaton"), "did you mean 'activation'"),
-    (lambda m, t: resolve.check_model_entry("real:smollm"), "did you mean 'real:smollm2'"),
+    (lambda m, t: entries.check_model_entry("real:smollm"), "did you mean 'real:smollm2'"),
 ])
 def test_a_mistyped_name_gets_the_nearest_valid_one(setup, call, fix):
     pm, toks = setup
@@ -88,13 +89,18 @@ def test_discover_writes_strict_json_and_says_once_when_svg_is_skipped(tmp_path,
     json.loads((tmp_path / "sink_report.json").read_text(), parse_constant=refuse)
     err = capsys.readouterr().err
     assert err.count("Graphviz's 'dot' program is not installed") == 1
-    assert not list(tmp_path.glob("*.svg")) and list(tmp_path.glob("*.dot"))
+    for method in ("activation", "path"):  # beside each circuit: its figure (static and interactive) and heatmap
+        assert '<g id="node:metric">' in (tmp_path / f"circuit_{method}.svg").read_text()  # matplotlib's drawing
+        assert (tmp_path / f"circuit_{method}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / f"effects_{method}.png").read_bytes()[:4] == b"\x89PNG"
+        assert "addEventListener" in (tmp_path / f"circuit_{method}.html").read_text()
+        assert "rank=same" in (tmp_path / f"circuit_{method}.dot").read_text()
 
 
 def test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["discover", "--quiet", "--n-prompts", "4", "--seq-len", "10"]) == 0
-    assert (tmp_path / "runs" / "discover" / "planted-rope" / "circuit_activation.json").is_file()
+    assert (tmp_path / "runs" / "discover" / "planted-rope" / "shift-default" / "circuit_activation.json").is_file()
     other = tmp_path / "mine"
     assert main(["discover", "--quiet", "--n-prompts", "4", "--seq-len", "10", "--out", str(other)]) == 0
 
@@ -104,6 +110,8 @@ def test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another
     monkeypatch.setattr(resolve, "load_model", no_build)
     assert main(["discover", "--quiet", "--plant", "nope", "--out", str(other)]) == 2
     assert "holds a discovery of 'planted:rope'" in capsys.readouterr().err
+    assert main(["discover", "--quiet", "--corruption", "zero", "--out", str(other)]) == 2  # same model, other settings
+    assert "with other settings (corruption='shift', n_prompts=4, seq_len=10)" in capsys.readouterr().err
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     assert main(["discover", "--quiet", "--plant", "nope", "--out", str(other), "--force", "--n-prompts", "4",
@@ -149,3 +157,45 @@ def test_plot_draws_the_effects_it_is_given(setup):
     bars = p0.plot(neurons, top=5).axes[0]
     layer, amplifier = pm.neurons["amplifier"]
     assert bars.get_yticklabels()[0].get_text() in {f"M{layer}.N{n}@0" for n in amplifier}
+
+
+def test_discover_with_every_position_its_own_node(tmp_path, capsys):
+    import json
+
+    assert main(["discover", "--quiet", "--methods", "activation", "--positions", "each", "--n-prompts", "6",
+                 "--seq-len", "8", "--out", str(tmp_path)]) == 0
+    circuit = p0.Circuit.from_json((tmp_path / "circuit_activation.json").read_text())
+    scored = [p0.Node.parse(n) for n in circuit.node_effects]
+    assert {n.pos for n in scored} == set(range(8))  # no "rest": each position is a node
+    assert {n.name for n in circuit.nodes} == {"A0.H0@0", "M0@0", "M1@0"}  # the plant's circuit, at P0 only
+    assert json.loads((tmp_path / "run.json").read_text())["positions"] == "each"
+    assert main(["discover", "--positions", "each", "--nodes", "M0@0", "--out", str(tmp_path / "x")]) == 2
+    assert "pass it or --nodes, not both" in capsys.readouterr().err
+
+
+def test_cheap_refusals_take_a_fraction_of_a_model_build(tmp_path):
+    """Each refusal, as a user meets it (a fresh process), against loading the smallest model in the
+    same run (a fresh process that imports p0circuit and builds planted:rope)."""
+    import subprocess
+    import sys
+    import time
+
+    def timed(argv):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+        return time.perf_counter() - start, done
+
+    build, done = timed(["-c", "from p0circuit.models.resolve import load_model; load_model('planted:rope')"])
+    assert done.returncode == 0, done.stderr
+    ratios = {}
+    for argv, said in [(["--metric", "sink_head"], "did you mean 'sink_heads'"),
+                       (["--metric", "norm_ratio:99"], "the model has blocks 0..3"),
+                       (["--layers", "0-99"], "the model has layers 0..3"),
+                       (["--nodes", "A9.H0@0"], "the model has blocks 0..3"),
+                       (["--model", "spec:rope", "--metric", "norm_ratio:4"], "blocks 0..3")]:
+        seconds, done = timed(["-m", "p0circuit", "discover", *argv, "--out", str(tmp_path / "out")])
+        assert done.returncode == 2 and said in done.stderr, (argv, done.stderr)
+        ratios[" ".join(argv)] = seconds / build
+        assert seconds < 1.0, (argv, seconds)
+    print(f"model build {build:.2f} s; refusal / build: " + ", ".join(f"{k}: {v:.3f}" for k, v in ratios.items()))
+    assert max(ratios.values()) < 0.25, ratios

@@ -3,7 +3,6 @@
 import json
 import re
 import shutil
-import subprocess
 
 import pytest
 
@@ -11,28 +10,39 @@ from p0circuit import BadInputError
 from p0circuit.cli import main
 from p0circuit.report import write_report
 from p0circuit.sweep import SweepConfig, run_sweep
+from p0circuit.sweep.runner import CellsFailed
 
-CHROMIUM = shutil.which("chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--virtual-time-budget=5000"]
+from browser import CHROMIUM, Browser
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    """A partial sweep: of 4 cells, 2 finish (shift and its resample control), 1 fails (a checkpoint
+    that is not there) and 1 is not run."""
     out = tmp_path_factory.mktemp("sweep")
-    config = SweepConfig(models=["planted:rope"], corruptions=["shift", "resample"], methods=["path"],
-                         n_prompts=6, seq_len=12)
-    run_sweep(config, out, progress=False)
+    config = SweepConfig(models=["planted:rope", f"checkpoint:{out / 'absent'}"], corruptions=["shift", "resample"],
+                         methods=["path"], n_prompts=6, seq_len=12)
+    with pytest.raises(CellsFailed):
+        run_sweep(config, out, progress=False, max_cells=3)
     return write_report(out)
 
 
-def test_report_is_self_contained(report):
+def test_report_is_self_contained_and_says_what_is_missing(report):
     page = report.read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing loads from the network
+    assert "2 of 4 cells finished, 1 failed, 1 not run yet" in page
+    assert "absent | auto | shift | path | sink_heads</code>: CheckpointError" in page  # the failed cell, its error
+    assert "<table class='settings'>" in page and "<td><code>corruptions</code></td><td>shift, resample</td>" in page
     assert "data:image/png;base64," in page and "<h2>Circuits</h2>" in page
-    assert "M1@0-&gt;A2.H0@0" in page or "M1@0&#45;&gt;A2.H0@0" in page or "A2.H0@0" in page
-    assert "NO SIGNAL" in page or "no signal" in page  # the resample control says so
+    assert "metric clean <b>1</b>, corrupted <b>" in page  # per cell, both runs' metric
+    row = page[page.index("<div class='row'>"):]
+    assert row.index("data-corruption='shift'") < row.index("data-corruption='resample'")  # one row, side by side
+    assert "no signal" in page  # the resample control says so
+    payloads = [json.loads(m) for m in re.findall(r'<script type="application/json">(.*?)</script>', page, re.S)]
+    shift = payloads[0]["items"]
+    assert shift["edge:M0@0->M1@0.mlp_in"]["status"] == "match"  # the planted truth overlaid
+    control = payloads[1]["items"]
+    assert {v["status"] for k, v in control.items() if k.startswith("edge:") and "metric" not in k} == {"missed"}
 
 
 def test_report_needs_results(tmp_path):
@@ -41,25 +51,62 @@ def test_report_needs_results(tmp_path):
     assert main(["report", str(tmp_path)]) == 2
 
 
-def _chromium(*args, tmp_path):
-    cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+RED = (lambda p: p[0] > 140 and p[1] < 90 and p[2] < 90)
+"""A pixel of the heatmaps' and figures' red (RdBu's positive end, the figure's #b2182b)."""
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_report_in_a_headless_browser(report, tmp_path):
-    url = report.resolve().as_uri()
-    dom = _chromium("--enable-logging=stderr", "--v=0", "--dump-dom", url, tmp_path=tmp_path)
-    assert dom.returncode == 0
-    errors = [l for l in dom.stderr.splitlines() if "Uncaught" in l or "ERROR:CONSOLE" in l]
-    assert not errors, errors
-    html = dom.stdout
-    assert "<h2>Circuits</h2>" in html  # the attention view did not swallow the rest of the page
-    assert html.count("<svg") >= 1 and '<img class="plot"' in html
-    assert "Head selector" in html  # circuitsvis rendered from its bundled script
-    shot = tmp_path / "shot.png"
-    _chromium("--window-size=480,360", f"--screenshot={shot}", url, tmp_path=tmp_path)
-    assert shot.exists() and shot.stat().st_size > 2000
+@pytest.mark.parametrize("width", [1280, 420])
+def test_report_in_a_headless_browser(report, tmp_path, width):
+    """What a reader sees at a desktop and a phone width: the partial-sweep banner first, nothing
+    wider than the window, the controls beside (wide) or below (narrow) the shift cell, the
+    heatmap's and the circuit's red, and a figure that answers hover and click."""
+    with Browser(tmp_path / "profile") as b:
+        b.open(report.resolve().as_uri(), width, 900)
+        assert not b.errors, b.errors
+        assert b.js("document.body.innerText.includes('Head selector')")  # circuitsvis rendered, offline
+        banner = b.js("document.querySelector('.status').getBoundingClientRect().toJSON()")
+        assert banner["top"] < 200
+        shot = b.screenshot()
+        shot.save(tmp_path / f"top_{width}.png")
+        colour = shot.getpixel((int(banner["left"] + 6), int(banner["top"] + banner["height"] / 2)))
+        assert max(abs(a - b_) for a, b_ in zip(colour, (245, 166, 35))) < 12, colour  # the partial banner's amber
+        inner = b.js("innerWidth")
+        assert b.js("document.documentElement.scrollWidth") <= inner
+        rights = b.js("[...document.querySelectorAll('img.plot, .p0-circuit svg')].map(e => "
+                      "e.getBoundingClientRect().right)")
+        assert rights and max(rights) <= inner
+        cells = b.js("[...document.querySelectorAll('.row')[0].querySelectorAll('.cell')].map(c => "
+                     "c.getBoundingClientRect().toJSON())")
+        assert len(cells) == 2
+        if width >= 900:
+            assert cells[0]["top"] == cells[1]["top"] and cells[0]["right"] < cells[1]["left"]
+        else:
+            assert cells[1]["top"] >= cells[0]["bottom"]
+        heat = b.js("(() => { const r = document.querySelector(\"section[data-corruption='shift'] img.plot\")"
+                    ".getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()")
+        image = b.screenshot(tuple(heat))
+        image.save(tmp_path / f"heatmap_{width}.png")
+        assert sum(map(RED, image.getdata())) > 30  # the components that carry the change
+        figure = "document.querySelector(\"section[data-corruption='shift'] .p0-circuit\")"
+        box = b.js(f"(() => {{ const r = {figure}.getBoundingClientRect(); "
+                   "return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()")
+        drawn = b.screenshot(tuple(box))
+        drawn.save(tmp_path / f"circuit_{width}.png")
+        assert sum(map(RED, drawn.getdata())) > 30  # the edges with a positive effect
+        node = f"{figure}.querySelector('[id=\"node:M1@0\"]')"
+        b.js(f"(() => {{ const r = {node}.getBoundingClientRect(); {node}.dispatchEvent(new MouseEvent('mousemove', "
+             "{bubbles: true, clientX: r.left + r.width / 2, clientY: r.top + r.height / 2})); })()")
+        assert b.js(f"{figure}.querySelector('.tip').textContent").startswith("M1@0")
+        sink = f"{figure}.querySelector('[id=\"node:A2.H0@0\"]')"  # one of the two sink heads M1@0 writes keys to
+        b.js(f"{sink}.dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+        opacity = b.js(f"Object.fromEntries([...{figure}.querySelectorAll('[id^=\"node:\"],[id^=\"edge:\"]')]"
+                       ".map(g => [g.id, g.style.opacity]))")
+        on_path = ("node:A0.H0@0", "node:M0@0", "node:M1@0", "node:A2.H0@0", "node:metric", "edge:M1@0->A2.H0@0.k")
+        assert all(opacity[k] == "1" for k in on_path), opacity
+        assert opacity["node:A3.H0@0"] == opacity["edge:M1@0->A3.H0@0.k"] == "0.12"  # the other sink head: off it
+        b.js(f"{figure}.querySelector('svg').dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+        assert b.js(f"[...{figure}.querySelectorAll('[id^=\"node:\"]')].every(g => g.style.opacity === '1')")
 
 
 def test_a_torn_index_is_rebuilt_and_bad_records_are_skipped_and_said(report, tmp_path, capsys):

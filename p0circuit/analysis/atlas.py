@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from p0circuit.analysis.run import analyze, sink_label
-from p0circuit.models.resolve import check_model_entry
+from p0circuit.entries import check_model_entry
 from p0circuit.io import run_dir, write_atomic
 
 DEFAULT_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos")

@@ -25,7 +25,8 @@ from torch import Tensor
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, entry_point
 from p0circuit.metrics import sink_report
-from p0circuit.models.spec import FAMILIES, ModelSpec, positional_kind
+from p0circuit.entries import FAMILIES
+from p0circuit.models.spec import ModelSpec, positional_kind
 from p0circuit.planted import build_planted
 from p0circuit.plotting import finish, new_figure
 from p0circuit.tokens import make_prompts

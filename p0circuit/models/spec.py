@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from p0circuit.entries import SPEC_LAYERS
 from p0circuit.errors import ConfigError, entry_point, from_known_keys
 
 MAX_PARAMETERS = 10**10
@@ -32,7 +33,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 class ModelSpec:
     """Everything needed to build a small hooked transformer from scratch."""
 
-    n_layers: int = 4
+    n_layers: int = SPEC_LAYERS
     """Number of transformer blocks."""
     d_model: int = 64
     """Residual stream width."""
@@ -167,14 +168,3 @@ def positional_kind(model: HookedTransformer) -> str:
     return str(pet)
 
 
-FAMILIES: dict[str, dict[str, Any]] = {
-    "rope": {"pos": "rope"},
-    "nope": {"pos": "nope"},
-    "learned": {"pos": "learned"},
-    "parallel (Pythia)": {"parallel": True},
-    "sliding window (Mistral)": {"window": 8},
-    "layernorm": {"norm": "ln"},
-    "gated MLP (Llama)": {"mlp": "gated"},
-}
-"""Model families by name (``spec:<family>`` entries, ``p0circuit discover --spec``, the survey): name ->
-:class:`ModelSpec` overrides of the default small model."""

@@ -14,8 +14,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from p0circuit.entries import check_metric_entry, split_metric_entry
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point, nearest
+from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point
 from p0circuit.args import at_least
 from p0circuit.hooks import HookRef
 
@@ -300,25 +301,8 @@ def check_metric(metric: Any, model: Any) -> None:
                 f"read it unpatched. Declare it as ({actual}, {h.name!r})")
 
 
-METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
-"""The metric names of sweep configs and the command line (:func:`metric_from_entry`)."""
-
-
-def _split_entry(entry: Any) -> tuple[str, Optional[int]]:
-    """``(kind, layer)`` of a metric entry; the one place its grammar is checked."""
-    if entry in ("sink_heads", "attn_to_p0"):
-        return entry, None
-    kind, _, arg = str(entry).partition(":")
-    if isinstance(entry, str) and kind == "norm_ratio" and arg.isdigit():
-        return kind, int(arg)
-    if isinstance(entry, str) and kind == "norm_ratio":
-        raise ConfigError(f"metric {entry!r} not valid: norm_ratio takes a block number, e.g. 'norm_ratio:2'")
-    hint = nearest(entry, ["sink_heads", "attn_to_p0"]) if isinstance(entry, str) else ""
-    raise ConfigError(f"metric {entry!r} not valid{hint}; use one of {list(METRIC_ENTRIES)}")
-
-
 MetricSpec = Union[str, PatchMetric]
-"""A patching metric, or its name (:data:`METRIC_ENTRIES`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
+"""A patching metric, or its name (:data:`p0circuit.entries.METRIC_ENTRIES`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
 
 
 def resolve_metric(metric: Any, model: Any) -> Any:
@@ -327,16 +311,12 @@ def resolve_metric(metric: Any, model: Any) -> Any:
     return metric_from_entry(metric, model) if isinstance(metric, str) else metric
 
 
-def check_metric_entry(entry: Any) -> None:
-    """Raise unless ``entry`` is a metric name of :data:`METRIC_ENTRIES` (no model needed)."""
-    _split_entry(entry)
-
-
 def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tuple[int, int]]] = None) -> PatchMetric:
     """The metric named by ``entry`` for ``model``: ``sink_heads`` (attention to P0 of a planted
     model's sink heads, given as ``sink_heads``), ``attn_to_p0`` (:func:`default_metric`) or
     ``norm_ratio:<layer>``."""
-    kind, layer = _split_entry(entry)
+    kind, layer = split_metric_entry(entry)
+    check_metric_entry(entry, model.cfg.n_layers)
     if kind == "sink_heads":
         if not sink_heads:
             raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' or 'norm_ratio:<layer>'")

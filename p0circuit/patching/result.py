@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError
-from p0circuit.types import REST, Circuit, Edge, Kind, Node
+from p0circuit.types import REST, Circuit, Edge, Kind, Node, effect_grid
 
 
 @dataclass
@@ -120,16 +120,9 @@ class PatchResult:
         n_layers, n_heads = self.settings.get("n_layers"), self.settings.get("n_heads")
         if n_layers is None or n_heads is None:
             raise BadInputError("this result does not record the model's shape (n_layers, n_heads); use to_frame")
-        pos_index = {p: i for i, p in enumerate(self.positions)}
-        shape = (n_layers, len(pos_index), n_heads) if kind == "head" else (n_layers, len(pos_index))
-        out = torch.full(shape, math.nan)
         values = self.normalized if normalized else self.raw
-        for name, node in zip(self.names, self.parsed()):
-            if node.kind != kinds[kind]:
-                continue
-            at = (node.layer, pos_index[node.pos]) + ((node.head,) if kind == "head" else ())
-            out[at] = values[name]
-        return out
+        return torch.tensor(effect_grid(self.parsed(), values, kinds[kind], n_layers, self.positions,
+                                        n_heads if kind == "head" else 0), dtype=torch.float32)
 
     def __str__(self) -> str:
         head = (f"{self.method} patching ({self.level}s), corruption={self.corruption}, metric={self.metric}, "

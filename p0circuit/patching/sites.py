@@ -6,7 +6,7 @@ hooks, and the block at which a patched forward must start.
 """
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
 from transformer_lens import HookedTransformer
 
@@ -15,7 +15,7 @@ from p0circuit.args import as_list
 from p0circuit.errors import BadInputError, MissingHookError, entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.patching.experts import check_experts, mlp_input_hook
-from p0circuit.types import REST, Kind, Node, parse_list
+from p0circuit.types import REST, Kind, Node
 
 
 @dataclass(frozen=True)
@@ -144,11 +144,6 @@ def candidate_neurons(model: HookedTransformer, layers: Iterable[int], positions
         raise BadInputError(f"candidate_neurons: layers {bad or layers} are not MLP layers of this model "
                             f"(0..{model.cfg.n_layers - 1}{', attention-only' if model.cfg.attn_only else ''})")
     return [Node(Kind.NEURON, l, pos=p, neuron=n) for l in layers for p in positions for n in range(model.cfg.d_mlp)]
-
-
-def parse_nodes(nodes: Sequence[Union[Node, str]]) -> list[Node]:
-    """Nodes from Node objects or names like 'A0.H1@0'; duplicates and empties are errors."""
-    return parse_list(nodes, Node, "nodes", "A0.H0@0")
 
 
 def named_positions(nodes: Iterable[Node]) -> list[int]:

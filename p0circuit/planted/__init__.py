@@ -1,7 +1,7 @@
 """Planted models: transformers whose P0-sink circuit is written into the weights by hand."""
 
+from p0circuit.entries import VARIANTS
 from p0circuit.planted.build import (
-    VARIANTS,
     PlantedModel,
     PlantSpec,
     build_planted,

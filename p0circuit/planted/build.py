@@ -70,6 +70,7 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from p0circuit.entries import PLANT_LAYERS
 from p0circuit import hooks
 from p0circuit.errors import ConfigError, entry_point, from_known_keys
 from p0circuit.planted.layout import Layout
@@ -103,7 +104,7 @@ class PlantSpec:
 
     pos: str = "rope"
     """Position encoding: ``rope``, ``nope`` or ``learned`` (the negative control); validated below."""
-    n_layers: int = 4
+    n_layers: int = PLANT_LAYERS
     """Number of blocks (at least ``circuit_layer + 3``)."""
     n_heads: int = 2
     """Heads per block (at least 2)."""
@@ -196,13 +197,6 @@ class PlantedModel:
         """Layers of the identification/detection and the amplification MLPs."""
         a = self.spec.circuit_layer
         return (a, a + 1)
-
-
-VARIANTS: dict[str, dict[str, object]] = {
-    "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
-    "bos": {"key": "bos"},
-}
-"""Named planted variants (command line and sweep configs): name -> :class:`PlantSpec` overrides."""
 
 
 def _median(

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
 from p0circuit.errors import ConfigError, entry_point, from_known_keys
-from p0circuit.models.resolve import check_model_entry
 from p0circuit.patching import CORRUPTIONS, METHODS
-from p0circuit.patching.metrics import check_metric_entry
+from p0circuit.entries import check_metric_entry, check_model_entry, entry_layers
 from p0circuit.tokens import PROMPT_SOURCES
 
 PROMPT_SETS = PROMPT_SOURCES
@@ -86,7 +85,8 @@ class SweepConfig:
         for name in ("models", "prompts", "corruptions", "methods", "metrics"):
             object.__setattr__(self, name, _check_list(name, getattr(self, name)))
         _check_each("models", self.models, check_model_entry)
-        _check_each("metrics", self.metrics, check_metric_entry)
+        for model in self.models:  # a metric past the last block of a model whose size is known without loading it
+            _check_each("metrics", self.metrics, lambda m: check_metric_entry(m, entry_layers(model)))
         _check_choices("prompts", self.prompts, PROMPT_SETS)
         _check_choices("corruptions", self.corruptions, CORRUPTIONS)
         _check_choices("methods", self.methods, METHODS)

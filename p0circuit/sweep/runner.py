@@ -25,7 +25,7 @@ from p0circuit.progress import tqdm
 
 from p0circuit.discovery import run_discovery
 from p0circuit.errors import BadInputError, ConfigError, P0CircuitError
-from p0circuit.io import write_atomic
+from p0circuit.io import strict, write_atomic
 from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.sweep.config import Cell, SweepConfig
@@ -65,7 +65,9 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     scores = found.scores(cell.method)
     if scores is not None:
         record["scores"] = scores
-    return record
+    if resolved.truth is not None:
+        record["truth"] = resolved.truth.to_dict()
+    return strict(record)  # strict JSON: an undefined number is null, never NaN
 
 
 def done_keys(out: Path) -> set[str]:
@@ -111,7 +113,7 @@ def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
 def rebuild_index(out: Path) -> list[dict[str, Any]]:
     """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records."""
     records = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
-    write_atomic(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write_atomic(out / "results.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
     return records
 
 
@@ -178,9 +180,9 @@ def run_sweep(
 
     def finish(record: dict[str, Any]) -> None:
         (out / "failed" / f"{record['key']}.json").unlink(missing_ok=True)
-        write_atomic(out / "cells" / f"{record['key']}.json", json.dumps(record, indent=1))
+        write_atomic(out / "cells" / f"{record['key']}.json", json.dumps(record, indent=1, allow_nan=False))
         records[record["key"]] = record
-        write_atomic(out / "results.jsonl", "".join(json.dumps(records[k]) + "\n" for k in sorted(records)))
+        write_atomic(out / "results.jsonl", "".join(json.dumps(records[k], allow_nan=False) + "\n" for k in sorted(records)))
         bar.update(1)
         if on_done is not None:
             on_done(record)
@@ -254,7 +256,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         c = r["cell"]
         scores = r.get("scores") or {}
         key = Circuit.from_dict(r["circuit"]).level
-        shown = " ".join(f"{k.split('_', 1)[1]}={v:.2f}" for k, v in scores.items() if k.startswith(key))
+        shown = " ".join(f"{k.split('_', 1)[1]}={v:.2f}" for k, v in scores.items() if k.startswith(key) and v is not None)
         lines.append(f"{c['model']:18s} {c['prompts']:8s} {c['corruption']:10s} {c['method']:11s} {c['metric']:12s} "
                      f"{str(r['signal']):6s} {len(r['circuit']['nodes']):5d} {len(r['circuit']['edges']):5d}  {shown}")
     return "\n".join(lines)

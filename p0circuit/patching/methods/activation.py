@@ -26,8 +26,8 @@ from p0circuit.patching.metrics import MetricSpec, PatchMetric
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.sites import candidate_nodes, named_positions, parse_nodes, site_of
-from p0circuit.types import Node
+from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
+from p0circuit.types import Node, parse_nodes
 
 
 @entry_point

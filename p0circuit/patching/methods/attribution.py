@@ -38,8 +38,8 @@ from p0circuit.patching.metrics import MetricSpec, PatchMetric, RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.sites import candidate_nodes, named_positions, parse_nodes, site_of
-from p0circuit.types import Edge, Node
+from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
+from p0circuit.types import Edge, Node, parse_nodes
 
 
 def _integrated_gradients(model: Any, tokens: Tensor, metric: PatchMetric, targets: dict[str, Tensor],

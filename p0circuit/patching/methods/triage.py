@@ -31,8 +31,8 @@ from p0circuit.patching.methods.attribution import attribution_patch
 from p0circuit.patching.metrics import MetricSpec, PatchMetric, default_metric, resolve_metric
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.sites import candidate_nodes, parse_nodes, site_of
-from p0circuit.types import Node
+from p0circuit.patching.sites import candidate_nodes, site_of
+from p0circuit.types import Node, parse_nodes
 
 NOTABLE = 0.1
 """|normalized effect| of a sampled node that counts as missed by the triage."""
