@@ -192,9 +192,12 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+    from p0circuit.plotting import finish
+
     lay = layout(circuit, truth, title)
     at = {p.name: p for p in lay.nodes}
-    if ax is None:
+    own = ax is None
+    if own:
         fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * lay.span + 1.8), max(2.5, 0.95 * len(lay.ranks) + 0.8)))
     fig = ax.figure
     half_w, half_h = 0.36, 0.2
@@ -242,8 +245,7 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
     if truth is not None:
         key += "\nthick outline: in the truth, dotted: not in it, grey dashed: missed"
     ax.text(0.99, 0.0, key, transform=ax.transAxes, fontsize=6, ha="right", va="bottom", color="#666666")
-    fig.tight_layout()
-    return fig
+    return finish(fig) if own else fig
 
 
 def _tint(effect: Optional[float], bound: float) -> str:
@@ -261,10 +263,8 @@ def to_svg(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -
     import matplotlib.pyplot as plt
 
     with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "p0circuit"}):
-        fig = draw(circuit, truth, title)
         buf = io.StringIO()
-        fig.savefig(buf, format="svg")
-    plt.close(fig)
+        draw(circuit, truth, title).savefig(buf, format="svg")
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
@@ -341,8 +341,20 @@ class CircuitFigure:
     def html(self) -> str:
         return to_html(self.circuit, self.truth, self.title)
 
-    def _repr_html_(self) -> str:
-        return self.html()
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """The interactive figure, with a PNG beside it: JupyterLab shows the PNG for outputs stored
+        in a notebook it does not trust yet (it runs no stored script) and the interactive one once
+        the cell has run."""
+        import base64
+
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=100)
+        return {"text/html": self.html(), "image/png": base64.b64encode(buf.getvalue()).decode(),
+                "text/plain": repr(self)}
+
+    def __repr__(self) -> str:
+        return (f"CircuitFigure({len(self.circuit.nodes)} nodes, {len(self.circuit.edges)} edges"
+                + (", truth overlaid" if self.truth is not None else "") + ")")
 
     def save(self, path: Union[str, Path]) -> Path:
         """Write the figure; the suffix chooses the form: ``.png``, ``.svg`` or ``.html``."""
@@ -351,11 +363,7 @@ class CircuitFigure:
         if suffix not in (".png", ".svg", ".html"):
             raise BadInputError(f"save a circuit figure as .png, .svg or .html, not {path.name!r}")
         if suffix == ".png":
-            import matplotlib.pyplot as plt
-
-            fig = self.figure
-            fig.savefig(str(path), dpi=110)
-            plt.close(fig)
+            self.figure.savefig(str(path), dpi=110)
         else:
             text = self.svg() if suffix == ".svg" else (
                 "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(self.title or "circuit")

@@ -16,11 +16,14 @@ def new_figure(n_axes: int = 1, width: float = 5.0, height: float = 3.5) -> tupl
 
 
 def finish(fig: Any, path: Optional[Union[str, Path]] = None) -> Any:
-    """Tighten the layout, save to ``path`` (PNG) when given, and return the figure."""
+    """Tighten the layout, save to ``path`` (PNG) when given, and return the figure, released from
+    pyplot: Jupyter then shows it once, as the cell's value (pyplot's end-of-cell display would show
+    it a second time), and a loop of figures does not pile up open windows. Show one from a script
+    with ``fig.savefig(path)``, or ``IPython.display.display(fig)`` inside a cell."""
     fig.tight_layout()
     if path is not None:
         fig.savefig(str(path), dpi=100)
-        plt.close(fig)
+    plt.close(fig)
     return fig
 
 
@@ -73,7 +76,8 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
     positions = sorted({n.pos for n in items}, key=lambda p: (isinstance(p, str), p if isinstance(p, int) else 0))
     heads = effect_grid(items, finite, Kind.HEAD, n_layers, positions, n_heads)
     has_mlp = any(n.kind == Kind.MLP for n in items)
-    fig, axes = new_figure(2 if has_mlp else 1)
+    by_position = len(positions) > 2  # every position its own node: the heads by position too
+    fig, axes = new_figure(1 + has_mlp + by_position)
     with np.errstate(invalid="ignore"):
         summed = np.where(np.isnan(heads).all(1), np.nan, np.nansum(heads, axis=1))
     _heat(axes[0], summed, [f"H{h}" for h in range(n_heads)], [str(l) for l in range(n_layers)],
@@ -81,6 +85,10 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
     if has_mlp:
         mlp = effect_grid(items, finite, Kind.MLP, n_layers, positions)
         _heat(axes[1], mlp, [str(p) for p in positions], [str(l) for l in range(n_layers)], "MLP outputs by position")
+    if by_position:
+        rows = heads.transpose(0, 2, 1).reshape(n_layers * n_heads, len(positions))  # (layer, head) x position
+        _heat(axes[-1], rows, [str(p) for p in positions], [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)],
+              "heads by position", ylabel="head")
     fig.suptitle(title, fontsize=9)
     return finish(fig)
 

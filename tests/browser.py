@@ -63,7 +63,8 @@ class Browser:
         time.sleep(0.3)  # let the page's scripts (circuitsvis) render
 
     def js(self, expression: str):
-        """The value of a JavaScript expression in the page."""
+        """The value of a JavaScript expression in the page (JSON values only: a DOM element comes back
+        as None, so test for one with ``!!``)."""
         result = self.send("Runtime.evaluate", expression=expression, returnByValue=True)
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression!r:.80}: {result['exceptionDetails'].get('text')}")

@@ -89,7 +89,9 @@ def test_the_interactive_page_is_self_contained_and_carries_the_effects():
     for element in ("node:A0.H0@0", "edge:M0@0->M1@0.mlp_in", "node:A3.H0@0"):
         assert f'id="{html.escape(element)}"' in page, element  # what the script finds to hover and highlight
     assert "addEventListener(\"wheel\"" in page and "addEventListener(\"click\"" in page
-    assert p0.circuit_figure(CIRCUIT)._repr_html_().startswith('<div class="p0-circuit"')
+    bundle = p0.circuit_figure(CIRCUIT)._repr_mimebundle_()
+    assert bundle["text/html"].startswith('<div class="p0-circuit"') and bundle["image/png"].startswith("iVBOR")
+    assert bundle["text/plain"] == "CircuitFigure(4 nodes, 3 edges)"
 
 
 def test_figures_save_by_suffix_and_bad_input_is_refused(tmp_path):

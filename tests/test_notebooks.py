@@ -6,6 +6,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import sys
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/browser.py
+
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -20,3 +24,80 @@ def test_notebook_runs(path, tmp_path):
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(__import__("shutil").which("chromium") is None, reason="Debian's chromium is not installed "
+                    "(.ci/run installs it)")
+def test_a_notebook_opens_and_runs_in_jupyterlab(tmp_path):
+    """The quickstart as stored, opened in JupyterLab in a headless browser: its stored figures show,
+    Run All finishes without an error output, and the interactive circuit figure answers a click."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from browser import Browser
+
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(NOTEBOOKS[0], work / NOTEBOOKS[0].name)
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--IdentityProvider.token=p0", "--allow-root",
+         "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
+         "--ServerApp.disable_check_xsrf=True"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**__import__("os").environ, "HOME": str(tmp_path)})
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token=p0", timeout=5)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise AssertionError("JupyterLab did not start")
+                time.sleep(0.5)
+        with Browser(tmp_path / "profile") as b:
+            b.open(f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOKS[0].name}?token=p0", 1280, 900)
+
+            def wait(expression, seconds=180):
+                end = time.time() + seconds
+                while not b.js(expression):
+                    if time.time() > end:
+                        raise AssertionError(f"timed out waiting for {expression}")
+                    time.sleep(0.5)
+
+            wait("document.querySelectorAll('.jp-Notebook .jp-Cell').length > 5")
+            wait("document.querySelectorAll('.jp-Notebook .jp-OutputArea-output img').length >= 2")  # stored plots
+            # the stored circuit figure: its PNG, as the notebook is not trusted yet (Lab runs no stored script)
+            assert "CircuitFigure" not in b.js("document.querySelector('.jp-Notebook').innerText")
+            panel = "Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.sessionContext)"
+            wait(f"(() => {{ const w = {panel}; return w && w.sessionContext.session && w.sessionContext.session.kernel "
+                 "&& w.sessionContext.session.kernel.status === 'idle'; })()")
+            b.js(f"window.jupyterapp.shell.activateById({panel}.id)")  # a headless page has no focus to give it
+            b.js("window.ran = false; window.jupyterapp.commands.execute('notebook:run-all-cells')"
+                 ".then(() => { window.ran = true; })")  # resolves when the last cell has run
+            wait("window.ran")
+            errors = b.js("[...document.querySelectorAll('[data-mime-type=\"application/vnd.jupyter.stderr\"]')]"
+                          ".map(e => e.textContent).filter(t => t.includes('Traceback') || t.includes('Error'))")
+            assert not errors, errors
+            assert not b.js("document.querySelectorAll('.jp-OutputArea-output .jp-RenderedText[data-mime-type="
+                            "\"application/vnd.jupyter.error\"]').length")
+            cell = f"{panel}.content.widgets.find(c => c.model.sharedModel.getSource().includes('circuit_figure'))"
+            b.js(f"{panel}.content.scrollToCell({cell})")  # Lab renders only the cells in view
+            figure = f"{cell}.node.querySelector('.p0-circuit')"
+            wait(f"!!({figure} && {figure}.querySelector('[id=\"node:M1@0\"]'))", 60)
+            b.js(f"{figure}.querySelector('[id=\"node:M1@0\"]').dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+            assert b.js(f"{figure}.getAttribute('data-highlight')") == "M1@0"  # its script ran in JupyterLab
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
