@@ -43,6 +43,9 @@ def test_discover_options_and_budgets(tmp_path, capsys):
     assert main(args + ["--layers", "0-1", "--methods", "activation", "--metric", "norm_ratio:1"]) == 0  # finds the truth
     saved = json.loads((out / "circuit_activation.json").read_text())
     assert saved["node_effects"] and all(n.startswith(("A0", "A1", "M0", "M1")) for n in saved["node_effects"])
+    assert main(args + ["--methods", "path", "--edge-budget", "10"]) == 2  # other settings: never silently over it
+    assert "with other settings (layers='0-1', methods=['activation'], metric='norm_ratio:1')" in capsys.readouterr().err
+    args.append("--force")
     assert main(args + ["--methods", "path", "--edge-budget", "10"]) == 0
     saved = json.loads((out / "circuit_path.json").read_text())
     assert "activation pass" in saved["settings"]["candidates"] and "M1@0->A2.H0@0.k" in saved["edges"]

@@ -154,7 +154,11 @@ def test_a_method_is_one_registration(planted):
 
 
 def test_one_metric_entry_parser(planted, generic):
-    assert metric_from_entry("norm_ratio:2", generic).name == "norm_ratio@L2"
+    assert metric_from_entry("norm_ratio:1", generic).name == "norm_ratio@L1"
+    with pytest.raises(p0.ConfigError, match=r"metric 'norm_ratio:2': the model has blocks 0..1"):
+        metric_from_entry("norm_ratio:2", generic)  # past the model's last block: refused here, not deep inside
+    with pytest.raises(p0.ConfigError, match=r"sweep.metrics: metric 'norm_ratio:4': the model has blocks 0..3"):
+        SweepConfig(metrics=["norm_ratio:4"])  # planted:rope's size is known without building it
     assert metric_from_entry("sink_heads", planted.model, planted.sink_heads).heads == list(planted.sink_heads)
     for bad in ("norm", 3):
         with pytest.raises(p0.ConfigError, match="not valid.*; use one of"):
