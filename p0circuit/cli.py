@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from p0circuit import choices
 from p0circuit.io import run_dir
-from p0circuit.entries import FAMILIES, METRIC_ENTRIES, VARIANTS
+from p0circuit.entries import FAMILIES, VARIANTS, metric_entries
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -313,6 +313,10 @@ def _train(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE (a module name or a .py file) first: the corruptions, metrics, methods "
+                        "and model families it registers become choices everywhere (repeatable; see "
+                        "p0circuit.plugins)")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
@@ -323,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--spec", choices=sorted(FAMILIES), help="a model family by name, freshly initialized")
     d.add_argument("--methods", nargs="+", default=["activation", "path"], choices=choices.offered("METHODS"))
     d.add_argument("--corruption", default="shift", choices=choices.offered("CORRUPTIONS"))
-    d.add_argument("--metric", help=f"one of {list(METRIC_ENTRIES)} (default: sink_heads on a plant, else "
+    d.add_argument("--metric", help=f"one of {metric_entries()} (default: sink_heads on a plant, else "
                    "norm_ratio at the layer where the P0 norm first passes 5x, else attn_to_p0)")
     d.add_argument("--layers", help="candidate nodes only in these layers, e.g. 0-3 or 0,2,5")
     d.add_argument("--nodes", nargs="+", help="candidate nodes by name, e.g. A0.H0@0 M1@0 M2@rest")
@@ -437,6 +441,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``p0circuit`` command."""
     from p0circuit.errors import P0CircuitError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _load_plugins(argv)  # before the parser is built: a plugin's names become its choices
+    except P0CircuitError as e:
+        print(f"p0circuit: error: {e}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     if args.command == "analyze" and args.out is None:
         args.out = str(run_dir("analyze", args.model))
@@ -468,6 +478,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         _remove_empty(made)  # a run that wrote nothing leaves no empty output directories behind
         signal.signal(signal.SIGTERM, previous)
+
+
+def _load_plugins(argv: list[str]) -> None:
+    """Import the ``--plugin`` modules named before the subcommand, and any installed plugins."""
+    from importlib.metadata import entry_points
+
+    from p0circuit.plugins import GROUP
+
+    named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
+    named += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
+    if named or list(entry_points(group=GROUP)):
+        from p0circuit.plugins import load_installed, load_plugins
+
+        load_installed()
+        load_plugins(named)
 
 
 def _make_out(out: Path) -> list[Path]:

@@ -39,7 +39,7 @@ class Discovery:
     metric: PatchMetric
     """The patching metric."""
     metric_reason: str = "given"
-    """Why this metric (when it was chosen by :func:`default_metric`)."""
+    """Why this metric (when it was chosen by :func:`choose_metric`)."""
     circuits: dict[str, Circuit] = field(default_factory=dict)
     """Method name -> circuit."""
 
@@ -105,10 +105,11 @@ NODE_BUDGET = 5000
 """Default most candidate nodes (that can reach the metric) a node-level method patches exactly."""
 
 
-def default_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, str]:
+def choose_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, str]:
     """The metric a discovery uses when none is given, and why: a planted model's sink heads; else
     the P0 norm ratio where it first passes the norm threshold (the end of the amplification), so
-    no forward runs past that block; else attention to P0 of the layers >= 2."""
+    no forward runs past that block; else the patching default
+    (:func:`p0circuit.patching.metrics.default_metric`: attention to P0 of the layers >= 2)."""
     if resolved.sink_heads:
         return metric_from_entry("sink_heads", resolved.model, resolved.sink_heads), "the planted sink heads"
     if report.norm_onset_layer is not None:
@@ -132,7 +133,7 @@ def run_discovery(
 ) -> Discovery:
     """The sink report and one :func:`~p0circuit.discover` circuit per method on ``tokens``.
 
-    ``metric`` defaults to :func:`default_metric`. ``nodes`` restricts the candidate nodes (and the
+    ``metric`` defaults to :func:`choose_metric`. ``nodes`` restricts the candidate nodes (and the
     senders and receivers of edges). More than ``node_budget`` candidates that can reach the metric
     is an error that says how to narrow them (exact patching costs about one suffix forward each).
     An edge-level method whose candidates would exceed ``edge_budget`` runs on the edges whose senders
@@ -142,7 +143,7 @@ def run_discovery(
     report = sink_report(model, tokens, bos=bos)
     reason = "given"
     if metric is None:
-        metric, reason = default_metric(resolved, report)
+        metric, reason = choose_metric(resolved, report)
     found = Discovery(resolved, tokens, report, metric, metric_reason=reason)
     common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
                               "progress": progress, **options}

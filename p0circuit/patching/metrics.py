@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from p0circuit.entries import check_metric_entry, split_metric_entry
+from p0circuit.entries import METRICS, check_metric_entry, split_metric_entry
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point
 from p0circuit.args import at_least
@@ -302,7 +302,7 @@ def check_metric(metric: Any, model: Any) -> None:
 
 
 MetricSpec = Union[str, PatchMetric]
-"""A patching metric, or its name (:data:`p0circuit.entries.METRIC_ENTRIES`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
+"""A patching metric, or its name (:data:`p0circuit.entries.METRICS`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
 
 
 def resolve_metric(metric: Any, model: Any) -> Any:
@@ -317,6 +317,8 @@ def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tupl
     ``norm_ratio:<layer>``."""
     kind, layer = split_metric_entry(entry)
     check_metric_entry(entry, model.cfg.n_layers)
+    if METRICS[kind].build is not None:  # registered by a plugin (p0circuit.entries.register_metric)
+        return METRICS[kind].build(model, layer)
     if kind == "sink_heads":
         if not sink_heads:
             raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' or 'norm_ratio:<layer>'")

@@ -36,7 +36,7 @@ def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> 
         base_pos = pos
     else:
         value = job.clean[name][:, pos]
-        base_pos = [p + job.offset for p in pos]
+        base_pos = job.prep.aligned(pos)
     if site.head is not None:
         value = value[:, :, site.head]
     return PatchOp(site.hook, tuple(base_pos), value, site.head)
@@ -52,7 +52,7 @@ def _expert_op(job: PatchJob, node: Node, site: Any, direction: str, pos: list[i
     corr = None if job.corr is None else expert_contribution(job.model, layer, job.corr[read], node.neuron)
     if direction == "noise":
         return PatchOp(site.hook, tuple(pos), job.prep.corrupted_value(clean, corr, pos) - clean[:, pos], add=True)
-    base_pos = [p + job.offset for p in pos]
+    base_pos = job.prep.aligned(pos)
     return PatchOp(site.hook, tuple(base_pos), clean[:, pos] - corr[:, base_pos], add=True)  # type: ignore[index]
 
 
@@ -65,7 +65,7 @@ def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]
     corr = job.corrupted_value(sender_hook(src), pos)
     if direction == "noise":
         return pos, sender_change(model, src, clean, corr)
-    return [p + job.offset for p in pos], sender_change(model, src, corr, clean)
+    return job.prep.aligned(pos), sender_change(model, src, corr, clean)
 
 
 def edge_op(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]) -> PatchOp:

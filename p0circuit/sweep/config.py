@@ -17,12 +17,15 @@ Example::
 
 import hashlib
 import itertools
+import math
 import json
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
+from p0circuit.args import RANGES
+from p0circuit.plugins import load_plugins
 from p0circuit.errors import ConfigError, entry_point, from_known_keys
 from p0circuit.patching import CORRUPTIONS, METHODS
 from p0circuit.entries import check_metric_entry, check_model_entry, entry_layers
@@ -58,6 +61,9 @@ def _check_each(name: str, values: list[str], check: Callable[[str], Any]) -> No
 class SweepConfig:
     """A grid of patching runs."""
 
+    plugins: list[str] = field(default_factory=list)
+    """Modules (names or ``.py`` files) imported first, so that the corruptions, metrics, methods and
+    model families they register can be named below (:mod:`p0circuit.plugins`)."""
     models: list[str] = field(default_factory=lambda: ["planted:rope"])
     """Model entries (:mod:`p0circuit.models.resolve`): ``planted:<variant>``, ``spec:<family>``,
     ``checkpoint:<path>``, ``hub:<name>``."""
@@ -82,6 +88,9 @@ class SweepConfig:
     """Normalized-effect threshold of the circuits."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.plugins, list) or not all(isinstance(p, str) for p in self.plugins):
+            raise ConfigError(f"sweep.plugins must be a list of module names or .py files, got {self.plugins!r}")
+        load_plugins(self.plugins)  # before the names are checked: a plugin's names are valid here
         for name in ("models", "prompts", "corruptions", "methods", "metrics"):
             object.__setattr__(self, name, _check_list(name, getattr(self, name)))
         _check_each("models", self.models, check_model_entry)
@@ -94,8 +103,10 @@ class SweepConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 2:
                 raise ConfigError(f"sweep.{name} must be an integer >= 2, got {v!r}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
-            raise ConfigError(f"sweep.threshold must be a number in [0, 1], got {self.threshold!r}")
+        low, high, why = RANGES["threshold"]  # the one range of a threshold, as every entry point checks it
+        if (isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float))
+                or not math.isfinite(self.threshold) or not low <= self.threshold <= high):
+            raise ConfigError(f"sweep.threshold must be a finite number >= {low} ({why}), got {self.threshold!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ConfigError(f"sweep.seed must be an integer in 0..2**63-1, got {self.seed!r}")
 

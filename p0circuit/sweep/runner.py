@@ -28,6 +28,7 @@ from p0circuit.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.io import strict, write_atomic
 from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.metrics import metric_from_entry
+from p0circuit.plugins import load_plugins
 from p0circuit.sweep.config import Cell, SweepConfig
 from p0circuit.tokens import make_prompts
 from p0circuit.types import Circuit
@@ -205,7 +206,8 @@ def run_sweep(
         else:
             # spawn, not fork: a forked child of a process whose torch thread pool already ran
             # deadlocks in its first parallel op (seen here: workers asleep forever)
-            with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=load_plugins, initargs=(config.plugins,)) as pool:
                 futures = {pool.submit(run_cell, c): c for c in todo}
                 for fut in as_completed(futures):
                     err = fut.exception()
@@ -242,6 +244,7 @@ def check_owner(config: SweepConfig, out: Path) -> None:
         previous = json.loads(saved.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ConfigError(f"{saved} is not readable JSON: is {out} a sweep directory? Choose another --out") from None
+    previous.setdefault("plugins", [])  # written before sweeps had plugins
     current = json.loads(json.dumps(config.__dict__))
     if previous != current:
         keys = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
