@@ -35,7 +35,7 @@ FIXES: dict[str, str] = {
     "Circuit": "pass a p0circuit.Circuit (from discover, prune or Circuit.from_json)",
     "PatchResult": "pass the PatchResult of activation_patch, path_patch or attribution_patch",
     "PatchMetric": "pass a metric such as p0circuit.NormRatio(layer) or AttnToP0(heads=...)",
-    "Corruption": "pass a corruption name ('shift', 'resample', 'pos_mean', 'zero') or object (p0circuit.Shift())",
+    "Corruption": "pass a corruption name (one of p0circuit.CORRUPTIONS, e.g. 'shift') or object (p0circuit.Shift())",
     "int": "pass a whole number",
     "float": "pass a finite number",
     "bool": "pass True or False",
@@ -159,10 +159,11 @@ def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadI
         if not integral and not math.isfinite(float(value)):
             raise error(f"{label}={value!r} is not finite; {FIXES['float']}")
         low, high, meaning = RANGES.get(name, (-math.inf, math.inf, ""))
+        unbounded = high == math.inf
         if integral:
             low, high = max(low, -(2**63)), min(high, 2**63 - 1)
         if not low <= value <= high:
-            span = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+            span = f">= {low}" if unbounded else f"in [{low}, {high}]"
             raise error(f"{label}={value!r:.40} must be {span}" + (f" ({meaning})" if meaning else ""))
 
 

@@ -81,8 +81,8 @@ def discover(
     """Run ``method`` and keep every node (or edge) with |normalized effect| >= ``threshold``.
 
     The other arguments go to the method (see :func:`~p0circuit.activation_patch`); ``nodes``,
-    ``edges``, ``reference`` and ``progress`` only to a method that takes them (``progress`` is
-    dropped for a method without a bar, e.g. attribution: one forward and backward). The circuit
+    ``edges``, ``reference`` and ``progress`` are an error for a method that does not take them
+    (never dropped). The circuit
     carries every candidate's effect, the settings that produced it (plus ``record``, e.g. where
     the candidates came from) and an ``interpretation`` line; without signal (e.g. ``resample``
     on a position-only circuit) it is empty and its settings say so.
@@ -93,7 +93,7 @@ def discover(
                                "rows_per_forward": rows_per_forward}
     for name, value in (("nodes", nodes), ("edges", edges), ("reference", reference or None),
                         ("progress", progress or None)):
-        if value is None or (name == "progress" and name not in accepted):
+        if value is None:
             continue
         if name not in accepted:
             raise ConfigError(f"method {method!r} ({registered.level}s) does not take {name}=; "

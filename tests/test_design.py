@@ -267,3 +267,22 @@ def test_the_contributor_guide_examples_run(planted):
     finally:
         CORRUPTIONS.pop("repeat_first", None)
         METHODS.pop("mlp", None)
+
+
+def test_methods_take_exactly_what_they_use_and_reference_changes_only_how(planted):
+    """Issue 22: an argument a method cannot use is an error, never dropped; the reference path
+    patches the same candidates as the fast path."""
+    toks = plant_tokens(planted, 4, 10)
+    metric = p0.NormRatio(1)
+    with pytest.raises(p0.BadInputError, match="edges= is for edge attribution"):
+        p0.discover(planted.model, toks, method="attribution", edges=["M0@0->M1@0.mlp_in"], metric=metric)
+    with pytest.raises(p0.BadInputError, match="not both"):
+        p0.attribution_patch(planted.model, toks, level="edge", nodes=["M0@0"], edges=["M0@0->M1@0.mlp_in"],
+                             metric=metric)
+    with pytest.raises(p0.ConfigError, match="does not take reference="):
+        p0.discover(planted.model, toks, method="triage", reference=True, metric=metric)
+    fast = p0.path_patch(planted.model, toks, metric=metric)
+    slow = p0.path_patch(planted.model, toks, metric=metric, reference=True)
+    assert fast.names == slow.names  # the same candidates (receivers the metric can see), however computed
+    assert fast.raw == pytest.approx(slow.raw, rel=1e-4, abs=1e-6)
+    assert p0.discover(planted.model, toks, method="attribution", metric=metric, progress=True).level == "node"

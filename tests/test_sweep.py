@@ -41,7 +41,7 @@ def config_file(tmp_path):
         ('metrics = ["norm_ratio:x"]', r"sweep.metrics: metric 'norm_ratio:x' not valid: norm_ratio takes a block number, e.g. 'norm_ratio:2'"),
         ('metrics = ["sink_head"]', r"sweep.metrics: metric 'sink_head' not valid \(did you mean 'sink_heads'\?\); use one of \['sink_heads', 'attn_to_p0', 'norm_ratio:<layer>'\]"),
         ("n_prompts = 1", "sweep.n_prompts must be an integer >= 2"),
-        ("threshold = -1", r"sweep.threshold must be a finite number >= 0"),
+        ("threshold = -1", r"SweepConfig.threshold=-1 must be >= 0"),
         ("models = []", "sweep.models must be a non-empty list"),
     ],
 )

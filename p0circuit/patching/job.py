@@ -99,6 +99,12 @@ class PatchJob:
         self.clean_metric = float("nan")
         self.base_metric = float("nan")
 
+    @property
+    def receiver_layers(self) -> Optional[int]:
+        """How many blocks, from block 0, hold receivers that can change the metric: what the default
+        candidates span, the same on the reference path (``reference`` changes only how)."""
+        return stop_layer(self.model, self.metric)
+
     def reaches(self, hook: HookRef) -> bool:
         """Whether a patch at ``hook`` can change the metric (always, on the reference path)."""
         return self.reference or reaches(hook, self.metric, self.model.cfg.n_layers)
@@ -159,7 +165,8 @@ class PatchJob:
             self._bar.close()
             self._bar = None
 
-    def _tick(self, n: int) -> None:
+    def advance(self, n: int) -> None:
+        """Move the progress bar of :meth:`tracking` on by ``n``."""
         if self._bar is not None:
             self._bar.update(n)
 
@@ -169,9 +176,9 @@ class PatchJob:
         groups = [[op] for op in ops]
         if self.reference:
             values = run_groups_reference(self.model, tokens, groups, self.metric, p0)
-            self._tick(len(groups))
+            self.advance(len(groups))
             return values
-        return run_groups(self.model, cache, groups, self.metric, p0, self.rows_per_forward, logits, self._tick)
+        return run_groups(self.model, cache, groups, self.metric, p0, self.rows_per_forward, logits, self.advance)
 
     def corrupted_metric(self, full: Sequence[PatchOp]) -> float:
         """Metric of the fully corrupted reference: the corrupted run, or for an ablation the clean

@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from p0circuit.entries import METRICS, check_metric_entry, split_metric_entry
+from p0circuit.entries import METRICS, check_metric_entry, metric_entries, split_metric_entry
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point
 from p0circuit.args import at_least
@@ -280,12 +280,23 @@ def default_metric(n_layers: int) -> PatchMetric:
     return AttnToP0(layers=list(range(first, n_layers)))
 
 
+def _metric_classes() -> list[type]:
+    """Every PatchMetric subclass defined so far (a user's included)."""
+    found, todo = [], list(PatchMetric.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
 def check_metric(metric: Any, model: Any) -> None:
     """Raise unless ``metric`` is a patching metric that fits ``model``."""
     if not isinstance(metric, PatchMetric):
         raise BadInputError(
-            f"metric must be a p0circuit.patching PatchMetric (NormRatio, AttnToP0, LogitMetric, "
-            f"CacheMetric), got {type(metric).__name__}; wrap a function on logits as LogitMetric(fn)"
+            f"metric must be a p0circuit PatchMetric ({', '.join(sorted(c.__name__ for c in _metric_classes()))}) "
+            f"or a metric entry ({', '.join(metric_entries())}), got {type(metric).__name__}; wrap a function on "
+            "logits as LogitMetric(fn)"
         )
     metric.validate(model.cfg.n_layers, model.cfg.n_heads)
     missing = [h.name for h in metric.needs(model.cfg.n_layers) if h.name not in model.hook_dict]

@@ -147,6 +147,7 @@ def attribution_patch(
     bos: Optional[bool] = None,
     rows_per_forward: Optional[int] = None,
     steps: int = 1,
+    progress: bool = False,
 ) -> PatchResult:
     """Gradient estimates of activation (``level="node"``) or path (``level="edge"``) patching.
 
@@ -160,11 +161,15 @@ def attribution_patch(
         raise BadInputError(f"steps must be an integer >= 1 (1: one gradient; more: integrated gradients), got {steps!r}")
     if steps > 1 and level == "edge":
         raise BadInputError("integrated gradients (steps > 1) are for nodes; edge attribution takes steps=1")
+    if edges is not None and level == "node":
+        raise BadInputError("edges= is for edge attribution: pass level='edge' (method 'attribution_edges'), or nodes=")
+    if edges is not None and nodes is not None:
+        raise BadInputError("give the candidate edges (edges=) or their senders (nodes=), not both")
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
-                   min_signal=min_signal, rows_per_forward=rows_per_forward)
+                   min_signal=min_signal, rows_per_forward=rows_per_forward, progress=progress)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     if level == "edge" and edges is None:
-        edges = candidate_edges(model, node_list, receiver_layers=job.stop)
+        edges = candidate_edges(model, node_list, receiver_layers=job.receiver_layers)
     edge_list = parse_edges(edges) if level == "edge" else []
     named = named_positions(node_list)
     live_nodes = [n for n in node_list if job.reaches(site_of(n, model).hook)]
@@ -172,7 +177,7 @@ def attribution_patch(
     job.cache({site_of(n, model).read.name for n in live_nodes} | {sender_hook(e.src) for e in live_edges})
     base_cache, base_tokens, _, p0 = job.base()
     scores: dict[str, float] = {}
-    with receiver_hooks(model):
+    with receiver_hooks(model), job.tracking(steps, "attribution (gradient passes)"):
         if level == "node":
             ops = [node_op(job, n, direction, named) for n in live_nodes]
             base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0, job.stop)
@@ -200,6 +205,7 @@ def attribution_patch(
                     g = g[:, :, head]
                 scores[e.name] = float((delta.detach() * g).sum())
         corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in live_nodes])
+        job.advance(steps)
     raw = {k: base_value + v for k, v in scores.items()}
     names = [n.name for n in node_list] if level == "node" else [e.name for e in edge_list]
     return job.result("attribution", level, raw, corrupted, candidates=names)

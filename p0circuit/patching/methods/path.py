@@ -53,7 +53,7 @@ def path_patch(
     job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
                    min_signal=min_signal, rows_per_forward=rows_per_forward, reference=reference, progress=progress)
     if edges is None:  # receivers past the metric's last block cannot change it: not candidates
-        edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.stop)
+        edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.receiver_layers)
     edge_list = parse_edges(edges)
     parallel = bool(model.cfg.parallel_attn_mlp)
     bad = [e for e in edge_list if not is_valid_edge(e, parallel)]
