@@ -1,6 +1,6 @@
 """Checks on what a user passes to a public entry point.
 
-Every public function and spec class is marked with :func:`p0circuit.errors.entry_point`, which
+Every public function and spec class is marked with :func:`entry_point` (below), which
 checks each argument against its annotation here before the body runs (a string where a number
 belongs, a float where an int belongs, ``True`` for a count, NaN or inf for any float) and raises
 :class:`~p0circuit.errors.BadInputError` naming the function, the parameter, the value and what to
@@ -248,3 +248,46 @@ def as_list(where: str, name: str, value: Any) -> list:
         return list(value)
     except TypeError:
         raise BadInputError(f"{where}: {name}={_show(value)} is not a list; pass e.g. [0, 1]") from None
+
+
+F = typing.TypeVar("F", bound=Callable)
+
+
+def entry_point(fn: F) -> F:
+    """Mark a public entry point and check its arguments against its annotations on every call.
+
+    A function's arguments, or a dataclass's fields (before its own ``__post_init__`` runs), are
+    checked here: a value that does not fit its annotation is a
+    :class:`BadInputError` (a field: :class:`ConfigError`) naming the parameter, the value and what
+    to pass. The
+    test-time type checker (jaxtyping + beartype over the whole package) skips entry points, so
+    that a wrong argument gets this message instead of a type-checker error.
+    """
+    if isinstance(fn, type):
+        if "__post_init__" in fn.__dict__:  # the dataclass __init__ calls it: check before it runs
+            original = fn.__dict__["__post_init__"]
+
+            def __post_init__(self: object) -> None:
+                check_fields(self)
+                original(self)
+
+            fn.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        else:
+            init = fn.__init__
+
+            @functools.wraps(init)
+            def __init__(self: object, *args: object, **kwargs: object) -> None:
+                init(self, *args, **kwargs)
+                check_fields(self)
+
+            fn.__init__ = __init__  # type: ignore[misc]
+        return typing.no_type_check(fn)
+
+    typing.no_type_check(fn)  # the test-time checker skips the body too: users never run it
+
+    @functools.wraps(fn)
+    def checked(*args: object, **kwargs: object) -> object:
+        check_call(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return typing.no_type_check(checked)  # type: ignore[return-value]

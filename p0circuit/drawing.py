@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.types import Circuit, Edge, Kind, Node
 
 RAISES, LOWERS, NEUTRAL, MISSED = "#b2182b", "#2166ac", "#555555", "#9a9a9a"

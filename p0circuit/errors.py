@@ -7,9 +7,7 @@ catch them, and :class:`P0CircuitError` so that callers can catch ours alone.
 
 import typing
 from dataclasses import fields
-from typing import Callable, TypeVar
 
-F = TypeVar("F", bound=Callable)
 
 
 class P0CircuitError(Exception):
@@ -58,51 +56,3 @@ def from_known_keys(cls: type, data: dict, what: str) -> object:
     if unknown:
         raise ConfigError(f"unknown {what} key(s) {unknown}; valid keys: {sorted(known)}")
     return cls(**data)
-
-
-def entry_point(fn: F) -> F:
-    """Mark a public entry point and check its arguments against its annotations on every call.
-
-    A function's arguments, or a dataclass's fields (before its own ``__post_init__`` runs), are
-    checked by :mod:`p0circuit.args`: a value that does not fit its annotation is a
-    :class:`BadInputError` (a field: :class:`ConfigError`) naming the parameter, the value and what
-    to pass. The
-    test-time type checker (jaxtyping + beartype over the whole package) skips entry points, so
-    that a wrong argument gets this message instead of a type-checker error.
-    """
-    import functools
-
-    if isinstance(fn, type):
-        if "__post_init__" in fn.__dict__:  # the dataclass __init__ calls it: check before it runs
-            original = fn.__dict__["__post_init__"]
-
-            def __post_init__(self: object) -> None:
-                from p0circuit.args import check_fields
-
-                check_fields(self)
-                original(self)
-
-            fn.__post_init__ = __post_init__  # type: ignore[attr-defined]
-        else:
-            init = fn.__init__
-
-            @functools.wraps(init)
-            def __init__(self: object, *args: object, **kwargs: object) -> None:
-                from p0circuit.args import check_fields
-
-                init(self, *args, **kwargs)
-                check_fields(self)
-
-            fn.__init__ = __init__  # type: ignore[misc]
-        return typing.no_type_check(fn)
-
-    typing.no_type_check(fn)  # the test-time checker skips the body too: users never run it
-
-    @functools.wraps(fn)
-    def checked(*args: object, **kwargs: object) -> object:
-        from p0circuit.args import check_call
-
-        check_call(fn, args, kwargs)
-        return fn(*args, **kwargs)
-
-    return typing.no_type_check(checked)  # type: ignore[return-value]

@@ -10,7 +10,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import ConfigError, entry_point
+from p0circuit.errors import ConfigError
+from p0circuit.args import entry_point
 from p0circuit.patching import METHODS, Corruption, PatchMetric, PatchResult, get_method
 from p0circuit.patching.metrics import MetricSpec
 from p0circuit.types import Circuit, Edge, Kind, Node, format_effect

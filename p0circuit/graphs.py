@@ -15,7 +15,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 import graphviz
 import networkx as nx
 
-from p0circuit.errors import BadInputError, ConfigError, entry_point
+from p0circuit.errors import BadInputError, ConfigError
+from p0circuit.args import entry_point
 from p0circuit.types import Circuit, Edge, Node
 
 

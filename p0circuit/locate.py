@@ -19,7 +19,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import entry_point
+from p0circuit.args import entry_point
 from p0circuit.metrics import SinkReport, norm_ratio, sink_report
 from p0circuit.patching import Corruption, NormRatio, activation_patch, candidate_nodes
 from p0circuit.tokens import check_tokens

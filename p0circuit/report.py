@@ -22,7 +22,8 @@ from typing import Any, Optional
 import matplotlib.pyplot as plt
 
 from p0circuit.drawing import to_html
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.io import write_atomic
 from p0circuit.plotting import finish, new_figure, plot
 from p0circuit.sweep.config import Cell, SweepConfig

@@ -13,7 +13,8 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 
 BOS_ATTR = "p0circuit_bos_id"
 """Attribute set on models that have a BOS id but no tokenizer (BOS-keyed plants, models trained

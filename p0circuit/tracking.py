@@ -27,7 +27,8 @@ from typing import Any, Iterable, Optional, Union
 import pandas as pd
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, CheckpointError, ConfigError, entry_point
+from p0circuit.errors import BadInputError, CheckpointError, ConfigError
+from p0circuit.args import entry_point
 from p0circuit.locate import MAX_NODES, Location, affordable, from_norm_profile
 from p0circuit.locate import locate as locate_circuit
 from p0circuit.plotting import finish, new_figure

@@ -15,7 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 
 Pos = Union[int, str]
 """A position class: a non-negative index, or ``"rest"`` (all positions not named otherwise)."""

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from p0circuit import hooks
 from p0circuit.tokens import check_tokens
-from p0circuit.errors import entry_point
+from p0circuit.args import entry_point
 
 
 @entry_point

@@ -286,3 +286,27 @@ def test_methods_take_exactly_what_they_use_and_reference_changes_only_how(plant
     assert fast.names == slow.names  # the same candidates (receivers the metric can see), however computed
     assert fast.raw == pytest.approx(slow.raw, rel=1e-4, abs=1e-6)
     assert p0.discover(planted.model, toks, method="attribution", metric=metric, progress=True).level == "node"
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Issue 22: no import cycle among p0circuit's modules, counting imports inside functions too
+    (the errors <-> args cycle was one of those)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(p0.__file__).parent
+    graph = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(("p0circuit",) + path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("p0circuit") and not node.level:
+                targets.add(node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("p0circuit")}
+        graph[name] = targets
+    # a package imports its own submodules through its __init__ by design; the pairs below are cycles
+    pairs = [(a, b) for a, deps in graph.items() for b in deps
+             if a != b and a in graph.get(b, set()) and not (b.startswith(a + ".") or a.startswith(b + "."))]
+    assert not pairs, pairs
+    assert "p0circuit.args" not in graph["p0circuit.errors"]

@@ -26,7 +26,8 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.analysis import steps
 from p0circuit.analysis.write import markdown, write_all
-from p0circuit.errors import BadInputError, ConfigError, P0CircuitError, entry_point
+from p0circuit.errors import BadInputError, ConfigError, P0CircuitError
+from p0circuit.args import entry_point
 from p0circuit.io import strict, write_atomic
 from p0circuit.patching import NormRatio
 from p0circuit.patching.corruptions import Swap, get_corruption

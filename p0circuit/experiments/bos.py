@@ -14,7 +14,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.plotting import finish, new_figure
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.tokens import check_tokens, prepend_id

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.plotting import finish, new_figure
 from p0circuit.tokens import check_tokens
 

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.metrics import sink_report
 from p0circuit.entries import FAMILIES
 from p0circuit.models.spec import ModelSpec, positional_kind

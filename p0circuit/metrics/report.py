@@ -17,7 +17,8 @@ from torch import Tensor
 from transformer_lens import ActivationCache, HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, MissingHookError, NonFiniteError, entry_point
+from p0circuit.errors import BadInputError, MissingHookError, NonFiniteError
+from p0circuit.args import entry_point
 from p0circuit.metrics.attention import (
     argmax_sink_position,
     attention_to_position,

@@ -20,7 +20,8 @@ from typing import Optional, Union
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import CheckpointError, entry_point
+from p0circuit.errors import CheckpointError
+from p0circuit.args import entry_point
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
 from p0circuit.models.gguf import load_gemma3, load_gguf, load_smollm2
 from p0circuit.entries import FAMILIES, REAL, VARIANTS, check_model_entry

@@ -35,7 +35,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import entry_point
+from p0circuit.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.methods.activation import activation_patch
 from p0circuit.patching.methods.attribution import attribution_patch

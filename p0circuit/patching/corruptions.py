@@ -40,7 +40,8 @@ from typing import Any, ClassVar, Optional, Union
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, ConfigError, entry_point, nearest
+from p0circuit.errors import BadInputError, ConfigError, nearest
+from p0circuit.args import entry_point
 from p0circuit.args import at_least
 from p0circuit.metrics.positions import find_positions
 from p0circuit.tokens import bos_id, check_tokens

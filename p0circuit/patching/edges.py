@@ -14,7 +14,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.engine import output_norm

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 
 
 def is_moe(model: Any) -> bool:

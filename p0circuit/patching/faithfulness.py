@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
 from p0circuit.patching.engine import run_groups

@@ -16,7 +16,8 @@ from torch import Tensor
 
 from p0circuit.entries import METRICS, check_metric_entry, metric_entries, split_metric_entry
 from p0circuit import hooks
-from p0circuit.errors import BadInputError, ConfigError, MissingHookError, entry_point
+from p0circuit.errors import BadInputError, ConfigError, MissingHookError
+from p0circuit.args import entry_point
 from p0circuit.args import at_least
 from p0circuit.hooks import HookRef
 

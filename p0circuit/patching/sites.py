@@ -12,7 +12,8 @@ from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
 from p0circuit.args import as_list
-from p0circuit.errors import BadInputError, MissingHookError, entry_point
+from p0circuit.errors import BadInputError, MissingHookError
+from p0circuit.args import entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.patching.experts import check_experts, mlp_input_hook
 from p0circuit.types import REST, Kind, Node

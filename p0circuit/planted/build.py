@@ -72,7 +72,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from p0circuit.entries import PLANT_LAYERS
 from p0circuit import hooks
-from p0circuit.errors import ConfigError, entry_point, from_known_keys
+from p0circuit.errors import ConfigError, from_known_keys
+from p0circuit.args import entry_point
 from p0circuit.planted.layout import Layout
 from p0circuit.tokens import BOS_ATTR, p0_like_positions, probe_tokens, regular_prompts  # noqa: F401 (re-exported)
 from p0circuit.types import Circuit, Edge, Input, Kind, Node

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
 from p0circuit.plugins import load_plugins
-from p0circuit.errors import ConfigError, entry_point, from_known_keys
+from p0circuit.errors import ConfigError, from_known_keys
+from p0circuit.args import entry_point
 from p0circuit.patching import CORRUPTIONS, METHODS
 from p0circuit.entries import check_metric_entry, check_model_entry, entry_layers
 from p0circuit.tokens import PROMPT_SOURCES

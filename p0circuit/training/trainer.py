@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from p0circuit.progress import tqdm
 
-from p0circuit.errors import CheckpointError, ConfigError, NonFiniteError, entry_point
+from p0circuit.errors import CheckpointError, ConfigError, NonFiniteError
+from p0circuit.args import entry_point
 from p0circuit.io import remove_stale, write_dir_atomic
 from p0circuit.models.spec import ModelSpec
 from p0circuit.models.verify import load_strict, read_json, read_safetensors

@@ -19,7 +19,8 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import MetricSpec, PatchMetric

@@ -29,7 +29,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
-from p0circuit.errors import ConfigError, entry_point, BadInputError
+from p0circuit.errors import ConfigError, BadInputError
+from p0circuit.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks

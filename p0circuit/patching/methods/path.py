@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError, entry_point
+from p0circuit.errors import BadInputError
+from p0circuit.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
