@@ -200,11 +200,18 @@ class PlantedModel:
         return (a, a + 1)
 
 
+def _through(hook: str) -> "int | None":
+    """``stop_at_layer`` for a forward that only needs ``hook``: one block past the hook's block
+    (the plant is built from many such probes; a full forward for each costs several times more)."""
+    parts = hook.split(".")
+    return int(parts[1]) + 1 if parts[0] == "blocks" else None
+
+
 def _median(
     model: HookedTransformer, toks: Tensor, hook: str, pos: object, norm: bool = False, q: float = 0.5
 ) -> float:
     """Quantile ``q`` (median by default) over the probe of an RMS scale or a residual norm."""
-    _, cache = model.run_with_cache(toks, names_filter=hook)
+    _, cache = model.run_with_cache(toks, names_filter=hook, stop_at_layer=_through(hook))
     x = cache[hook]
     x = x.norm(dim=-1) if norm else x.reshape(x.shape[0], x.shape[1])
     sel = x[:, 1:] if pos == "rest" else x[:, int(pos)]  # type: ignore[call-overload]
@@ -213,7 +220,8 @@ def _median(
 
 def _min_norm_ratio(model: HookedTransformer, toks: Tensor, layer: int, sp: int, theta: float) -> float:
     """Smallest ||h_sp|| / mean_{t != sp} ||h_t|| after ``layer`` over the probe's regular prompts."""
-    _, cache = model.run_with_cache(regular_prompts(toks, theta), names_filter=hooks.resid_post(layer))
+    _, cache = model.run_with_cache(regular_prompts(toks, theta), names_filter=hooks.resid_post(layer),
+                                    stop_at_layer=layer + 1)
     norms = cache[hooks.resid_post(layer)].norm(dim=-1)
     others = torch.cat([norms[:, :sp], norms[:, sp + 1:]], 1).mean(1)
     return float((norms[:, sp] / others).min())
