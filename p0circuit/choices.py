@@ -4,7 +4,8 @@
 are imported (seconds). The registries stay the truth: ``tests/test_cli.py`` checks that these
 lists equal them, so a method or corruption added to a registry and not here fails the tests; and
 when the registries are already imported (a corruption or method defined in the same process, then
-``p0circuit.cli.main([...])``), :func:`offered` adds what they hold.
+``p0circuit.cli.main([...])``, or a ``--plugin`` module), :func:`offered` adds what they hold.
+Model and metric entries and their named models are in :mod:`p0circuit.entries`.
 """
 
 import sys
@@ -13,6 +14,8 @@ METHODS = ("activation", "attribution", "attribution_edges", "path", "triage")
 """Patching methods (``p0circuit.METHODS``)."""
 CORRUPTIONS = ("pos_mean", "resample", "shift", "swap", "zero")
 """Corruptions (``p0circuit.CORRUPTIONS``)."""
+
+
 def offered(what: str) -> list[str]:
     """The sorted names of ``METHODS`` or ``CORRUPTIONS``: the ones above, plus any registered in
     this process (the registries, if imported)."""
