@@ -10,6 +10,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 import p0circuit as p0
 
+import plain_patch
+
 BASE = dict(n_layers=2, d_model=16, n_heads=4, d_head=4, d_mlp=32, d_vocab=20, n_ctx=16, act_fn="gelu", seed=0,
             normalization_type="LN", positional_embedding_type="standard", default_prepend_bos=False)
 CONFIGS = {
@@ -51,7 +53,14 @@ def test_fast_equals_reference_or_refuses(model, method, metric):
     assert max(abs(v - fast.clean_metric) for v in fast.raw.values()) > 1e-4  # the patches change something
 
 
-def test_attribution_runs(model):
-    toks = torch.randint(0, 20, (3, 10), generator=torch.Generator().manual_seed(1))
-    result = p0.attribution_patch(model, toks, corruption="shift", metric=p0.NormRatio(1), min_signal=0)
-    assert all(v == v for v in result.raw.values())
+def test_attribution_equals_plain_autograd(model):
+    """Attribution on every configuration equals the same first-order estimate computed with plain
+    TransformerLens hooks and torch autograd (tests/plain_patch.py), not merely a finite number."""
+    toks = torch.randint(5, 20, (3, 10), generator=torch.Generator().manual_seed(1))
+    nodes = ["A0.H1@0", "A1.H2@rest"] + ([] if model.cfg.attn_only else ["M0@0", "M1@rest"])
+    result = p0.attribution_patch(model, toks, nodes=nodes, corruption=p0.Shift(filler=(plain_patch.FILLER,)),
+                                  metric=p0.NormRatio(1), min_signal=0)
+    plain = plain_patch.attribution(model, toks, nodes, 1)
+    scale = max(1.0, abs(result.clean_metric))
+    assert all(abs(result.raw[n] - plain[n]) <= 1e-4 * scale for n in nodes), (result.raw, plain)
+    assert max(abs(result.raw[n] - result.clean_metric) for n in nodes) > 1e-5  # the estimates are not all zero
