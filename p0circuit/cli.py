@@ -211,10 +211,11 @@ def _survey(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from p0circuit.sweep import SweepConfig, run_sweep, summary_table
-    from p0circuit.sweep.runner import CellsFailed, check_owner, done_keys, read_records
+    from p0circuit.sweep.config import SweepConfig
 
-    config = SweepConfig.load(args.config)
+    config = SweepConfig.load(args.config)  # checked before torch is imported
+    from p0circuit.sweep.runner import CellsFailed, check_owner, done_keys, read_records, run_sweep, summary_table
+
     out = Path(args.out or Path("runs") / Path(args.config).stem)
     cells = config.cells()
     if args.dry_run:

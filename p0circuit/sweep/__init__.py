@@ -1,6 +1,16 @@
-"""Scripted patching sweeps: a TOML grid, one atomic result file per cell, resumable."""
+"""Scripted patching sweeps: a TOML grid, one atomic result file per cell, resumable.
+
+``SweepConfig`` and ``Cell`` import no torch (a config is checked at once); the runner's names are
+imported on first use."""
+
+import importlib
 
 from p0circuit.sweep.config import Cell, SweepConfig
-from p0circuit.sweep.runner import rebuild_index, run_cell, run_sweep, summary_table, write_atomic
 
 __all__ = ["Cell", "SweepConfig", "rebuild_index", "run_cell", "run_sweep", "summary_table", "write_atomic"]
+
+
+def __getattr__(name: str) -> object:
+    if name in __all__:
+        return getattr(importlib.import_module("p0circuit.sweep.runner"), name)
+    raise AttributeError(f"module 'p0circuit.sweep' has no attribute {name!r}")

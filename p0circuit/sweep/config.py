@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
 from p0circuit.plugins import load_plugins
-from p0circuit.errors import ConfigError, from_known_keys
+from p0circuit.errors import ConfigError, from_known_keys, nearest
 from p0circuit.args import entry_point
-from p0circuit.patching import CORRUPTIONS, METHODS
 from p0circuit.entries import check_metric_entry, check_model_entry, entry_layers
-from p0circuit.tokens import PROMPT_SOURCES
+from p0circuit.entries import PROMPT_SOURCES
+from p0circuit.choices import offered
 
 PROMPT_SETS = PROMPT_SOURCES
 
@@ -44,7 +44,7 @@ def _check_list(name: str, values: Any) -> list[str]:
 def _check_choices(name: str, values: list[str], choices: Iterable[str]) -> None:
     bad = [v for v in values if v not in choices]
     if bad:
-        raise ConfigError(f"sweep.{name}: {bad} not valid; choose from {sorted(choices)}")
+        raise ConfigError(f"sweep.{name}: {bad} not valid{nearest(bad[0], list(choices))}; choose from {sorted(choices)}")
 
 
 def _check_each(name: str, values: list[str], check: Callable[[str], Any]) -> None:
@@ -96,8 +96,8 @@ class SweepConfig:
         for model in self.models:  # a metric past the last block of a model whose size is known without loading it
             _check_each("metrics", self.metrics, lambda m: check_metric_entry(m, entry_layers(model)))
         _check_choices("prompts", self.prompts, PROMPT_SETS)
-        _check_choices("corruptions", self.corruptions, CORRUPTIONS)
-        _check_choices("methods", self.methods, METHODS)
+        _check_choices("corruptions", self.corruptions, offered("CORRUPTIONS"))  # the registries' names, and
+        _check_choices("methods", self.methods, offered("METHODS"))  # a plugin's, without importing torch
         for name in ("n_prompts", "seq_len"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 2:
