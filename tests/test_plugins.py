@@ -113,6 +113,51 @@ def _plain(model, tokens, node, direction, layer):
     return float((norms[:, 0] / norms[:, 1:].mean(-1)).mean())
 
 
+def _plain_edge(model, tokens, edge, direction, layer):
+    """The norm ratio after ``layer`` with one sender's change (read off its ``hook_attn_out`` /
+    ``hook_mlp_out`` in both runs) added to one MLP's input only, with plain TransformerLens hooks;
+    the first two tokens swapped as in :func:`_plain`."""
+    corrupt = tokens.clone()
+    corrupt[:, [0, 1]] = tokens[:, [1, 0]]
+    where = [1, 0, *range(2, tokens.shape[1])]
+    src, rest = edge.split("->")
+    dst = rest.rsplit(".", 1)[0]
+    comp, pos = src.split("@")
+    p = int(pos)
+    if comp.startswith("A"):  # one head's output: its z through W_O
+        layer_s, head = (int(x) for x in comp[1:].split(".H"))
+        hook_s = f"blocks.{layer_s}.attn.hook_z"
+        out = lambda c, q: c[hook_s][:, q, head] @ model.blocks[layer_s].attn.W_O[head]  # noqa: E731
+    else:
+        hook_s = f"blocks.{comp[1:]}.hook_mlp_out"
+        out = lambda c, q: c[hook_s][:, q]  # noqa: E731
+    _, clean = model.run_with_cache(tokens)
+    _, corr = model.run_with_cache(corrupt)
+    if direction == "noise":
+        base, at, change = tokens, p, out(corr, where[p]) - out(clean, p)
+    else:
+        base, at, change = corrupt, where[p], out(clean, p) - out(corr, where[p])
+    got = {}
+
+    def add(act, hook):
+        act[:, at] = act[:, at] + change
+        return act
+
+    def grab(act, hook):
+        got["h"] = act.detach()
+
+    was = model.cfg.use_hook_mlp_in
+    model.set_use_hook_mlp_in(True)
+    try:
+        model.run_with_hooks(base, fwd_hooks=[(f"blocks.{dst.split('@')[0][1:]}.hook_mlp_in", add),
+                                              (f"blocks.{layer}.hook_resid_post", grab)])
+    finally:
+        model.set_use_hook_mlp_in(was)
+    first = 0 if direction == "noise" else where[0]
+    norms = got["h"].norm(dim=-1)[:, first:]
+    return float((norms[:, 0] / norms[:, 1:].mean(-1)).mean())
+
+
 @pytest.mark.parametrize("direction", ["noise", "denoise"])
 def test_a_corruption_from_a_scratch_module_is_exact_both_directions(plugin, planted, direction):
     tokens = p0.probe_tokens(planted.model, 6, 10, seed=0, regular=True)
@@ -125,11 +170,16 @@ def test_a_corruption_from_a_scratch_module_is_exact_both_directions(plugin, pla
     for n in nodes:
         assert fast.raw[n] == pytest.approx(plain[n], rel=1e-4, abs=1e-5), (n, direction)
         assert slow.raw[n] == pytest.approx(plain[n], rel=1e-4, abs=1e-5), (n, direction)
+    names = ["M0@1->M1@1.mlp_in", "M0@0->M1@0.mlp_in", "A0.H0@0->M0@0.mlp_in"]
     edges = p0.path_patch(planted.model, tokens, corruption="swap_first_two", metric="norm_ratio:1",
-                          edges=["M0@1->M1@1.mlp_in", "M0@0->M1@0.mlp_in"], direction=direction)
+                          edges=names, direction=direction)
     again = p0.path_patch(planted.model, tokens, corruption="swap_first_two", metric="norm_ratio:1",
-                          edges=["M0@1->M1@1.mlp_in", "M0@0->M1@0.mlp_in"], direction=direction, reference=True)
-    assert edges.raw == pytest.approx(again.raw, rel=1e-4, abs=1e-5)
+                          edges=names, direction=direction, reference=True)
+    with torch.no_grad():
+        plain_edges = {e: _plain_edge(planted.model, tokens, e, direction, 1) for e in names}
+    for e in names:
+        assert edges.raw[e] == pytest.approx(plain_edges[e], rel=1e-4, abs=1e-5), (e, direction)
+        assert again.raw[e] == pytest.approx(plain_edges[e], rel=1e-4, abs=1e-5), (e, direction)
 
 
 def test_a_metric_method_and_family_from_a_scratch_module(plugin, planted, tmp_path, capsys):
