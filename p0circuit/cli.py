@@ -3,8 +3,9 @@
 ``p0circuit discover`` with no arguments builds the planted RoPE model, measures its sink,
 discovers the circuit with activation patching and path patching under the ``shift``
 corruption, compares both with the planted ground truth, and writes the circuits (JSON, DOT and,
-when Graphviz is installed, SVG) and the report under ``runs/discover/planted-rope/`` (one
-directory per model entry; another model's run there is refused unless ``--force``).
+when Graphviz is installed, SVG), their figures and heatmaps, and the report under
+``runs/discover/planted-rope/shift-default/`` (one directory per model entry and settings; a run of
+another model or other settings there is refused unless ``--force``).
 """
 
 # The subcommands import their modules inside their functions so that argument errors and --help

@@ -180,7 +180,7 @@ def edge_label(link: Link) -> str:
     return link.input if link.effect is None or not link.input else f"{link.input} {link.effect:+.2f}"
 
 
-def _label(p: Placed) -> str:
+def node_label(p: Placed) -> str:
     if p.name == METRIC:
         return "metric"
     return p.name if p.effect is None else f"{p.name}\n{p.effect:+.2f}"
@@ -226,14 +226,14 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
                     bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     for p in lay.nodes:
         missed = p.status == "missed"
-        fill = "#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else _tint(p.effect, lay.bound)
+        fill = "#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else fill_colour(p.effect, lay.bound)
         box = FancyBboxPatch((p.x - half_w, p.y - half_h), 2 * half_w, 2 * half_h, boxstyle="round,pad=0.02",
                              facecolor=fill, edgecolor=MISSED if missed else "#222222",
                              linewidth=2.2 if p.status == "match" else 1.0,
                              linestyle={"extra": ":", "missed": "--"}.get(p.status, "-"), zorder=2)
         box.set_gid(f"node:{p.name}")
         ax.add_patch(box)
-        ax.text(p.x, p.y, _label(p), fontsize=7, ha="center", va="center", zorder=4,
+        ax.text(p.x, p.y, node_label(p), fontsize=7, ha="center", va="center", zorder=4,
                 color=MISSED if missed else "#111111")
     left = -lay.span / 2 - 0.45
     for y, label in lay.ranks:
@@ -249,7 +249,7 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
     return finish(fig) if own else fig
 
 
-def _tint(effect: Optional[float], bound: float) -> str:
+def fill_colour(effect: Optional[float], bound: float) -> str:
     """A light fill for a node: its effect's colour, stronger for a larger effect."""
     if effect is None or not math.isfinite(effect) or bound <= 0:
         return "#ffffff"

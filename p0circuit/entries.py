@@ -149,9 +149,10 @@ def split_metric_entry(entry: Any) -> tuple[str, Optional[int]]:
     raise ConfigError(f"metric {entry!r} not valid{hint}; use one of {metric_entries()}")
 
 
-def check_metric_entry(entry: Any, n_layers: Optional[int] = None) -> None:
-    """Raise unless ``entry`` is a metric entry (:data:`METRICS`) and, when the model's
-    number of blocks is known, reads a block it has."""
+def check_metric_entry(entry: Any, n_layers: Optional[int] = None) -> tuple[str, Optional[int]]:
+    """``(kind, block)`` of a metric entry (:data:`METRICS`), or an error; when the model's number
+    of blocks is known, the block must be one it has."""
     kind, layer = split_metric_entry(entry)
     if layer is not None and n_layers is not None and layer >= n_layers:
         raise ConfigError(f"metric {entry!r}: the model has blocks 0..{n_layers - 1}")
+    return kind, layer

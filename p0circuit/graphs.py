@@ -15,6 +15,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import graphviz
 import networkx as nx
 
+from p0circuit.drawing import METRIC, MISSED, colour, edge_label, fill_colour, layout, node_label, width
 from p0circuit.errors import BadInputError, ConfigError
 from p0circuit.args import entry_point
 from p0circuit.types import Circuit, Edge, Node
@@ -124,8 +125,6 @@ def to_dot(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -
     pass (embeddings at the bottom, the metric node at the top, a label per rank on the left), sign
     as colour, |effect| as pen width, the receiver's input as the edge label and arrowhead, and
     ``truth`` overlaid when given; every node and edge has a tooltip with its effect."""
-    from p0circuit.drawing import MISSED, METRIC, _label, _tint, colour, edge_label, layout, width
-
     lay = layout(circuit, truth, title)
     dot = graphviz.Digraph("circuit", graph_attr={"rankdir": "BT", "newrank": "true", "label": lay.title,
                                                   "labelloc": "t", "fontsize": "11", "nodesep": "0.3"},
@@ -140,8 +139,8 @@ def to_dot(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -
             for p in rows.get(y, []):
                 missed = p.status == "missed"
                 tip = p.name + ("" if p.effect is None else f": effect {p.effect:+.3f}") + f" ({p.status})"
-                sub.node(p.name, _label(p).replace("\n", "\\n"), tooltip=tip, id=f"node:{p.name}",
-                         fillcolor="#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else _tint(p.effect, lay.bound),
+                sub.node(p.name, node_label(p).replace("\n", "\\n"), tooltip=tip, id=f"node:{p.name}",
+                         fillcolor="#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else fill_colour(p.effect, lay.bound),
                          color=MISSED if missed else "#222222", fontcolor=MISSED if missed else "#111111",
                          penwidth="2.4" if p.status == "match" else "1",
                          style={"extra": "rounded,filled,dotted", "missed": "rounded,filled,dashed"}.get(p.status,

@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
+from p0circuit.io import strict
 from p0circuit.errors import BadInputError
 from p0circuit.args import entry_point
 
@@ -306,8 +307,6 @@ class Circuit:
 
     def to_dict(self) -> dict[str, Any]:
         """A dict for strict JSON (an undefined effect, NaN, is ``None``); :meth:`from_dict` inverts it."""
-        from p0circuit.io import strict
-
         return strict({
             "nodes": [n.name for n in self.nodes],
             "edges": [e.name for e in self.edges],

@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from p0circuit.entries import METRICS, check_metric_entry, metric_entries, split_metric_entry
+from p0circuit.entries import METRICS, check_metric_entry, metric_entries
 from p0circuit import hooks
 from p0circuit.errors import BadInputError, ConfigError, MissingHookError
 from p0circuit.args import entry_point
@@ -327,8 +327,7 @@ def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tupl
     """The metric named by ``entry`` for ``model``: ``sink_heads`` (attention to P0 of a planted
     model's sink heads, given as ``sink_heads``), ``attn_to_p0`` (:func:`default_metric`) or
     ``norm_ratio:<layer>``."""
-    kind, layer = split_metric_entry(entry)
-    check_metric_entry(entry, model.cfg.n_layers)
+    kind, layer = check_metric_entry(entry, model.cfg.n_layers)
     if METRICS[kind].build is not None:  # registered by a plugin (p0circuit.entries.register_metric)
         return METRICS[kind].build(model, layer)
     if kind == "sink_heads":
