@@ -23,7 +23,7 @@ _WHERE = {
     **dict.fromkeys(['CircuitFigure', 'circuit_figure'], 'p0circuit.drawing'),
     **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
-    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'expert_routing', 'faithfulness_curve', 'path_patch'], 'p0circuit.patching'),
+    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'expert_routing', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
     **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),
     **dict.fromkeys(['export_gguf', 'load_gemma3', 'load_gguf', 'load_smollm2'], 'p0circuit.models.gguf'),
     **dict.fromkeys(['load_model'], 'p0circuit.models.resolve'),
@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
         NormRatio,
         ResidDim,
         PatchMetric,
+        PatchOptions,
         PatchResult,
         PosMean,
         Resample,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see
         expert_routing,
         faithfulness_curve,
         path_patch,
+        takes_options,
     )
     from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
     from p0circuit.models.gguf import export_gguf, load_gemma3, load_gguf, load_smollm2
@@ -86,12 +88,12 @@ if TYPE_CHECKING:  # what static tools and IDEs see
 __all__ = [
     "Analysis", "AnalysisSettings", "analyze", "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "CircuitFigure", "circuit_figure", "ConfigError",
     "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
-    "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchResult", "PlantSpec", "PlantedModel",
+    "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchOptions", "PatchResult", "PlantSpec", "PlantedModel",
     "PosMean", "Resample", "Shift", "SinkReport", "Swap", "Zero", "activation_patch", "attribution_patch", "auroc",
     "build_planted", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
     "expert_routing", "export_gguf", "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
     "load_gemma3", "load_smollm2", "p0_like_positions", "path_patch", "plot", "positional_kind", "probe_tokens", "prune", "regular_prompts",
-    "sink_report", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
+    "sink_report", "takes_options", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
 ]
 
 

@@ -34,6 +34,7 @@ FIXES: dict[str, str] = {
     "Tensor": "pass a torch tensor (token ids come from p0circuit.to_tokens, probe_tokens or make_prompts)",
     "Circuit": "pass a p0circuit.Circuit (from discover, prune or Circuit.from_json)",
     "PatchResult": "pass the PatchResult of activation_patch, path_patch or attribution_patch",
+    "PatchOptions": "pass p0circuit.PatchOptions(...), or the options as keywords",
     "PatchMetric": "pass a metric such as p0circuit.NormRatio(layer) or AttnToP0(heads=...)",
     "Corruption": "pass a corruption name (one of p0circuit.CORRUPTIONS, e.g. 'shift') or object (p0circuit.Shift())",
     "int": "pass a whole number",

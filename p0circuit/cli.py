@@ -214,18 +214,20 @@ def _survey(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from p0circuit.sweep.config import SweepConfig
 
-    config = SweepConfig.load(args.config)  # checked before torch is imported
-    from p0circuit.sweep.runner import CellsFailed, check_owner, done_keys, read_records, run_sweep, summary_table
+    from p0circuit.sweep.store import check_owner, done_keys, read_records
 
+    config = SweepConfig.load(args.config)  # checked before torch is imported
     out = Path(args.out or Path("runs") / Path(args.config).stem)
     cells = config.cells()
-    if args.dry_run:
+    if args.dry_run:  # reads the directory only: no torch
         check_owner(config, out)
         done = done_keys(out)
         for cell in cells:
             print(f"{cell.key}  {'done' if cell.key in done else 'todo'}  {cell.label()}")
         print(f"{len(cells)} cells, {sum(c.key in done for c in cells)} already done in {out}")
         return 0
+    from p0circuit.sweep.runner import CellsFailed, run_sweep, summary_table
+
     try:
         records = run_sweep(config, out, workers=args.workers, max_cells=args.max_cells, progress=not args.quiet,
                             executor=args.executor)

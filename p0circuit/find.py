@@ -12,8 +12,8 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import ConfigError
 from p0circuit.args import entry_point
-from p0circuit.patching import METHODS, Corruption, PatchMetric, PatchResult, get_method
-from p0circuit.patching.metrics import MetricSpec
+from p0circuit.patching import METHODS, PatchResult, get_method
+from p0circuit.patching.options import DEFAULTS, FIELDS, PatchOptions, takes_options, taken_by
 from p0circuit.types import Circuit, Edge, Kind, Node, format_effect
 
 
@@ -61,50 +61,48 @@ def interpret(result: PatchResult, threshold: float) -> str:
 
 
 @entry_point
+@takes_options()
 def discover(
     model: HookedTransformer,
     tokens: Tensor,
     *,
     method: str = "activation",
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[MetricSpec] = None,
     threshold: float = 0.1,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
-    direction: str = "noise",
-    min_signal: float = 0.05,
-    bos: Optional[bool] = None,
-    rows_per_forward: Optional[int] = None,
-    reference: bool = False,
-    progress: bool = False,
     record: Optional[Mapping[str, Any]] = None,
+    options: PatchOptions,
 ) -> Circuit:
     """Run ``method`` and keep every node (or edge) with |normalized effect| >= ``threshold``.
 
-    The other arguments go to the method (see :func:`~p0circuit.activation_patch`); ``nodes``,
-    ``edges``, ``reference`` and ``progress`` are an error for a method that does not take them
-    (never dropped). The circuit
+    The shared options (:class:`~p0circuit.PatchOptions`, as keywords or ``options=``) go to the
+    method; ``nodes``, ``edges`` and an option the method does not take (``reference`` for
+    attribution) are an error for a method that does not take them, never dropped. The circuit
     carries every candidate's effect, the settings that produced it (plus ``record``, e.g. where
     the candidates came from) and an ``interpretation`` line; without signal (e.g. ``resample``
     on a position-only circuit) it is empty and its settings say so.
     """
     registered = get_method(method)
     accepted = inspect.signature(registered.fn).parameters
-    options: dict[str, Any] = {"direction": direction, "min_signal": min_signal, "bos": bos,
-                               "rows_per_forward": rows_per_forward}
-    for name, value in (("nodes", nodes), ("edges", edges), ("reference", reference or None),
-                        ("progress", progress or None)):
+    given: dict[str, Any] = {}
+    for name, value in (("nodes", nodes), ("edges", edges)):
         if value is None:
             continue
         if name not in accepted:
             raise ConfigError(f"method {method!r} ({registered.level}s) does not take {name}=; "
                               f"methods that do: {_taking(name)}")
-        options[name] = value
-    result = registered.fn(model, tokens, corruption=corruption, metric=metric, **options)
+        given[name] = value
+    taken = taken_by(registered.fn)
+    unused = [f for f in FIELDS if f not in taken and getattr(options, f) != getattr(DEFAULTS, f)]
+    if unused:
+        raise ConfigError(f"method {method!r} does not take {unused[0]}= ({getattr(options, unused[0])!r}); "
+                          f"methods that do: {_taking(unused[0])}")
+    result = registered.fn(model, tokens, options=options, **given)
     if result.level != registered.level:
         raise ConfigError(f"method {method!r} is registered as {registered.level}-level but returned {result.level}s")
     return result.to_circuit(threshold, method=method, interpretation=interpret(result, threshold), **(record or {}))
 
 
 def _taking(param: str) -> list[str]:
-    return sorted(m.name for m in METHODS.values() if param in inspect.signature(m.fn).parameters)
+    return sorted(m.name for m in METHODS.values()
+                  if param in inspect.signature(m.fn).parameters or param in taken_by(m.fn))

@@ -27,7 +27,7 @@ from p0circuit.args import entry_point
 from p0circuit.io import write_atomic
 from p0circuit.plotting import finish, new_figure, plot
 from p0circuit.sweep.config import Cell, SweepConfig
-from p0circuit.sweep.runner import read_records, rebuild_index
+from p0circuit.sweep.store import read_records, rebuild_index
 from p0circuit.types import Circuit
 
 GROUP = ("model", "prompts", "method", "metric")

@@ -137,9 +137,10 @@ def test_a_corruption_is_one_class(planted):
 
 
 def test_a_method_is_one_registration(planted):
-    def mlps_only(model, tokens, *, corruption="shift", metric=None, **kw):
+    @p0.takes_options()
+    def mlps_only(model, tokens, *, options):
         nodes = [n for n in p0.candidate_nodes(model) if n.kind == p0.Kind.MLP]
-        return p0.activation_patch(model, tokens, nodes=nodes, corruption=corruption, metric=metric, **kw)
+        return p0.activation_patch(model, tokens, nodes=nodes, options=options)
 
     register(Method("mlps_only_test", mlps_only, "node"))
     try:

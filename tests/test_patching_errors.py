@@ -1,5 +1,7 @@
 """Bad input to the patching engine gets a clear error that says what to do."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -81,10 +83,45 @@ def test_bad_options(planted, toks):
         p0.discover(planted.model, toks, method="acdc")
     with pytest.raises(ConfigError, match="direction='denoise' needs a corrupted run"):
         p0.activation_patch(planted.model, toks, corruption="pos_mean", direction="denoise")
-    with pytest.raises(ConfigError, match="direction must be 'noise' or 'denoise'"):
+    with pytest.raises(BadInputError, match="activation_patch: direction='sideways' .* is not 'noise' or 'denoise'"):
         p0.activation_patch(planted.model, toks, direction="sideways")
     with pytest.raises(ConfigError, match="Shift.k=0 must be >= 1"):
         p0.activation_patch(planted.model, toks, corruption=Shift(0))
+
+
+def test_one_options_object(planted, toks):
+    """The shared options are one PatchOptions: keywords override it, each method takes exactly the
+    options it uses, and a method or options object that does not fit is refused before any work."""
+    from p0circuit.errors import BadCallError
+    from p0circuit.patching.options import FIELDS
+
+    nodes = ["A0.H0@0", "M1@0"]
+    options = p0.PatchOptions(corruption="shift", metric="norm_ratio:1", min_signal=0)
+    by_object = p0.activation_patch(planted.model, toks, nodes=nodes, options=options)
+    by_keywords = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric="norm_ratio:1",
+                                      min_signal=0)
+    assert by_object.raw == by_keywords.raw
+    overridden = p0.activation_patch(planted.model, toks, nodes=nodes, options=options, direction="denoise")
+    assert overridden.direction == "denoise" and overridden.raw != by_object.raw
+    assert options.direction == "noise"  # the object is not changed by an override
+    for method in (p0.activation_patch, p0.path_patch, p0.discover):
+        assert set(FIELDS) <= set(inspect.signature(method).parameters), method  # help() shows every option
+    assert "reference" not in inspect.signature(p0.attribution_patch).parameters
+    with pytest.raises(BadCallError, match="attribution_patch does not take reference="):
+        p0.attribution_patch(planted.model, toks, options=options.but(reference=True))
+    with pytest.raises(BadCallError, match="unexpected keyword argument 'reference'"):
+        p0.attribution_patch(planted.model, toks, reference=True)
+    with pytest.raises(ConfigError, match="method 'attribution' does not take reference="):
+        p0.discover(planted.model, toks, method="attribution", reference=True)
+    with pytest.raises(BadInputError, match=r"options=.* is not PatchOptions or None; pass p0circuit.PatchOptions\(...\)"):
+        p0.activation_patch(planted.model, toks, options={"corruption": "shift"})
+    with pytest.raises(ConfigError, match=r"PatchOptions.min_signal=-1 must be >= 0"):
+        p0.PatchOptions(min_signal=-1)
+    with pytest.raises(BadInputError, match=r"activation_patch: rows_per_forward=0 must be in \[1, "):
+        p0.activation_patch(planted.model, toks, rows_per_forward=0)
+    with pytest.raises(ConfigError, match="must take the shared options; decorate it with @p0circuit.takes_options"):
+        p0.patching.register(p0.Method("bare", lambda model, tokens, *, corruption="shift": None, "node"))
+    assert "bare" not in p0.METHODS
 
 
 def test_bad_edges(planted, toks):

@@ -52,13 +52,11 @@ PLUGIN = textwrap.dedent('''
     register_metric("p0_share", p0_share, takes_block=True)
 
 
-    def mlp_activation(model, tokens, *, corruption, metric, direction="noise", min_signal=0.05, bos=None,
-                       rows_per_forward=None, reference=False, progress=False):
+    @p0.takes_options()
+    def mlp_activation(model, tokens, *, options):
         """Activation patching of the MLP outputs only."""
         nodes = [n for n in p0.candidate_nodes(model) if n.kind.value == "mlp"]
-        return p0.activation_patch(model, tokens, nodes=nodes, corruption=corruption, metric=metric,
-                                   direction=direction, min_signal=min_signal, bos=bos,
-                                   rows_per_forward=rows_per_forward, reference=reference, progress=progress)
+        return p0.activation_patch(model, tokens, nodes=nodes, options=options)
 
 
     register(Method("mlp_activation", mlp_activation, "node", summary="activation patching of MLP outputs"))
@@ -232,6 +230,25 @@ def test_an_installed_plugin_is_found_by_its_entry_point(tmp_path, monkeypatch, 
                      "mlp_activation", "--n-prompts", "4",
                      "--seq-len", "8", "--quiet", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
         assert "swap_first_two" in CORRUPTIONS and "mlp_activation" in METHODS
+    finally:
+        for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.FAMILIES), saved):
+            registry.clear()
+            registry.update(old)
+
+
+def test_a_ray_task_loads_the_configs_plugins_first(tmp_path, monkeypatch):
+    """The function a Ray worker runs for a cell loads the sweep's plugins before the cell (a Ray
+    worker is a fresh process: without this, a plugin corruption is unknown there)."""
+    from p0circuit.sweep import runner
+
+    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.FAMILIES))
+    path = tmp_path / "ray_extensions.py"
+    path.write_text(PLUGIN)
+    monkeypatch.setattr(runner, "run_cell", lambda cell: {"known": cell.corruption in CORRUPTIONS})
+    try:
+        assert "swap_first_two" not in CORRUPTIONS
+        cell = runner.Cell("spec:two_blocks", "auto", "swap_first_two", "activation", "norm_ratio:1", 4, 8, 0, 0.1)
+        assert runner._run_with_plugins([str(path)], cell) == {"known": True}
     finally:
         for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.FAMILIES), saved):
             registry.clear()

@@ -20,6 +20,7 @@ from p0circuit.patching import (
 )
 from p0circuit.patching.corruptions import Corruption, Swap, get_corruption
 from p0circuit.patching.job import PatchJob
+from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.result import PatchResult
 from p0circuit.types import Kind, Node
 
@@ -57,7 +58,7 @@ def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple
 
 def drop(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric) -> float:
     """``clean - corrupted`` of ``metric`` under ``corruption`` (two forwards up to the metric's block)."""
-    job = PatchJob(model, tokens, corruption=corruption, metric=metric, bos=bos).cache(set())
+    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos)).cache(set())
     return job.clean_metric - job.corrupted_metric([])
 
 

@@ -16,6 +16,7 @@ from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Res
 from p0circuit.patching.edges import candidate_edges
 from p0circuit.patching.metrics import AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, ResidDim, RunView
 from p0circuit.patching.methods import activation_patch, attribution_patch, path_patch
+from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.registry import METHODS, Method, get_method, register
 from p0circuit.patching.check import AttributionCheck, check_attribution
 from p0circuit.patching.faithfulness import faithfulness_curve
@@ -25,7 +26,7 @@ from p0circuit.patching.experts import candidate_experts, expert_routing
 
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
-    "NormRatio", "PatchMetric", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
+    "NormRatio", "PatchMetric", "PatchOptions", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
     "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "faithfulness_curve",
-    "expert_routing", "get_corruption", "get_method", "path_patch", "register",
+    "expert_routing", "get_corruption", "get_method", "path_patch", "register", "takes_options",
 ]

@@ -18,6 +18,7 @@ check that both agree.
 """
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -356,6 +357,18 @@ def _with_positions(act: Tensor, positions: Sequence[int], values: Tensor) -> Te
     return out
 
 
+def _apply_ops(ops: Sequence[tuple[slice, PatchOp]], act: Tensor, hook: Any) -> Tensor:
+    """A forward hook (bound with ``partial``, not a closure made per call): each op on its rows."""
+    for rows, op in ops:
+        op.apply(act, rows)
+    return act
+
+
+def _keep(into: dict[str, Tensor], name: str, act: Tensor, hook: Any) -> None:
+    """A forward hook that keeps ``act`` as ``into[name]``."""
+    into[name] = act
+
+
 def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
     model, base_cache, metric, batch = base.model, base.cache, base.metric, base.batch
     groups, start, stop, first = chunk.groups, chunk.start, chunk.stop, chunk.first
@@ -392,16 +405,10 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
     captured: dict[str, Tensor] = {}
     fwd_hooks: list[tuple[str, Callable]] = []
     for name, ops in by_hook.items():
-        def patch(act: Tensor, hook: Any, ops: list = ops) -> Tensor:
-            for rows, op in ops:
-                op.apply(act, rows)
-            return act
-        fwd_hooks.append((name, patch))
+        fwd_hooks.append((name, partial(_apply_ops, ops)))
     for h in metric.needs(model.cfg.n_layers):
         if h.layer >= start:
-            def grab(act: Tensor, hook: Any, name: str = h.name) -> None:
-                captured[name] = act
-            fwd_hooks.append((h.name, grab))
+            fwd_hooks.append((h.name, partial(_keep, captured, h.name)))
         elif h.name in early:
             captured[h.name] = early[h.name]
         else:
@@ -471,14 +478,9 @@ def run_groups_reference(
         captured: dict[str, Tensor] = {}
         fwd_hooks: list[tuple[str, Callable]] = []
         for op in group:
-            def patch(act: Tensor, hook: Any, op: PatchOp = op) -> Tensor:
-                op.apply(act, slice(None))
-                return act
-            fwd_hooks.append((op.hook.name, patch))
+            fwd_hooks.append((op.hook.name, partial(_apply_ops, [(slice(None), op)])))
         for name in names:
-            def grab(act: Tensor, hook: Any, name: str = name) -> None:
-                captured[name] = act
-            fwd_hooks.append((name, grab))
+            fwd_hooks.append((name, partial(_keep, captured, name)))
         logits = model.run_with_hooks(base_tokens, fwd_hooks=fwd_hooks)
         values.append(float(metric(RunView(captured, logits, p0))))
     return values

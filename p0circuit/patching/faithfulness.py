@@ -22,6 +22,7 @@ from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, send
 from p0circuit.patching.engine import run_groups
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
+from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.metrics import MetricSpec, PatchMetric, RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.result import PatchResult
@@ -97,7 +98,7 @@ def faithfulness_curve(
     ``corruption`` and ``metric`` must be the ones ``result`` was computed with."""
     if not isinstance(result, PatchResult):
         raise BadInputError(f"result must be a PatchResult (from a patching method), got {type(result).__name__}")
-    job = PatchJob(model, tokens, corruption=corruption, metric=metric)
+    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric))
     if job.prep.name != result.corruption or job.metric.name != result.metric:
         raise BadInputError(
             f"the result was computed with corruption={result.corruption!r}, metric={result.metric!r}; "

@@ -6,6 +6,7 @@ config, so they are switched on inside a ``with`` block and restored on exit, ex
 """
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 
@@ -37,16 +38,18 @@ def attached(model: Any, fwd_hooks: Sequence[tuple[str, Callable]]) -> Iterator[
     try:
         for name, fn in fwd_hooks:
             point = model.hook_dict[name]
-
-            def call(module: Any, inputs: Any, output: Any, fn: Callable = fn, point: Any = point) -> Any:
-                result = fn(output, hook=point)
-                return output if result is None else result
-
-            handles.append(point.register_forward_hook(call))
+            handles.append(point.register_forward_hook(partial(_call, fn, point)))
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _call(fn: Callable, point: Any, module: Any, inputs: Any, output: Any) -> Any:
+    """PyTorch's forward hook for ``fn(act, hook)`` (bound with ``partial``: no function is made per
+    hook, which the test-time type checker would wrap each time)."""
+    result = fn(output, hook=point)
+    return output if result is None else result
 
 
 def user_hooks(model: Any) -> list[str]:

@@ -3,7 +3,7 @@ runs cached once and shared by every patch of the call.
 
 Every method (:mod:`p0circuit.patching.methods`) follows the same three steps::
 
-    job = PatchJob(model, tokens, corruption=..., metric=..., direction=..., bos=...)
+    job = PatchJob(model, tokens, options)                # options: PatchOptions (patching.options)
     live = [n for n in nodes if job.reaches(site_of(n, model).hook)]
     job.cache(hooks the live patches read)               # two cached forwards, stopped at the metric
     ops = [node_op(job, ...) or edge_op(job, ...)]       # p0circuit.patching.ops
@@ -29,12 +29,10 @@ from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, advice, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
+from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric, resolve_metric
 from p0circuit.patching.result import PatchResult, normalize
 from p0circuit.tokens import bos_id, check_tokens
-
-DIRECTIONS = ("noise", "denoise")
-"""``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
 
 
 def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:
@@ -53,29 +51,26 @@ def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:
 class PatchJob:
     """Clean and corrupted caches for one (model, tokens, corruption, metric), built once.
 
-    The constructor validates every common argument (``bos``: the run's BOS choice, checked
-    against the clean tokens; None makes no claim); :meth:`cache` runs the two forwards.
+    The constructor checks the model, the tokens (against ``options.bos``) and the metric against
+    the model (:class:`PatchOptions` checked the rest when it was made); :meth:`cache` runs the
+    two forwards. ``cache`` may be called again with more hooks; hooks already cached are not rerun.
     """
 
-    def __init__(
-        self, model: Any, tokens: Any, *, corruption: Any = "shift", metric: Any = None, direction: str = "noise",
-        bos: Any = None, min_signal: float = 0.05, rows_per_forward: Optional[int] = None, reference: bool = False,
-        progress: bool = False,
-    ) -> None:
+    def __init__(self, model: Any, tokens: Any, options: PatchOptions) -> None:
+        if not isinstance(options, PatchOptions):
+            raise ConfigError(f"PatchJob takes a PatchOptions, got {type(options).__name__}")
         check_model(model)
         self.model = model
-        self.tokens: Tensor = check_tokens(model, tokens, min_len=2, bos=bos)
-        metric = resolve_metric(metric, model)  # a metric by name, as corruptions are: "norm_ratio:2"
+        self.options = options
+        self.tokens: Tensor = check_tokens(model, tokens, min_len=2, bos=options.bos)
+        metric = resolve_metric(options.metric, model)  # a metric by name, as corruptions are: "norm_ratio:2"
         self.metric: PatchMetric = metric if metric is not None else default_metric(model.cfg.n_layers)
         check_metric(self.metric, model)
-        if direction not in DIRECTIONS:
-            raise ConfigError(f"direction must be 'noise' or 'denoise', got {direction!r}")
-        self.direction = direction
-        if rows_per_forward is not None and rows_per_forward < 1:
-            raise ConfigError(f"rows_per_forward must be >= 1, got {rows_per_forward}")
-        self.rows_per_forward = 8 * self.tokens.shape[0] if rows_per_forward is None else rows_per_forward
-        self.min_signal = min_signal
-        self.reference = reference
+        self.direction = options.direction
+        rows = options.rows_per_forward
+        self.rows_per_forward = 8 * self.tokens.shape[0] if rows is None else rows
+        self.min_signal = options.min_signal
+        self.reference = reference = options.reference
         left = user_hooks(model)
         if left and not reference:
             raise BadInputError(
@@ -83,11 +78,11 @@ class PatchJob:
                 "fast path runs only the blocks and positions a patch can change and reuses cached activations, so "
                 "those hooks would fire on other tensors than in a full forward. Remove them (model.reset_hooks("
                 "including_permanent=True)), or pass reference=True, which runs every patch as a full forward with them")
-        self.progress = progress
+        self.progress = options.progress
         self._bar: Optional[tqdm] = None
         self.stop = None if reference else stop_layer(model, self.metric)
-        self.prep: Prepared = get_corruption(corruption).prepare(model, self.tokens)
-        if direction == "denoise" and self.prep.is_ablation:
+        self.prep: Prepared = get_corruption(options.corruption).prepare(model, self.tokens)
+        if self.direction == "denoise" and self.prep.is_ablation:
             raise ConfigError(
                 f"direction='denoise' needs a corrupted run, but {self.prep.name!r} is an ablation of the clean "
                 "run; use direction='noise' or corruption 'shift'/'resample'"
@@ -98,6 +93,7 @@ class PatchJob:
         self.corr_logits: Optional[Tensor] = None
         self.clean_metric = float("nan")
         self.base_metric = float("nan")
+        self._cached: set[str] = set()
 
     @property
     def receiver_layers(self) -> Optional[int]:
@@ -111,8 +107,12 @@ class PatchJob:
 
     def cache(self, extra: set[str]) -> "PatchJob":
         """Run the clean (and corrupted) prompts once, up to the last block the metric reads,
-        keeping the engine's hooks and ``extra``."""
+        keeping the engine's hooks and ``extra`` (nothing is rerun when those are cached already)."""
         names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop, bool(self.model.cfg.attn_only)) | extra
+        if names <= self._cached:
+            return self
+        names |= self._cached
+        self._cached = names
         with torch.no_grad():
             kv = not self.reference  # the fast path's suffix forwards attend to these keys and values
             self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop, kv)
@@ -188,11 +188,13 @@ class PatchJob:
         return run_groups(self.model, self.clean, [list(full)], self.metric, 0, self.rows_per_forward)[0]
 
     def result(self, method: str, level: str, raw: dict[str, float], corrupted: float,
-               candidates: Optional[Sequence[str]] = None, **settings: Any) -> PatchResult:
+               candidates: Optional[Sequence[str]] = None, min_signal: Optional[float] = None,
+               **settings: Any) -> PatchResult:
         """Normalize ``raw`` and wrap everything in a :class:`PatchResult` of ``level`` node or edge.
 
         ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
-        ``raw`` was not run because it cannot reach the metric, and gets the base run's metric."""
+        ``raw`` was not run because it cannot reach the metric, and gets the base run's metric.
+        ``min_signal`` overrides the options' (a screen that wants every estimate passes 0)."""
         names = list(raw) if candidates is None else list(candidates)
         bad = [n for n, v in raw.items() if not math.isfinite(v)]
         if bad or not math.isfinite(corrupted):
@@ -205,7 +207,8 @@ class PatchJob:
         settings = {**settings, "unreachable": len(unreachable)}
         bos = bos_id(self.model)
         at_p0 = bos is not None and bool((self.prep.clean_tokens[:, 0] == bos).all())
-        norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction, self.min_signal,
+        norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction,
+                                        self.min_signal if min_signal is None else min_signal,
                                       advice(self.prep.name, at_p0))
         tokens = self.prep.clean_tokens
         return PatchResult(

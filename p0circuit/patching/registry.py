@@ -1,7 +1,8 @@
 """The patching methods by name: records that say what each method is, in one place.
 
 A method registers itself in its own module (:mod:`p0circuit.patching.methods`) with
-``register(Method(name, fn, level, ...))``; :func:`p0circuit.discover`, the command line and sweep
+``register(Method(name, fn, level, ...))``, where ``fn`` is made with
+:func:`~p0circuit.patching.options.takes_options` (it takes the shared options); :func:`p0circuit.discover`, the command line and sweep
 configs read their choices from :data:`METHODS`, and every consumer of a result reads its level
 (node or edge) from the result, never from the method's name.
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from p0circuit.errors import ConfigError, nearest
+from p0circuit.patching.options import taken_by
 from p0circuit.patching.result import PatchResult
 
 Level = Literal["node", "edge"]
@@ -17,7 +19,7 @@ Level = Literal["node", "edge"]
 
 @dataclass(frozen=True)
 class Method:
-    """A patching method: ``fn(model, tokens, *, corruption, metric, ...) -> PatchResult``."""
+    """A patching method: ``fn(model, tokens, *, <its own arguments>, options=PatchOptions) -> PatchResult``."""
 
     name: str
     """Registry name (``discover(method=...)``, ``--methods``, sweep ``methods``)."""
@@ -39,6 +41,9 @@ def register(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` (a name may be registered once)."""
     if method.level not in ("node", "edge"):
         raise ConfigError(f"method {method.name!r}: level must be 'node' or 'edge', got {method.level!r}")
+    if not taken_by(method.fn):
+        raise ConfigError(f"method {method.name!r}: its function must take the shared options; decorate it with "
+                          "@p0circuit.takes_options() and read them from its options= argument (a PatchOptions)")
     if method.name in METHODS and METHODS[method.name] != method:
         raise ConfigError(f"a patching method named {method.name!r} is already registered")
     METHODS[method.name] = method

@@ -30,6 +30,7 @@ from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.plugins import load_plugins
 from p0circuit.sweep.config import Cell, SweepConfig
+from p0circuit.sweep.store import check_owner, done_keys, rebuild_index
 from p0circuit.tokens import make_prompts
 from p0circuit.types import Circuit
 
@@ -71,55 +72,26 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     return strict(record)  # strict JSON: an undefined number is null, never NaN
 
 
-def done_keys(out: Path) -> set[str]:
-    """Keys of the cells already written under ``out``."""
-    cells = out / "cells"
-    return {p.stem for p in cells.glob("*.json")} if cells.is_dir() else set()
+def _start_worker(plugins: list[str], threads: int) -> None:
+    """A pool worker's start: the config's plugins, and its share of the cores for torch. Workers
+    that each take every core slow one another down many times over (measured here: a planted-model
+    CLI test took 66 s instead of 2.3 s while a second torch process also ran two threads on the
+    same two cores)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    load_plugins(plugins)
 
 
-RECORD_FIELDS = ("key", "cell", "circuit", "sink_report")
-"""Fields every cell record has (what the report and the summary read)."""
+def _run_with_plugins(plugins: list[str], cell: Cell) -> dict[str, Any]:
+    """:func:`run_cell` in a worker that first loads the config's plugins (once per process)."""
+    load_plugins(plugins)
+    return run_cell(cell)
 
 
-def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The finished cells' records and notes on what could not be read.
-
-    The cell files (written atomically, one per cell) are the source of truth; ``results.jsonl``
-    is read only when there are none. An unreadable line or file, or a record missing a field, is
-    skipped and named in the notes, never raised: what finished is kept."""
-    notes: list[str] = []
-    files = sorted((out / "cells").glob("*.json")) if (out / "cells").is_dir() else []
-    if files:
-        sources = [(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in files]
-    elif (out / "results.jsonl").is_file():
-        lines = (out / "results.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
-        sources = [(f"results.jsonl line {i + 1}", line) for i, line in enumerate(lines) if line.strip()]
-    else:
-        sources = []
-    records = []
-    for where, text in sources:
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError:
-            notes.append(f"skipped {where}: not valid JSON (cut short by a crash?)")
-            continue
-        missing = [f for f in RECORD_FIELDS if not isinstance(record, dict) or f not in record]
-        if missing:
-            notes.append(f"skipped {where}: the record lacks {', '.join(missing)}")
-            continue
-        records.append(record)
-    return records, notes
-
-
-def rebuild_index(out: Path) -> list[dict[str, Any]]:
-    """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records."""
-    records = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
-    write_atomic(out / "results.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
-    return records
-
-
-def _ray_results(todo: list[Cell], workers: int) -> Any:
-    """Yield (cell, record or exception) as Ray tasks finish (a local cluster, or the one in ``RAY_ADDRESS``)."""
+def _ray_results(todo: list[Cell], workers: int, plugins: list[str]) -> Any:
+    """Yield (cell, record or exception) as Ray tasks finish (a local cluster, or the one in
+    ``RAY_ADDRESS``); each task loads the config's ``plugins`` first, as the local pool's workers do."""
     try:
         import ray  # optional extra: pip install "p0circuit[ray]"
     except ImportError:
@@ -131,8 +103,8 @@ def _ray_results(todo: list[Cell], workers: int) -> Any:
         ray.init(address=address, num_cpus=None if address else max(1, workers), include_dashboard=False,
                  log_to_driver=False)
     try:
-        remote = ray.remote(run_cell)
-        pending = {remote.remote(c): c for c in todo}
+        remote = ray.remote(_run_with_plugins)
+        pending = {remote.remote(list(plugins), c): c for c in todo}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             cell = pending.pop(done[0])
@@ -190,7 +162,7 @@ def run_sweep(
 
     try:
         if executor == "ray":
-            for cell, outcome in _ray_results(todo, workers):
+            for cell, outcome in _ray_results(todo, workers, config.plugins):
                 if isinstance(outcome, Exception):
                     fail(cell, outcome)
                 else:
@@ -206,8 +178,9 @@ def run_sweep(
         else:
             # spawn, not fork: a forked child of a process whose torch thread pool already ran
             # deadlocks in its first parallel op (seen here: workers asleep forever)
+            threads = max(1, (os.cpu_count() or 1) // workers)
             with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=load_plugins, initargs=(config.plugins,)) as pool:
+                                     initializer=_start_worker, initargs=(config.plugins, threads)) as pool:
                 futures = {pool.submit(run_cell, c): c for c in todo}
                 for fut in as_completed(futures):
                     err = fut.exception()
@@ -231,25 +204,6 @@ class CellsFailed(P0CircuitError, RuntimeError):
         super().__init__(f"{n_failed} of {n_run} cells failed (errors and tracebacks in {out}/failed/; the other "
                          f"cells are written, and a rerun retries only the failed ones):\n  {shown}")
         self.n_failed = n_failed
-
-
-def check_owner(config: SweepConfig, out: Path) -> None:
-    """Refuse a directory that holds a sweep of another config (the cells would mix)."""
-    saved = out / "config.json"
-    if not saved.is_file():
-        if (out / "cells").is_dir() and any((out / "cells").glob("*.json")):
-            raise ConfigError(f"{out} holds sweep cells but no config.json; sweep into an empty directory (--out)")
-        return
-    try:
-        previous = json.loads(saved.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ConfigError(f"{saved} is not readable JSON: is {out} a sweep directory? Choose another --out") from None
-    previous.setdefault("plugins", [])  # written before sweeps had plugins
-    current = json.loads(json.dumps(config.__dict__))
-    if previous != current:
-        keys = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
-        raise ConfigError(f"{out} holds a sweep of another config (it differs in {', '.join(keys)}); a directory "
-                          "belongs to one config: sweep into another --out, or delete the directory to start over")
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:

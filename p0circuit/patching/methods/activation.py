@@ -21,9 +21,8 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError
 from p0circuit.args import entry_point
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import MetricSpec, PatchMetric
+from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
@@ -32,46 +31,43 @@ from p0circuit.types import Node, parse_nodes
 
 
 @entry_point
+@takes_options()
 def activation_patch(
     model: HookedTransformer,
     tokens: Tensor,
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[MetricSpec] = None,
-    direction: str = "noise",
-    min_signal: float = 0.05,
-    bos: Optional[bool] = None,
-    rows_per_forward: Optional[int] = None,
-    reference: bool = False,
-    progress: bool = False,
     positions: str = "split",
+    options: PatchOptions,
 ) -> PatchResult:
     """Patch each node alone and return raw and normalized effects on ``metric``.
 
     ``nodes`` defaults to :func:`candidate_nodes` (every head and MLP at position 0 and "rest",
     plus the position embedding for learned positions); ``positions="each"`` makes every position
     its own node instead, as TransformerLens' patching functions do (``result.to_tensor()`` is then
-    ``[layer, pos, head]``). ``rows_per_forward`` bounds the batch of a
-    patched forward (default 8 copies of the prompts). ``reference=True`` uses the slow path;
-    ``progress=True`` shows a progress bar with an ETA.
-    ``bos`` is the run's BOS choice, checked against ``tokens`` (the BOS id at position 0 of a
-    run that says no BOS is an error, and the reverse); None makes no claim. The same holds for
-    :func:`path_patch` and :func:`attribution_patch`.
+    ``[layer, pos, head]``). The shared options (:class:`~p0circuit.PatchOptions`: ``corruption``,
+    ``metric``, ``direction``, ``min_signal``, ``bos``, ``rows_per_forward``, ``reference``,
+    ``progress``) are keywords here, or one ``options=PatchOptions(...)``. ``bos`` is the run's BOS
+    choice, checked against ``tokens`` (the BOS id at position 0 of a run that says no BOS is an
+    error, and the reverse); ``reference=True`` uses the slow path.
     """
-    job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
-                   min_signal=min_signal, rows_per_forward=rows_per_forward, reference=reference, progress=progress)
+    job = PatchJob(model, tokens, options)
     if positions not in ("split", "each"):
         raise BadInputError(f"positions must be 'split' (P0 and the rest) or 'each' (every position), got {positions!r}")
     if positions == "each" and nodes is not None:
         raise BadInputError("positions='each' chooses the candidate nodes; pass it or nodes=[...], not both")
     if positions == "each":
         nodes = candidate_nodes(model, positions=range(job.seq_len), rest=False)
-    node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
+    return patch_nodes(job, parse_nodes(nodes if nodes is not None else candidate_nodes(model)))
+
+
+def patch_nodes(job: PatchJob, node_list: Sequence[Node]) -> PatchResult:
+    """Activation patching of ``node_list`` on ``job`` (its caches are made or reused)."""
+    model = job.model
     named = named_positions(node_list)
     live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     job.cache({site_of(n, model).read.name for n in live})
-    ops = [node_op(job, n, direction, named) for n in live]
+    ops = [node_op(job, n, job.direction, named) for n in live]
     corrupted = job.corrupted_metric(ops)
     with job.tracking(len(ops), "activation patching"):
         raw = {n.name: v for n, v in zip(live, job.patch_each(ops))}

@@ -31,11 +31,11 @@ from transformer_lens import HookedTransformer
 from p0circuit import hooks
 from p0circuit.errors import ConfigError, BadInputError
 from p0circuit.args import entry_point
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import MetricSpec, PatchMetric, RunView
+from p0circuit.patching.metrics import PatchMetric, RunView
+from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
@@ -134,27 +134,23 @@ def _targets(ops: Sequence[Any], cache: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 @entry_point
+@takes_options(without=("reference",))
 def attribution_patch(
     model: HookedTransformer,
     tokens: Tensor,
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[MetricSpec] = None,
     level: str = "node",
-    direction: str = "noise",
-    min_signal: float = 0.05,
-    bos: Optional[bool] = None,
-    rows_per_forward: Optional[int] = None,
     steps: int = 1,
-    progress: bool = False,
+    options: PatchOptions,
 ) -> PatchResult:
     """Gradient estimates of activation (``level="node"``) or path (``level="edge"``) patching.
 
     ``nodes`` are the candidate nodes (``level="node"``) or the senders of the candidate edges
     (``level="edge"``, when ``edges`` is not given). ``steps > 1``: integrated gradients over that
-    many points per hook (nodes only; see the module docstring).
+    many points per hook (nodes only; see the module docstring). The shared options are those of
+    :func:`activation_patch` but ``reference`` (a gradient has no slow path).
     """
     if level not in ("node", "edge"):
         raise ConfigError(f"level must be 'node' or 'edge', got {level!r}")
@@ -166,12 +162,21 @@ def attribution_patch(
         raise BadInputError("edges= is for edge attribution: pass level='edge' (method 'attribution_edges'), or nodes=")
     if edges is not None and nodes is not None:
         raise BadInputError("give the candidate edges (edges=) or their senders (nodes=), not both")
-    job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
-                   min_signal=min_signal, rows_per_forward=rows_per_forward, progress=progress)
+    job = PatchJob(model, tokens, options)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     if level == "edge" and edges is None:
         edges = candidate_edges(model, node_list, receiver_layers=job.receiver_layers)
-    edge_list = parse_edges(edges) if level == "edge" else []
+    return attribute(job, node_list, parse_edges(edges) if level == "edge" else None, steps)
+
+
+def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequence[Edge]] = None,
+              steps: int = 1, min_signal: Optional[float] = None) -> PatchResult:
+    """Attribution on ``job`` (its caches are made or reused): of ``edge_list`` when one is given
+    (``node_list`` then are the senders of the fully corrupted reference), else of ``node_list``.
+    ``min_signal`` overrides the job's for the result's normalization."""
+    model, direction = job.model, job.direction
+    level = "node" if edge_list is None else "edge"
+    edge_list = edge_list or []
     named = named_positions(node_list)
     live_nodes = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     live_edges = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
@@ -209,7 +214,7 @@ def attribution_patch(
         job.advance(steps)
     raw = {k: base_value + v for k, v in scores.items()}
     names = [n.name for n in node_list] if level == "node" else [e.name for e in edge_list]
-    return job.result("attribution", level, raw, corrupted, candidates=names)
+    return job.result("attribution", level, raw, corrupted, candidates=names, min_signal=min_signal)
 
 
 register(Method("attribution", attribution_patch, "node", exact=False,

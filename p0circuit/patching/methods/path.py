@@ -18,11 +18,10 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError
 from p0circuit.args import entry_point
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import MetricSpec, PatchMetric
+from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import direct_qkv, edge_op, node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
@@ -31,28 +30,25 @@ from p0circuit.types import Edge
 
 
 @entry_point
+@takes_options()
 def path_patch(
     model: HookedTransformer,
     tokens: Tensor,
     *,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[MetricSpec] = None,
-    direction: str = "noise",
-    min_signal: float = 0.05,
-    bos: Optional[bool] = None,
-    rows_per_forward: Optional[int] = None,
-    reference: bool = False,
-    progress: bool = False,
     chunk: int = 512,
+    options: PatchOptions,
 ) -> PatchResult:
     """Patch each edge alone; ``edges`` defaults to every valid edge between candidate nodes whose
     receiver sits in a block the metric reads from (the others cannot change it).
 
     Sender deltas (one ``[batch, positions, d_model]`` tensor per edge) are built ``chunk`` edges
-    at a time, so memory stays bounded however many edges there are."""
-    job = PatchJob(model, tokens, corruption=corruption, metric=metric, direction=direction, bos=bos,
-                   min_signal=min_signal, rows_per_forward=rows_per_forward, reference=reference, progress=progress)
+    at a time, so memory stays bounded however many edges there are. The shared options are those
+    of :func:`activation_patch`."""
+    if chunk < 1:
+        raise BadInputError(f"chunk must be >= 1 edges, got {chunk}")
+    job = PatchJob(model, tokens, options)
+    direction = job.direction
     if edges is None:  # receivers past the metric's last block cannot change it: not candidates
         edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.receiver_layers)
     edge_list = parse_edges(edges)
@@ -68,8 +64,6 @@ def path_patch(
     live = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
     reaching = [n for n in senders if job.reaches(site_of(n, model).hook)]  # for the fully corrupted reference
     job.cache({sender_hook(n) for n in reaching} | {sender_hook(e.src) for e in live})
-    if chunk < 1:
-        raise BadInputError(f"chunk must be >= 1 edges, got {chunk}")
     raw: dict[str, float] = {}
     with receiver_hooks(model, split_qkv=not direct_qkv(model)), job.tracking(len(live), "path patching"):
         corrupted = job.corrupted_metric([node_op(job, n, "noise", named) for n in reaching])

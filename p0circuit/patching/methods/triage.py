@@ -25,11 +25,10 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError
 from p0circuit.args import entry_point
-from p0circuit.patching.corruptions import Corruption
-from p0circuit.patching.engine import reaches
-from p0circuit.patching.methods.activation import activation_patch
-from p0circuit.patching.methods.attribution import attribution_patch
-from p0circuit.patching.metrics import MetricSpec, PatchMetric, default_metric, resolve_metric
+from p0circuit.patching.job import PatchJob
+from p0circuit.patching.methods.activation import patch_nodes
+from p0circuit.patching.methods.attribution import attribute
+from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, site_of
@@ -40,39 +39,32 @@ NOTABLE = 0.1
 
 
 @entry_point
+@takes_options(without=("reference",))
 def triage_patch(
     model: HookedTransformer,
     tokens: Tensor,
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
-    corruption: Union[str, Corruption] = "shift",
-    metric: Optional[MetricSpec] = None,
     top: int = 20,
     sample: int = 20,
     seed: int = 0,
-    direction: str = "noise",
-    min_signal: float = 0.05,
-    bos: Optional[bool] = None,
-    rows_per_forward: Optional[int] = None,
-    progress: bool = False,
+    options: PatchOptions,
 ) -> PatchResult:
     """Attribution over ``nodes`` (default :func:`candidate_nodes`), exact activation patching of
-    the ``top`` by estimate and of ``sample`` others drawn with ``seed`` (see the module docstring)."""
+    the ``top`` by estimate and of ``sample`` others drawn with ``seed`` (see the module docstring).
+    Both passes share one job: the clean and corrupted runs are cached once."""
     for name, value in (("top", top), ("sample", sample)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
+    job = PatchJob(model, tokens, options)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
-    metric = resolve_metric(metric, model)
-    common = dict(corruption=corruption, metric=metric, direction=direction, bos=bos, rows_per_forward=rows_per_forward)
-    approx = attribution_patch(model, tokens, nodes=node_list, min_signal=0.0, **common)
-    used = metric if metric is not None else default_metric(model.cfg.n_layers)
-    live = [n for n in node_list if reaches(site_of(n, model).hook, used, model.cfg.n_layers)]
-    base = approx.clean_metric if direction == "noise" else approx.corrupted_metric
+    approx = attribute(job, node_list, min_signal=0.0)  # every estimate, whatever the signal
+    live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
+    base = job.base_metric
     ranked = sorted(live, key=lambda n: -abs(approx.raw[n.name] - base))
     chosen, rest = ranked[:top], ranked[top:]
     sampled = random.Random(seed).sample(rest, min(sample, len(rest)))
-    exact = activation_patch(model, tokens, nodes=chosen + sampled or node_list[:1], min_signal=min_signal,
-                             progress=progress, **common)
+    exact = patch_nodes(job, chosen + sampled or node_list[:1])
     unexamined = len(rest) - len(sampled)
     seen = [abs(exact.normalized[n.name]) for n in sampled if not math.isnan(exact.normalized[n.name])]
     mean_seen = sum(seen) / len(seen) if seen else math.nan
@@ -95,7 +87,7 @@ def triage_patch(
         message = (f"{notable} of {len(sampled)} sampled nodes outside the top {len(chosen)} have |effect| >= {NOTABLE}: "
                    "the triage may have missed components; raise top (or use method='activation')")
     return PatchResult(
-        method="triage", level="node", corruption=exact.corruption, metric=exact.metric, direction=direction,
+        method="triage", level="node", corruption=exact.corruption, metric=exact.metric, direction=job.direction,
         clean_metric=exact.clean_metric, corrupted_metric=exact.corrupted_metric, raw=raw, normalized=normalized,
         signal=exact.signal, message=message,
         settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed},

@@ -1,0 +1,126 @@
+"""The options every patching method shares, defined once: :class:`PatchOptions`.
+
+A method is written against one options object and called with keywords::
+
+    @takes_options(without=("reference",))
+    def my_method(model, tokens, *, nodes=None, options: PatchOptions) -> PatchResult:
+        job = PatchJob(model, tokens, options)
+        ...
+
+    my_method(model, tokens, corruption="swap", min_signal=0)       # keywords, checked by name
+    my_method(model, tokens, options=PatchOptions(direction="denoise"), progress=True)
+
+:func:`takes_options` gives the method a signature with each option it takes as a keyword (so
+``help()`` and Jupyter show them, with their defaults), checks each against its annotation and
+range before any work, and builds the :class:`PatchOptions` the body receives. An option a method
+cannot use is not in its signature: passing it is an error naming the method, never dropped (a
+``PatchOptions`` that sets it is refused the same way).
+"""
+
+import dataclasses
+import functools
+import inspect
+import typing
+from typing import Any, Callable, Literal, Optional, Union
+
+from p0circuit.args import entry_point
+from p0circuit.errors import BadCallError, ConfigError
+from p0circuit.patching.corruptions import Corruption
+from p0circuit.patching.metrics import MetricSpec
+
+Direction = Literal["noise", "denoise"]
+DIRECTIONS: tuple[str, ...] = typing.get_args(Direction)
+"""``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
+
+
+@entry_point
+@dataclasses.dataclass(frozen=True)
+class PatchOptions:
+    """What is corrupted, what is measured, and how the patched forwards run."""
+
+    corruption: Union[str, Corruption] = "shift"
+    """A corruption name (``p0circuit.CORRUPTIONS``) or object (``p0circuit.Shift(2)``)."""
+    metric: Optional[MetricSpec] = None
+    """A metric object or entry (``"norm_ratio:2"``); None: the norm ratio at the middle block."""
+    direction: Direction = "noise"
+    """``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
+    min_signal: float = 0.05
+    """The smallest |clean - corrupted| metric change, relative to their scale, that counts as signal."""
+    bos: Optional[bool] = None
+    """The run's BOS choice, checked against the tokens (None makes no claim)."""
+    rows_per_forward: Optional[int] = None
+    """Prompt rows per patched forward (default: 8 copies of the prompts)."""
+    reference: bool = False
+    """Run every patch as a full forward (the slow path the fast one is tested against)."""
+    progress: bool = False
+    """Show a progress bar with an ETA."""
+
+    def but(self, **changes: Any) -> "PatchOptions":
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PatchOptions))
+"""The option names, in order."""
+DEFAULTS = PatchOptions()
+_HINTS = inspect.get_annotations(PatchOptions, eval_str=True)
+
+F = typing.TypeVar("F", bound=Callable[..., Any])
+
+
+def taken_by(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The options ``fn`` takes (a method made with :func:`takes_options`, or a partial of one)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "options_taken", ())
+
+
+def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Give ``fn(model, tokens, *, ..., options: PatchOptions)`` every option but ``without`` as a keyword.
+
+    The wrapped function takes ``options=`` (a :class:`PatchOptions`, default all defaults) and any
+    option by name, which overrides it; ``fn`` always receives one complete :class:`PatchOptions`.
+    """
+    unknown = [n for n in without if n not in FIELDS]
+    if unknown:
+        raise ConfigError(f"takes_options(without=...): {unknown} are not options; the options are {list(FIELDS)}")
+    taken = tuple(n for n in FIELDS if n not in without)
+
+    def wrap(fn: F) -> F:
+        sig = inspect.signature(fn)
+        if "options" not in sig.parameters:
+            raise ConfigError(f"{fn.__qualname__} must take options= (a PatchOptions) to be given the shared options")
+        name = fn.__qualname__
+
+        @functools.wraps(fn)
+        def call(*args: Any, options: Optional[PatchOptions] = None, **kwargs: Any) -> Any:
+            given = {k: kwargs.pop(k) for k in [k for k in kwargs if k in FIELDS]}
+            refused = [k for k in given if k not in taken]
+            if refused:
+                raise BadCallError(f"{name} does not take {refused[0]}=: it uses {', '.join(taken)}")
+            if options is not None and not isinstance(options, PatchOptions):
+                raise BadCallError(f"{name}: options={options!r:.40} is not a PatchOptions; pass "
+                                   "p0circuit.PatchOptions(...) or the options as keywords")
+            base = DEFAULTS if options is None else options
+            unused = [k for k in without if getattr(base, k) != getattr(DEFAULTS, k)]
+            if unused:
+                raise BadCallError(f"{name} does not take {unused[0]}= (options.{unused[0]}="
+                                   f"{getattr(base, unused[0])!r}): it uses {', '.join(taken)}")
+            return fn(*args, options=base.but(**given) if given else base, **kwargs)
+
+        own = [p for p in sig.parameters.values() if p.name != "options"]
+        keywords = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(DEFAULTS, n),
+                                      annotation=_HINTS[n]) for n in taken]
+        tail = inspect.Parameter("options", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                 annotation=Optional[PatchOptions])
+        call.__signature__ = sig.replace(parameters=own + keywords + [tail])  # type: ignore[attr-defined]
+        try:
+            hints = inspect.get_annotations(fn, eval_str=True)
+        except Exception:  # an annotation that cannot be resolved is not checked (as in args._hints)
+            hints = {}
+        call.__annotations__ = {**{k: v for k, v in hints.items() if k != "options"},
+                                **{n: _HINTS[n] for n in taken}, "options": Optional[PatchOptions]}
+        call.options_taken = taken  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return wrap
