@@ -134,7 +134,17 @@ def test_bos_ablation_experiments_and_survey(gemma3, english):
     assert survey.loc["gemma3", "prompts"] == "english"
 
 
-def test_command_line_sweep_and_report_on_gemma3(tmp_path, capsys):
+@pytest.fixture
+def loaded_once(gemma3, monkeypatch):
+    """The command line's ``real:gemma3`` is the module's loaded model (the loader body is tested above)."""
+    from p0circuit.models import resolve
+
+    monkeypatch.setitem(resolve.LOADERS, "gemma3", lambda device="cpu": gemma3)
+    yield
+    assert not hasattr(gemma3, p0.tokens.BOS_ATTR)  # the command line left the shared model as it was
+
+
+def test_command_line_sweep_and_report_on_gemma3(tmp_path, capsys, loaded_once):
     assert main(["discover", "--model", "real:gemma3", "--bos", "--corruption", "zero", "--methods", "activation",
                  "--layers", "0-1", "--n-prompts", "2", "--seq-len", "8", "--quiet", "--out", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out

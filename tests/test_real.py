@@ -115,7 +115,18 @@ def test_gguf_errors_name_what_is_supported(tmp_path):
         p0.load_model("checkpoint:" + str(tmp_path / "none.gguf"))
 
 
-def test_discover_on_smollm2_from_the_command_line(tmp_path, capsys):
+@pytest.fixture
+def loaded_once(smollm2, monkeypatch):
+    """The command line's ``real:smollm2`` is the module's loaded model: the CLI's loading path runs
+    (``resolve.LOADERS``), its body is tested above (against transformers, and the cache)."""
+    from p0circuit.models import resolve
+
+    monkeypatch.setitem(resolve.LOADERS, "smollm2", lambda device="cpu": smollm2)
+    yield
+    assert not hasattr(smollm2, p0.tokens.BOS_ATTR)  # the command line left the shared model as it was
+
+
+def test_discover_on_smollm2_from_the_command_line(tmp_path, capsys, loaded_once):
     assert main(["discover", "--model", "real:smollm2", "--methods", "activation", "path", "--n-prompts", "4",
                  "--seq-len", "12", "--quiet", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -213,7 +224,7 @@ def test_check_attribution_and_experiments_on_smollm2(smollm2, english):
     assert frame.loc["smollm2", "prompts"] == "english" and frame.loc["smollm2", "norm_onset"] == 2
 
 
-def test_sweep_report_survey_and_track_with_real_models(tmp_path, capsys):
+def test_sweep_report_survey_and_track_with_real_models(tmp_path, capsys, loaded_once):
     config = tmp_path / "real.toml"
     config.write_text('[sweep]\nmodels = ["real:smollm2"]\nprompts = ["english"]\ncorruptions = ["shift"]\n'
                       'methods = ["activation"]\nmetrics = ["norm_ratio:2"]\nn_prompts = 2\nseq_len = 8\n')

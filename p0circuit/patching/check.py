@@ -40,7 +40,7 @@ from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.methods.activation import activation_patch
 from p0circuit.patching.methods.attribution import attribution_patch
 from p0circuit.patching.methods.path import path_patch
-from p0circuit.patching.metrics import MetricSpec, PatchMetric
+from p0circuit.patching.metrics import MetricSpec
 from p0circuit.patching.result import PatchResult
 from p0circuit.tokens import check_tokens
 

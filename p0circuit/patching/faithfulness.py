@@ -23,7 +23,7 @@ from p0circuit.patching.engine import run_groups
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions
-from p0circuit.patching.metrics import MetricSpec, PatchMetric, RunView
+from p0circuit.patching.metrics import MetricSpec, RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import named_positions, site_of
@@ -120,7 +120,6 @@ def faithfulness_curve(
     live = {x for x in items if job.reaches(receiver_site(x, model)[0] if is_edge else site_of(x, model).hook)}
     job.cache(extra)
     gap = result.clean_metric - result.corrupted_metric
-    curve = []
     kept = [math.ceil(f * len(items)) for f in fractions]
     dropped = [[x for x in items[k:] if x in live] for k in kept]
     values: dict[int, float] = {}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from p0circuit.progress import tqdm
 
 from p0circuit.errors import CheckpointError, ConfigError, NonFiniteError
