@@ -1,10 +1,11 @@
 """The hostile-input catalogue (issue 14): every case a careless or hostile user can type, by class.
 
-Class 4 (every public parameter is validated) is the table ``PARAMETERS``: for each public entry
+Class 4 (every public parameter is validated) is the table ``_entries``: for each public entry
 point, valid arguments and, per parameter, values that are wrong (wrong type, NaN/inf, out of
-range, a bool for a count, a huge int, the wrong object). Each must raise one of p0circuit's own
-errors whose message names the parameter or the value: never a traceback from inside torch, json
-or Python, and never a result. The hypothesis test at the end throws random values at the same
+range, a bool for a count, a huge int, the wrong object). Every row goes through every rule in
+``RULES`` (one check each: the call raises one of p0circuit's own errors, never a traceback from
+inside torch, json or Python and never a result; its message names the parameter or the value),
+one test per entry point that lists every violation. The hypothesis test at the end throws random values at the same
 entry points. Classes 1, 2, 3, 5 and 7 have their own modules (test_verify.py, test_numerics.py,
 test_config_matrix.py, test_cli.py, test_notebooks.py); ``OTHER_CLASSES`` below lists further
 cases of classes 1, 2, 5 and 6 so that this file alone counts every kind of input the issue names.
@@ -447,3 +448,5 @@ def test_catalogue_size():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     stated = int(re.search(r"The catalogue throws \*\*([\d,]+) hostile inputs\*\*", readme).group(1).replace(",", ""))
     assert stated == CATALOGUE_SIZE >= 150
+    values = int(re.search(r"\((\d+) bad parameter values", readme).group(1))
+    assert values == PARAMETER_CASES  # the README said 647 while the table held 662

@@ -29,7 +29,6 @@ from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.metrics import MetricSpec
 
 Direction = Literal["noise", "denoise"]
-DIRECTIONS: tuple[str, ...] = typing.get_args(Direction)
 """``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
 
 
