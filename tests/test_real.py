@@ -247,8 +247,19 @@ def test_sweep_report_survey_and_track_with_real_models(tmp_path, capsys, loaded
     assert (tmp_path / "track" / "tracking.csv").read_text().count("\n") == 3
 
 
-def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path):
+def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path, monkeypatch):
+    import gguf
+
+    parses = []
+
+    class Counted(gguf.GGUFReader):  # transformers reads config, weights and tokenizer: one parse serves all
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
     out = p0.export_gguf(smollm2_path(), tmp_path / "smollm2-hf")
+    assert len(parses) == 1, parses
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
     again = p0.load_checkpoint(out)
