@@ -27,7 +27,7 @@ identification head and detector MLP); see ``tests/test_numerics.py``.
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -36,11 +36,10 @@ from transformer_lens import HookedTransformer
 
 from p0circuit import hooks
 from p0circuit.args import entry_point
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.methods.activation import activation_patch
 from p0circuit.patching.methods.attribution import attribution_patch
 from p0circuit.patching.methods.path import path_patch
-from p0circuit.patching.metrics import MetricSpec
+from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.result import PatchResult
 from p0circuit.tokens import check_tokens
 
@@ -120,18 +119,19 @@ def p0_scale_ratio(model: Any, tokens: torch.Tensor) -> float:
 
 
 @entry_point
+@takes_options(without=("reference",))
 def check_attribution(
-    model: HookedTransformer, tokens: Tensor, *, corruption: Union[str, Corruption] = "shift",
-    metric: Optional[MetricSpec] = None, level: str = "node", nodes: Optional[Sequence[Any]] = None,
-    edges: Optional[Sequence[Any]] = None, direction: str = "noise", bos: Optional[bool] = None,
-    tol: float = 0.2, precision: bool = True, precision_tol: float = 1e-3,
+    model: HookedTransformer, tokens: Tensor, *, level: str = "node", nodes: Optional[Sequence[Any]] = None,
+    edges: Optional[Sequence[Any]] = None, tol: float = 0.2, precision: bool = True, precision_tol: float = 1e-3,
+    options: PatchOptions,
 ) -> AttributionCheck:
     """Run attribution, the exact method and (with ``precision``) float64 attribution; flag disagreements.
 
-    ``nodes``/``edges``, ``direction`` and ``bos`` go to all three. The float64 copy doubles the
-    model's memory for the duration of the call; pass ``precision=False`` to skip it.
+    ``nodes``/``edges`` and the shared options (:class:`~p0circuit.PatchOptions`, as keywords or
+    ``options=``; not ``reference``) go to all three. The float64 copy doubles the model's memory
+    for the duration of the call; pass ``precision=False`` to skip it.
     """
-    common: dict[str, Any] = {"corruption": corruption, "metric": metric, "direction": direction, "bos": bos}
+    common: dict[str, Any] = {"options": options}
     approx = attribution_patch(model, tokens, level=level, nodes=nodes, edges=edges, **common)
     approx.settings["dtype"] = str(model.cfg.dtype).replace("torch.", "")
     if level == "node":
