@@ -13,7 +13,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.errors import ConfigError
 from p0circuit.args import entry_point
 from p0circuit.patching import METHODS, PatchResult, get_method
-from p0circuit.patching.options import DEFAULTS, FIELDS, PatchOptions, takes_options, taken_by
+from p0circuit.patching.options import PatchOptions, takes_options, taken_by, unused
 from p0circuit.types import Circuit, Edge, Kind, Node, format_effect
 
 
@@ -92,11 +92,10 @@ def discover(
             raise ConfigError(f"method {method!r} ({registered.level}s) does not take {name}=; "
                               f"methods that do: {_taking(name)}")
         given[name] = value
-    taken = taken_by(registered.fn)
-    unused = [f for f in FIELDS if f not in taken and getattr(options, f) != getattr(DEFAULTS, f)]
-    if unused:
-        raise ConfigError(f"method {method!r} does not take {unused[0]}= ({getattr(options, unused[0])!r}); "
-                          f"methods that do: {_taking(unused[0])}")
+    refused = unused(options, taken_by(registered.fn))
+    if refused:
+        raise ConfigError(f"method {method!r} does not take {refused[0]}= ({getattr(options, refused[0])!r}); "
+                          f"methods that do: {_taking(refused[0])}")
     result = registered.fn(model, tokens, options=options, **given)
     if result.level != registered.level:
         raise ConfigError(f"method {method!r} is registered as {registered.level}-level but returned {result.level}s")

@@ -67,6 +67,11 @@ _HINTS = inspect.get_annotations(PatchOptions, eval_str=True)
 F = typing.TypeVar("F", bound=Callable[..., Any])
 
 
+def unused(options: PatchOptions, taken: tuple[str, ...]) -> list[str]:
+    """The options ``options`` sets away from their defaults that a method taking ``taken`` cannot use."""
+    return [k for k in FIELDS if k not in taken and getattr(options, k) != getattr(DEFAULTS, k)]
+
+
 def taken_by(fn: Callable[..., Any]) -> tuple[str, ...]:
     """The options ``fn`` takes (a method made with :func:`takes_options`, or a partial of one)."""
     while isinstance(fn, functools.partial):
@@ -101,10 +106,10 @@ def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
                 raise BadCallError(f"{name}: options={options!r:.40} is not a PatchOptions; pass "
                                    "p0circuit.PatchOptions(...) or the options as keywords")
             base = DEFAULTS if options is None else options
-            unused = [k for k in without if getattr(base, k) != getattr(DEFAULTS, k)]
-            if unused:
-                raise BadCallError(f"{name} does not take {unused[0]}= (options.{unused[0]}="
-                                   f"{getattr(base, unused[0])!r}): it uses {', '.join(taken)}")
+            refused = unused(base, taken)
+            if refused:
+                raise BadCallError(f"{name} does not take {refused[0]}= (options.{refused[0]}="
+                                   f"{getattr(base, refused[0])!r}): it uses {', '.join(taken)}")
             return fn(*args, options=base.but(**given) if given else base, **kwargs)
 
         own = [p for p in sig.parameters.values() if p.name != "options"]

@@ -21,6 +21,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import torch
+
 from p0circuit.progress import tqdm
 
 from p0circuit.discovery import run_discovery
@@ -77,8 +79,6 @@ def _start_worker(plugins: list[str], threads: int) -> None:
     that each take every core slow one another down many times over (measured here: a planted-model
     CLI test took 66 s instead of 2.3 s while a second torch process also ran two threads on the
     same two cores)."""
-    import torch
-
     torch.set_num_threads(threads)
     load_plugins(plugins)
 
