@@ -19,7 +19,11 @@ TransformerLens' convention); 7200 nodes at 8 x 24 tokens.
 Timings are ratios measured in the same run; ``forward`` is one plain forward of the batch.
 Peak memory: live tensor bytes of the call vs one ``run_with_cache`` of the same batch.
 Also timed: ``sink_report`` against one forward, and the peak memory of what one sweep cell runs
-(sink report, activation and path patching) against ``run_with_cache``.
+(sink report, activation and path patching) against ``run_with_cache``; and a neuron scan read at
+P0 (every neuron of blocks 0-2 against the massive dimension 507 after block 2, ``ResidDim``): the
+fast path runs position 0 alone; it is compared with the same engine reading every position, a
+hand loop with ``stop_at_layer`` (the researcher's version, timed on 96 neurons and scaled) and the
+layer-forward limit at P0 (``--neurons-only`` runs just this).
 Results go to stdout and ``benchmarks/results/real_<device>.json``. ``--device cuda`` runs it on a
 GPU (the prepared GPU check). Targets (issue 12): ours >= 10x faster than tl, ours <= 1.3x limit,
 values equal to 1e-4, sink_report <= 2 forwards, a cell's peak memory <= 2x run_with_cache.
@@ -98,10 +102,90 @@ def run_ours(model, clean, corrupt, nodes):
                                metric=p0.NormRatio(LAYER), direction="denoise", min_signal=0)
 
 
+class EveryPosition(p0.ResidDim):
+    """ResidDim without its declared last position: the engine runs every position, as before."""
+
+    def last_position(self, p0_index):
+        return None
+
+
+def hand_loop(model, clean, corrupt_cache, neurons, dim):
+    """What a researcher writes: one hooked forward per neuron, stopped after block LAYER."""
+    out = {}
+    for n in neurons:
+        name = p0.hooks.mlp_post(n.layer)
+        value = corrupt_cache[name][:, n.pos + 1, n.neuron]  # shift: clean position p is p + 1
+
+        def patch(act, hook, value=value, n=n):
+            act[:, n.pos, n.neuron] = value
+            return act
+
+        seen = {}
+        model.run_with_hooks(clean, fwd_hooks=[(name, patch), (p0.hooks.resid_post(LAYER),
+                                                               lambda act, hook: seen.__setitem__("h", act))],
+                             stop_at_layer=LAYER + 1)
+        out[n.name] = float(seen["h"][:, 0, dim].float().mean())
+    return out
+
+
+def p0_limit(model, clean, neurons, rows):
+    """The layer-forward limit of a scan read at P0: for each neuron, the blocks after its own up to
+    LAYER on position 0 alone, as plain batched forwards of the same chunk size (no patching)."""
+    _, cache = model.run_with_cache(clean, stop_at_layer=LAYER + 1)
+    per = max(1, rows // clean.shape[0])
+    for layer in sorted({n.layer for n in neurons}):
+        if layer + 1 > LAYER:
+            continue  # the metric reads this block's output: no forward at all
+        count = sum(n.layer == layer for n in neurons)
+        start = cache[p0.hooks.resid_pre(layer + 1)][:, :1]
+        for c in range(0, count, per):
+            model(start.repeat(min(per, count - c), 1, 1), start_at_layer=layer + 1, stop_at_layer=LAYER + 1)
+
+
+def neuron_scan(model, clean, device, dim=507, sample=96):
+    """Every neuron of blocks 0..LAYER at P0 against ResidDim(LAYER, dim) (the massive dimension),
+    shift corruption: p0circuit (forwards stop at P0), the same engine reading every position, a
+    hand loop with stop_at_layer (timed on ``sample`` neurons, scaled), and the P0 limit."""
+    neurons = p0.candidate_neurons(model, range(LAYER + 1), positions=(0,))
+    filler = 13  # one explicit filler token, so the hand loop builds the same shifted prompts itself
+    kw = dict(nodes=neurons, corruption=p0.Shift(filler=(filler,)), min_signal=0)
+    forward = timed(lambda: model(clean), device, repeats=3)
+    ours = p0.activation_patch(model, clean, metric=p0.ResidDim(LAYER, dim), **kw)
+    t_ours = timed(lambda: p0.activation_patch(model, clean, metric=p0.ResidDim(LAYER, dim), **kw), device, repeats=2)
+    t_every = timed(lambda: p0.activation_patch(model, clean, metric=EveryPosition(LAYER, dim), **kw), device)
+    _, corrupt_cache = model.run_with_cache(torch.cat([torch.full_like(clean[:, :1], filler), clean], dim=1))
+    picked = neurons[:: max(1, len(neurons) // sample)][:sample]
+    t = time.perf_counter()
+    hand = hand_loop(model, clean, corrupt_cache, picked, dim)
+    sync(device)
+    t_hand = (time.perf_counter() - t) * len(neurons) / len(picked)
+    rows = 8 * clean.shape[0]
+    t_limit = timed(lambda: p0_limit(model, clean, neurons, rows), device, repeats=2)
+    diff = max(abs(ours.raw[k] - v) for k, v in hand.items())
+    return {"neurons": len(neurons), "neuron_scan_s": t_ours, "neuron_scan_in_forwards": t_ours / forward,
+            "every_position_s": t_every, "speedup_vs_every_position": t_every / t_ours,
+            "hand_loop_s_scaled": t_hand, "speedup_vs_hand_loop": t_hand / t_ours, "p0_limit_s": t_limit,
+            "ratio_to_p0_limit": t_ours / t_limit, "max_abs_diff_vs_hand_loop": diff,
+            "scale": abs(ours.clean_metric), "forward_s": forward}
+
+
+def print_scan(scan):
+    print(f"  neuron scan at P0 ({scan['neurons']} neurons, ResidDim({LAYER}, 507)): {scan['neuron_scan_s']:.2f}s "
+          f"({scan['neuron_scan_in_forwards']:.1f} forwards); reading every position {scan['every_position_s']:.2f}s "
+          f"({scan['speedup_vs_every_position']:.1f}x slower); hand loop with stop_at_layer {scan['hand_loop_s_scaled']:.0f}s "
+          f"scaled ({scan['speedup_vs_hand_loop']:.0f}x slower); {scan['ratio_to_p0_limit']:.2f}x the P0 limit; "
+          f"max |diff| vs the hand loop {scan['max_abs_diff_vs_hand_loop']:.1e} (values ~{scan['scale']:.0f})")
+
+
+def scan_passes(scan):
+    return bool(scan["speedup_vs_hand_loop"] >= 10 and scan["max_abs_diff_vs_hand_loop"] <= 1e-5 * max(1.0, scan["scale"]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4 x 12 tokens")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--neurons-only", action="store_true", help="only the neuron scan read at P0")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     batch, seq = (4, 12) if args.quick else (8, 24)
@@ -109,6 +193,12 @@ def main():
     model = load_smollm2(device=args.device)
     load_s = time.perf_counter() - t
     clean = p0.probe_tokens(model, batch, seq, seed=0, regular=True)
+    if args.neurons_only:
+        scan = neuron_scan(model, clean, args.device)
+        print(f"SmolLM2 {batch}x{seq}, {args.device}; one forward {scan['forward_s']:.3f}s")
+        print_scan(scan)
+        print("PASS" if scan_passes(scan) else "FAIL")
+        sys.exit(0 if scan_passes(scan) else 1)
     corrupt = p0.probe_tokens(model, batch, seq, seed=1, regular=True)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     nodes = [Node(Kind.HEAD, l, h, p) for l in range(L) for p in range(seq) for h in range(H)]
@@ -142,9 +232,11 @@ def main():
         "sink_report_s": t_report, "sink_report_in_forwards": t_report / forward,
         "peak_mem_discovery_mib": m_discovery.peak_bytes / 2**20,
         "discovery_mem_ratio": m_discovery.peak_bytes / max(m_cache.peak_bytes, 1),
+        "neuron_scan": neuron_scan(model, clean, args.device),
     }
     r["pass"] = bool(r["speedup_vs_tl"] >= 10 and r["ratio_to_limit"] <= 1.3 and diff <= 1e-4
-                     and r["sink_report_in_forwards"] <= 2 and r["discovery_mem_ratio"] <= 2)
+                     and r["sink_report_in_forwards"] <= 2 and r["discovery_mem_ratio"] <= 2
+                     and scan_passes(r["neuron_scan"]))
     print(f"SmolLM2 {batch}x{seq}, {len(nodes)} nodes ({len(reachable)} can reach NormRatio({LAYER})), "
           f"{args.device}; load {load_s:.1f}s; one forward {forward:.3f}s")
     print(f"  ours {t_ours:.2f}s ({r['ours_in_forwards']:.1f} forwards), TransformerLens {t_tl:.1f}s on the reachable "
@@ -154,7 +246,9 @@ def main():
           f"run_with_cache {r['peak_mem_cache_mib']:.0f} MiB ({r['mem_ratio']:.2f}x)")
     print(f"  sink_report {t_report:.2f}s ({r['sink_report_in_forwards']:.2f} forwards); a sweep cell's discovery "
           f"(report, activation, path) peaks at {r['peak_mem_discovery_mib']:.0f} MiB ({r['discovery_mem_ratio']:.2f}x "
-          f"run_with_cache) -> {'PASS' if r['pass'] else 'FAIL'}")
+          f"run_with_cache)")
+    print_scan(r["neuron_scan"])
+    print("PASS" if r["pass"] else "FAIL")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / f"real_{args.device}.json").write_text(json.dumps(r, indent=2))

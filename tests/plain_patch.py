@@ -49,9 +49,10 @@ def logit_gap(logits):
     return float((logits[:, -1, 3] - logits[:, -1, 4]).mean())
 
 
-def _metric_value(model, tokens, layer, p0, fwd_hooks):
-    """The norm ratio after block ``layer``, or with ``layer=None`` the logit metric (a full forward
-    through the final norm, soft-capping and unembedding)."""
+def _metric_value(model, tokens, layer, p0, fwd_hooks, dim=None):
+    """The norm ratio after block ``layer`` (with ``dim``, that residual dimension at ``p0``, mean
+    over prompts), or with ``layer=None`` the logit metric (a full forward through the final norm,
+    soft-capping and unembedding). Every forward runs the whole prompt."""
     if layer is None:
         return logit_gap(model.run_with_hooks(tokens, fwd_hooks=fwd_hooks))
     got = {}
@@ -60,15 +61,18 @@ def _metric_value(model, tokens, layer, p0, fwd_hooks):
         got["resid"] = act.detach()
 
     model.run_with_hooks(tokens, fwd_hooks=fwd_hooks + [(f"blocks.{layer}.hook_resid_post", grab)])
+    if dim is not None:
+        return float(got["resid"][:, p0, dim].float().mean())
     return norm_ratio(got["resid"], p0)
 
 
-def _patch_hook(model, cache, node, seq_len, offset=1):
-    """(hook name, hook) that writes the corrupted value of ``node`` (clean position p read at
-    p + ``offset`` of the corrupted run) into a run."""
+def _patch_hook(model, cache, node, seq_len, offset=1, at=0):
+    """(hook name, hook) that writes the value of ``node`` from ``cache`` (clean position p read at
+    p + ``offset``) into a run at p + ``at``: the corrupted value into the clean run, or with
+    ``offset=0, at=1`` the clean value into the shifted run."""
     name, index, _ = _site(model, node)
-    pos = _positions(node, seq_len)
-    value = cache[name][:, [p + offset for p in pos]]
+    value = cache[name][:, [p + offset for p in _positions(node, seq_len)]]
+    pos = [p + at for p in _positions(node, seq_len)]
 
     def patch(act, hook, pos=pos, index=index, value=value):
         if index is None:
@@ -88,12 +92,19 @@ def swapped(tokens):
 
 
 @torch.no_grad()
-def activation(model, tokens, nodes, layer, swap=False):
-    """{node: patched norm ratio at ``layer``}: the corrupted value (shifted, or with ``swap`` the
-    first token replaced in place) patched into the clean run."""
+def activation(model, tokens, nodes, layer, swap=False, dim=None, denoise=False):
+    """{node: patched metric at ``layer``}: the corrupted value (shifted, or with ``swap`` the
+    first token replaced in place) patched into the clean run; with ``denoise``, the clean value
+    patched into the shifted run (where the clean first token sits at 1). ``dim``: the metric is
+    that residual dimension at P0 instead of the norm ratio."""
+    if denoise:
+        _, cache = model.run_with_cache(tokens)
+        return {node: _metric_value(model, shifted(tokens), layer, 1,
+                                    [_patch_hook(model, cache, node, tokens.shape[1], 0, 1)], dim)
+                for node in nodes}
     corrupt, offset = (swapped(tokens), 0) if swap else (shifted(tokens), 1)
     _, cache = model.run_with_cache(corrupt)
-    return {node: _metric_value(model, tokens, layer, 0, [_patch_hook(model, cache, node, tokens.shape[1], offset)])
+    return {node: _metric_value(model, tokens, layer, 0, [_patch_hook(model, cache, node, tokens.shape[1], offset)], dim)
             for node in nodes}
 
 
@@ -130,7 +141,7 @@ def _sender_change(model, tokens, corrupt_cache, src):
 
 
 @torch.no_grad()
-def path(model, tokens, edges, layer):
+def path(model, tokens, edges, layer, dim=None):
     """{edge: patched norm ratio}: the sender's change added to one receiver input only (per-head
     q/k/v inputs, the MLP input), in the clean run."""
     _, corrupt_cache = model.run_with_cache(shifted(tokens))
@@ -157,7 +168,7 @@ def path(model, tokens, edges, layer):
                     act[:, pos, index] += delta
                 return act
 
-            out[edge] = _metric_value(model, tokens, layer, 0, [(hook, add)])
+            out[edge] = _metric_value(model, tokens, layer, 0, [(hook, add)], dim)
     finally:
         model.set_use_split_qkv_input(old[0])
         model.set_use_hook_mlp_in(old[1])

@@ -40,6 +40,7 @@ def family(request, root):
 
 TOKENS = torch.randint(3, VOCAB, (3, 10), generator=torch.Generator().manual_seed(1))  # longer than windows of 4
 METRIC_LAYER = 2
+P0_DIM = 5
 
 
 def close(a, b, scale=1.0):
@@ -68,13 +69,16 @@ def senders_of(name):
     return senders + ([] if name in MOE else ["M0.N2@0", "M1.N4@rest"])
 
 
-def three_ways(name, model, method, what, names):
-    """``method`` fast and reference against plain hooks on ``names`` (nodes or edges); the raw values."""
-    kw = {what: names, "corruption": p0.Shift(filler=(plain_patch.FILLER,)), "metric": p0.NormRatio(METRIC_LAYER),
-          "min_signal": 0}
+def three_ways(name, model, method, what, names, dim=None, **plain_kw):
+    """``method`` fast and reference against plain hooks on ``names`` (nodes or edges); the raw
+    values. The metric is the norm ratio, or with ``dim`` that residual dimension at P0."""
+    metric = p0.NormRatio(METRIC_LAYER) if dim is None else p0.ResidDim(METRIC_LAYER, dim)
+    kw = {what: names, "corruption": p0.Shift(filler=(plain_patch.FILLER,)), "metric": metric, "min_signal": 0}
+    if plain_kw.get("denoise"):
+        kw["direction"] = "denoise"
     fn = getattr(p0, f"{method}_patch")
     fast, slow = fn(model, TOKENS, **kw), fn(model, TOKENS, reference=True, **kw)
-    plain = getattr(plain_patch, method)(model, TOKENS, names, METRIC_LAYER)
+    plain = getattr(plain_patch, method)(model, TOKENS, names, METRIC_LAYER, dim=dim, **plain_kw)
     bad = [(n, fast.raw[n], slow.raw[n], plain[n]) for n in names
            if not (close(fast.raw[n], plain[n], slow.clean_metric) and close(slow.raw[n], plain[n], slow.clean_metric))]
     assert not bad, f"{name}: {len(bad)} of {len(names)} {what} differ (name, fast, reference, plain): {bad[:4]}"
@@ -85,6 +89,20 @@ def test_activation_fast_reference_plain(family):
     name, _, model = family
     fast = three_ways(name, model, "activation", "nodes", nodes_of(name, model))
     assert max(abs(v - fast.clean_metric) for v in fast.raw.values()) > 1e-3  # the patches change something
+
+
+def test_a_metric_read_at_p0_fast_reference_plain(family):
+    """ResidDim reads P0 alone, so the fast path runs positions up to P0 only and gives patches of
+    later positions their effect without a forward: nodes (both directions) and edges against plain
+    hooks that run every prompt whole."""
+    name, _, model = family
+    nodes = nodes_of(name, model)
+    for denoise in (False, True):
+        fast = three_ways(name, model, "activation", "nodes", nodes, dim=P0_DIM, denoise=denoise)
+        assert max(abs(fast.raw[n] - fast.clean_metric if not denoise else fast.raw[n] - fast.corrupted_metric)
+                   for n in nodes if n.endswith("@0")) > 1e-4  # the patches at P0 change something
+    edges = sample([e.name for e in p0.candidate_edges(model, [Node.parse(s) for s in senders_of(name)])])
+    three_ways(name, model, "path", "edges", edges, dim=P0_DIM)
 
 
 def sample(edges):

@@ -159,6 +159,43 @@ def test_positions_before_the_patch_are_not_recomputed(planted):
     assert _max_diff(fast, slow) <= TOL
 
 
+def test_a_metric_read_at_p0_runs_only_the_positions_up_to_p0(planted):
+    """ResidDim reads P0 alone: every patched forward runs positions <= P0 only (1 in the clean run,
+    2 in the shifted one of the denoise direction, the prefix from the cached keys and values),
+    patches of later positions get exactly the base run's value without a forward, and both equal
+    the reference, which runs every prompt whole."""
+    model = planted.model
+    toks = random_tokens(4, 12, 32, seed=9)
+    nodes = ["A1.H0@0", "M0@0", "M1@0", "M1.N3@0", "A1.H0@rest", "M1@rest", "M1.N3@4"]
+    metric = p0.ResidDim(3, 69)  # the plant's massive dimension at P0 (about 111 there, at most 8 elsewhere)
+    for direction in ("noise", "denoise"):
+        with _rows_into(model, (2, 3)) as (_, seen):
+            fast = p0.activation_patch(model, toks, nodes=nodes, corruption="shift", metric=metric, direction=direction,
+                                       min_signal=0, rows_per_forward=4)
+        assert seen[3][:2] == [4 * 12, 4 * 13]  # the two cached runs, whole
+        assert seen[3][2:] and all(n == 4 for n in seen[3][2:]), (direction, seen[3])  # one position a prompt
+        assert len(seen[3]) == 2 + 4  # a forward per node at P0 (rows_per_forward=4: a group each; M0 skips block 0)
+        base = fast.clean_metric if direction == "noise" else fast.corrupted_metric
+        assert all(fast.raw[n] == base for n in nodes[4:])  # after P0: the base run's value, no forward
+        assert any(abs(fast.raw[n] - base) > 1e-3 for n in nodes[:4])
+        slow = p0.activation_patch(model, toks, nodes=nodes, corruption="shift", metric=metric, direction=direction,
+                                   min_signal=0, reference=True)
+        assert _max_diff(fast, slow) <= TOL * max(1.0, abs(slow.clean_metric)), direction
+
+
+def test_a_metric_that_reads_past_its_last_position_is_refused(planted):
+    """A metric that declares P0 but averages every position would get NaN (or the base value) from
+    the shortened forwards: refused before any patched forward, with the fix."""
+
+    class Lying(p0.ResidDim):
+        def __call__(self, view):
+            return view.acts[p0.hooks.resid_post(self.layer)][:, view.p0:, self.dim].float().mean()
+
+    toks = random_tokens(4, 12, 32, seed=9)
+    with pytest.raises(p0.BadInputError, match=r"last_position\(0\) says it reads positions up to 0 only.*return None"):
+        p0.activation_patch(planted.model, toks, nodes=["M1@0"], corruption="shift", metric=Lying(3, 69))
+
+
 def test_patches_that_cannot_reach_the_metric_are_not_run(planted):
     """NormRatio(1) reads block 1's output: blocks 2-3 never run (not even in the cached runs), their
     nodes get an effect of exactly 0, and the result equals the reference path that runs them all."""

@@ -10,6 +10,9 @@ anything a patch cannot change:
 * positions before the first patched one: under the causal mask they are unchanged in every
   layer, so only the suffix is run, attending to the prefix's cached keys and values through a
   frozen TransformerLens key-value cache; what the metric reads is reassembled to full length;
+* positions after the last one the metric reads (:meth:`PatchMetric.last_position`; a metric
+  read at P0 reads one): nothing there can reach them, so forwards stop at that position, and a
+  patch of later positions only has its exact effect, 0, without a forward;
 * many groups are stacked along the batch dimension in one forward.
 
 Hooks of earlier blocks that the metric reads come from the same cache. The slow, obvious path
@@ -28,6 +31,7 @@ from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValue
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from p0circuit import hooks
+from p0circuit.errors import BadInputError
 from p0circuit.hooks import HookRef
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.hooking import attached
@@ -276,6 +280,36 @@ class BaseRun:
         """Prompts in the base run."""
         return self.cache[hooks.resid_pre(0)].shape[0]
 
+    @property
+    def length(self) -> int:
+        """Positions in the base run."""
+        return self.cache[hooks.resid_pre(0)].shape[1]
+
+    @property
+    def end(self) -> int:
+        """One past the last position the metric reads: patched forwards run no further."""
+        last = self.metric.last_position(self.p0)
+        return self.length if last is None else max(0, min(self.length, last + 1))
+
+    def value(self) -> float:
+        """The metric on the base run itself (what a patch the metric cannot see leaves). When the
+        metric declares a last position, it is also computed with every later position hidden (NaN),
+        as a patched forward shows them; a metric that reads past its declaration is refused."""
+        needs = self.metric.needs(self.model.cfg.n_layers)
+        full = float(self.metric(RunView({h.name: self.cache[h.name] for h in needs}, self.logits, self.p0)))
+        end = self.end
+        if end < self.length:
+            hidden = {h.name: _to_length(_first_positions(self.cache[h.name], end, h.name), self.length, h.name)
+                      for h in needs}
+            logits = None if self.logits is None else _to_length(self.logits[:, :end], self.length, "logits")
+            seen = float(self.metric(RunView(hidden, logits, self.p0)))
+            if seen != full:
+                raise BadInputError(
+                    f"metric {self.metric.name}: last_position({self.p0}) says it reads positions up to "
+                    f"{end - 1} only, but its value changes when the later ones are hidden ({full:.6g} -> {seen:.6g}); "
+                    "return None from last_position (it may read any position) or make it read only what it declares")
+        return full
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -314,10 +348,20 @@ def run_groups(
     needs = metric.needs(model.cfg.n_layers)
     stop = stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)
+    groups = [_trimmed(g, base.end) for g in groups]
+    unseen = [i for i, g in enumerate(groups) if not g]  # every position it patches is after what the metric reads
+    if base.end < base.length and not (metric.needs_logits and base_logits is None):
+        value = base.value()  # (refuses a metric that reads past its last_position)
+        for i in unseen:
+            out[i] = value
+        if on_done is not None:
+            on_done(len(unseen))
     by_start: dict[tuple[int, int], list[int]] = {}
     skip: dict[int, bool] = {}
     suffix_ok = _suffix_ok(model, metric, base_logits, base_cache)
     for i, g in enumerate(groups):
+        if out[i] is not None:
+            continue
         skip[i] = skippable(model, g, metric)
         first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
         by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
@@ -348,6 +392,20 @@ def run_groups(
             if on_done is not None:
                 on_done(len(part))
     return [float(v) for v in out]  # type: ignore[arg-type]
+
+
+def _trimmed(group: Sequence[PatchOp], end: int) -> list[PatchOp]:
+    """``group`` without its positions at or after ``end``, which nothing the metric reads can see
+    (an op left with no position is dropped)."""
+    out = []
+    for op in group:
+        keep = [i for i, p in enumerate(op.positions) if p < end]
+        if len(keep) == len(op.positions):
+            out.append(op)
+        elif keep:
+            value = op.value[:, keep] if op.value.ndim > 1 and op.value.shape[1] == len(op.positions) else op.value
+            out.append(replace(op, positions=tuple(op.positions[i] for i in keep), value=value))
+    return out
 
 
 def _with_positions(act: Tensor, positions: Sequence[int], values: Tensor) -> Tensor:
@@ -415,16 +473,21 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
             captured[h.name] = base_cache[h.name].repeat(n, *([1] * (base_cache[h.name].ndim - 1)))
     kv = _prefix_cache(model, base_cache, start, first, n) if first else None
     extra: dict[str, Any] = {}
+    end = base.end
     if model.cfg.positional_embedding_type == "shortformer":  # positions enter each block's queries and keys
-        extra["shortformer_pos_embed"] = model.W_pos[first:resid.shape[1]].unsqueeze(0).expand(resid.shape[0], -1, -1)
+        extra["shortformer_pos_embed"] = model.W_pos[first:end].unsqueeze(0).expand(resid.shape[0], -1, -1)
     with attached(model, fwd_hooks):
-        logits = model(resid[:, first:], start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv, **extra)
-    if first:
-        for h in metric.needs(model.cfg.n_layers):
-            if h.layer >= start:
-                captured[h.name] = _reassemble(base_cache[h.name], captured[h.name], first, n, hooks.position_axis(h.name))
-        if metric.needs_logits:
+        logits = model(resid[:, first:end], start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv, **extra)
+    for h in metric.needs(model.cfg.n_layers):
+        if h.layer >= start:
+            act = captured[h.name]
+            if first:
+                act = _reassemble(base_cache[h.name], act, first, n, hooks.position_axis(h.name))
+            captured[h.name] = _to_length(act, base.length, h.name)
+    if metric.needs_logits:
+        if first:
             logits = _reassemble(base.logits, logits, first, n, 1)  # type: ignore[arg-type]
+        logits = _to_length(logits, base.length, "logits")
     values = []
     for i in range(n):
         rows = slice(i * batch, (i + 1) * batch)
@@ -461,9 +524,41 @@ def _prefix_cache(model: Any, base_cache: dict[str, Tensor], start: int, first: 
     return TransformerLensKeyValueCache(entries=entries, previous_attention_mask=mask, frozen=True)
 
 
+def _first_positions(act: Tensor, end: int, name: str) -> Tensor:
+    """Hook ``name``'s activation at its first ``end`` (query and key) positions."""
+    axis = hooks.position_axis(name)
+    act = act.narrow(axis, 0, end)
+    return act.narrow(3, 0, end) if axis == 2 else act
+
+
+def _padded(act: Tensor, length: int, axis: int, fill: float) -> Tensor:
+    """``act``, run up to some position, brought to ``length`` along ``axis`` with ``fill``: NaN
+    where nothing ran (a metric that reads there gets NaN, never a stale value); an attention
+    pattern's keys after the last run query are exactly 0 under the causal mask (scores -inf)."""
+    short = length - act.shape[axis]
+    if short <= 0:
+        return act
+    shape = list(act.shape)
+    shape[axis] = short
+    return torch.cat([act, act.new_full(shape, fill)], dim=axis)
+
+
+def _to_length(act: Tensor, length: int, name: str) -> Tensor:
+    """Activations of hook ``name`` (or logits) run up to some position, brought to ``length``
+    positions: NaN where nothing ran; an attention pattern's (or score's) keys after the last run
+    query are 0 (-inf), as the causal mask makes them."""
+    axis = hooks.position_axis(name)
+    if axis == 2:  # [batch, head, query, key]
+        act = _padded(act, length, 3, 0.0 if name.endswith("hook_pattern") else float("-inf"))
+    return _padded(act, length, axis, float("nan"))
+
+
 def _reassemble(base: Tensor, suffix: Tensor, first: int, n: int, axis: int) -> Tensor:
     """Full-length activations: the base run's positions < ``first``, then the suffix run's."""
-    prefix = base.narrow(axis, 0, first).repeat(n, *([1] * (base.ndim - 1)))
+    prefix = base.narrow(axis, 0, first)
+    if axis == 2:  # an attention pattern: as many keys as the suffix run saw
+        prefix = prefix.narrow(3, 0, suffix.shape[3])
+    prefix = prefix.repeat(n, *([1] * (base.ndim - 1)))
     return torch.cat([prefix, suffix], dim=axis)
 
 

@@ -50,6 +50,15 @@ class PatchMetric:
     def validate(self, n_layers: int, n_heads: int) -> None:
         """Raise a clear error if the metric does not fit the model."""
 
+    def last_position(self, p0: int) -> Optional[int]:
+        """The last sequence position this metric reads in a run whose clean first token sits at
+        ``p0``, or None when it may read any (the default). Under the causal mask no position sees a
+        later one, so the fast path runs only positions up to this one and gives a patch of later
+        positions its exact effect, 0, without a forward. Positions a forward did not run read as
+        NaN, and a metric whose value on the base run changes when the later positions are hidden
+        is refused before any patched forward."""
+        return None
+
 
 def _check_layer(layer: int, n_layers: int, what: str) -> None:
     if not 0 <= layer < n_layers:
@@ -140,6 +149,9 @@ class ResidDim(PatchMetric):
         if self.dim >= h.shape[-1]:
             raise BadInputError(f"ResidDim: dimension {self.dim} is outside the residual stream's 0..{h.shape[-1] - 1}")
         return h[:, view.p0, self.dim].float().mean()
+
+    def last_position(self, p0: int) -> Optional[int]:
+        return p0  # P0 only: a patched forward runs the first p0 + 1 positions
 
 
 @entry_point
