@@ -40,6 +40,18 @@ def planted(planted_models):
     return planted_models("rope")
 
 
+@pytest.fixture
+def gguf_parsed_once(monkeypatch):
+    """transformers' GGUF load builds one ``gguf.GGUFReader`` for the config and another for the
+    weights, each parsing the whole file again (Gemma 3's metadata: about 14 s a parse here); in a
+    test that uses this fixture, one reader per (path, mode) serves every call."""
+    import functools
+
+    import gguf
+
+    monkeypatch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
+
+
 def random_tokens(n, length, vocab, seed):
     """Uniform random prompts."""
     return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed))

@@ -38,7 +38,7 @@ def with_bos(gemma3):
     return p0.english_prompts(gemma3, 4, 12, prepend_bos=True)
 
 
-def test_gemma3_loads_like_transformers(gemma3, with_bos):
+def test_gemma3_loads_like_transformers(gemma3, with_bos, gguf_parsed_once):
     from transformers import AutoModelForCausalLM
 
     path = gemma3_path()

@@ -34,7 +34,7 @@ def toks(smollm2):
     return p0.probe_tokens(smollm2, 4, 12, seed=0, regular=True)
 
 
-def test_smollm2_loads_like_transformers(smollm2, toks):
+def test_smollm2_loads_like_transformers(smollm2, toks, gguf_parsed_once):
     from transformers import AutoModelForCausalLM
 
     path = smollm2_path()
