@@ -96,13 +96,18 @@ def test_a_metric_read_at_p0_fast_reference_plain(family):
     later positions their effect without a forward: nodes (both directions) and edges against plain
     hooks that run every prompt whole."""
     name, _, model = family
-    nodes = nodes_of(name, model)
+    at_p0, later = [], []
+    for n in nodes_of(name, model):  # every node at P0, and two after it (their exact 0 comes without a forward)
+        (at_p0 if n.endswith("@0") else later).append(n)
+    nodes = at_p0 + later[:2]
     for denoise in (False, True):
         fast = three_ways(name, model, "activation", "nodes", nodes, dim=P0_DIM, denoise=denoise)
-        assert max(abs(fast.raw[n] - fast.clean_metric if not denoise else fast.raw[n] - fast.corrupted_metric)
-                   for n in nodes if n.endswith("@0")) > 1e-4  # the patches at P0 change something
+        base = fast.corrupted_metric if denoise else fast.clean_metric
+        assert max(abs(fast.raw[n] - base) for n in at_p0) > 1e-4  # the patches at P0 change something
+        assert all(fast.raw[n] == base for n in later[:2])
     edges = sample([e.name for e in p0.candidate_edges(model, [Node.parse(s) for s in senders_of(name)])])
-    three_ways(name, model, "path", "edges", edges, dim=P0_DIM)
+    into_p0 = [e for e in edges if e.split("->")[1].split("@")[1].startswith("0.")]
+    three_ways(name, model, "path", "edges", into_p0 + [e for e in edges if e not in into_p0][:2], dim=P0_DIM)
 
 
 def sample(edges):
