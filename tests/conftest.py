@@ -5,6 +5,10 @@ import os
 import pytest
 import torch
 
+import typecheck
+
+typecheck.install()
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
