@@ -191,9 +191,15 @@ def test_a_metric_that_reads_past_its_last_position_is_refused(planted):
         def __call__(self, view):
             return view.acts[p0.hooks.resid_post(self.layer)][:, view.p0:, self.dim].float().mean()
 
+    class Negative(p0.ResidDim):
+        def last_position(self, p0_index):
+            return -1
+
     toks = random_tokens(4, 12, 32, seed=9)
     with pytest.raises(p0.BadInputError, match=r"last_position\(0\) says it reads positions up to 0 only.*return None"):
         p0.activation_patch(planted.model, toks, nodes=["M1@0"], corruption="shift", metric=Lying(3, 69))
+    with pytest.raises(p0.BadInputError, match=r"last_position\(0\) returned -1; it must be None"):
+        p0.activation_patch(planted.model, toks, nodes=["M1@0"], corruption="shift", metric=Negative(3, 69))
 
 
 def test_patches_that_cannot_reach_the_metric_are_not_run(planted):

@@ -289,7 +289,10 @@ class BaseRun:
     def end(self) -> int:
         """One past the last position the metric reads: patched forwards run no further."""
         last = self.metric.last_position(self.p0)
-        return self.length if last is None else max(0, min(self.length, last + 1))
+        if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 0):
+            raise BadInputError(f"metric {self.metric.name}: last_position({self.p0}) returned {last!r}; it must be "
+                                "None (any position) or the index >= 0 of the last position the metric reads")
+        return self.length if last is None else min(self.length, last + 1)
 
     def value(self) -> float:
         """The metric on the base run itself (what a patch the metric cannot see leaves). When the
@@ -532,9 +535,7 @@ def _first_positions(act: Tensor, end: int, name: str) -> Tensor:
 
 
 def _padded(act: Tensor, length: int, axis: int, fill: float) -> Tensor:
-    """``act``, run up to some position, brought to ``length`` along ``axis`` with ``fill``: NaN
-    where nothing ran (a metric that reads there gets NaN, never a stale value); an attention
-    pattern's keys after the last run query are exactly 0 under the causal mask (scores -inf)."""
+    """``act`` brought to ``length`` entries along ``axis``, the new ones ``fill``."""
     short = length - act.shape[axis]
     if short <= 0:
         return act
