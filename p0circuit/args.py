@@ -260,9 +260,9 @@ def entry_point(fn: F) -> F:
     A function's arguments, or a dataclass's fields (before its own ``__post_init__`` runs), are
     checked here: a value that does not fit its annotation is a
     :class:`BadInputError` (a field: :class:`ConfigError`) naming the parameter, the value and what
-    to pass. The
-    test-time type checker (jaxtyping + beartype over the whole package) skips entry points, so
-    that a wrong argument gets this message instead of a type-checker error.
+    to pass. The test-time type checker (``tests/typecheck.py``: beartype over the package,
+    jaxtyping over its shape-annotated modules) skips entry points, so that a wrong argument gets
+    this message instead of a type-checker error.
     """
     if isinstance(fn, type):
         if "__post_init__" in fn.__dict__:  # the dataclass __init__ calls it: check before it runs
