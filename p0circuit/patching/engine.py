@@ -21,7 +21,7 @@ check that both agree.
 """
 
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -285,7 +285,7 @@ class BaseRun:
         """Positions in the base run."""
         return self.cache[hooks.resid_pre(0)].shape[1]
 
-    @property
+    @cached_property
     def end(self) -> int:
         """One past the last position the metric reads: patched forwards run no further."""
         last = self.metric.last_position(self.p0)
@@ -351,14 +351,15 @@ def run_groups(
     needs = metric.needs(model.cfg.n_layers)
     stop = stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)
-    groups = [_trimmed(g, base.end) for g in groups]
-    unseen = [i for i, g in enumerate(groups) if not g]  # every position it patches is after what the metric reads
-    if base.end < base.length and not (metric.needs_logits and base_logits is None):
-        value = base.value()  # (refuses a metric that reads past its last_position)
-        for i in unseen:
-            out[i] = value
-        if on_done is not None:
-            on_done(len(unseen))
+    if base.end < base.length:  # the metric reads only a prefix: drop what it cannot see
+        groups = [_trimmed(g, base.end) for g in groups]
+        if not (metric.needs_logits and base_logits is None):
+            value = base.value()  # (refuses a metric that reads past its last_position)
+            unseen = [i for i, g in enumerate(groups) if not g]  # all it patches comes after what the metric reads
+            for i in unseen:
+                out[i] = value
+            if on_done is not None:
+                on_done(len(unseen))
     by_start: dict[tuple[int, int], list[int]] = {}
     skip: dict[int, bool] = {}
     suffix_ok = _suffix_ok(model, metric, base_logits, base_cache)
