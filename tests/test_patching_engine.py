@@ -183,6 +183,58 @@ def test_a_metric_read_at_p0_runs_only_the_positions_up_to_p0(planted):
         assert _max_diff(fast, slow) <= TOL * max(1.0, abs(slow.clean_metric)), direction
 
 
+def test_a_pattern_metric_read_at_p0_equals_plain_hooks(planted):
+    """A metric that reads an attention pattern and declares P0 as its last position: the query
+    axis and the key axis are both cut at P0 and filled back (NaN queries, 0 keys). Its values,
+    in the denoise direction (P0 at 1, so the patched forward runs one position after a cached
+    prefix), equal a hand-written patch with plain TransformerLens hooks on whole prompts."""
+    model = planted.model
+
+    class P0Row(p0.PatchMetric):
+        name = "pattern_row_at_p0"
+
+        def needs(self, n_layers):
+            return [p0.hooks.HookRef(2, p0.hooks.pattern(2))]
+
+        def __call__(self, view):
+            row = view.acts[p0.hooks.pattern(2)][:, :, view.p0]  # [batch, head, key]
+            return (row[:, :, : view.p0 + 1] * torch.arange(1, view.p0 + 2)).sum(-1).mean() + row.sum(-1).mean()
+
+        def last_position(self, p0_index):
+            return p0_index
+
+    toks = random_tokens(4, 12, 32, seed=9)
+    shifted = torch.cat([torch.full_like(toks[:, :1], 7), toks], dim=1)
+    nodes = ["A0.H0@0", "A0.H1@0", "M0@0", "A1.H0@0", "M1@rest"]
+    fast = p0.activation_patch(model, toks, nodes=nodes, corruption=p0.Shift(filler=(7,)), metric=P0Row(),
+                               direction="denoise", min_signal=0)
+    _, clean = model.run_with_cache(toks)
+    for node in nodes:
+        comp, pos = node.split("@")
+        layer = int(comp[1])
+        name = f"blocks.{layer}.attn.hook_z" if ".H" in comp else f"blocks.{layer}.hook_mlp_out"
+        at = [1] if pos == "0" else list(range(2, 13))
+        value = clean[name][:, [p - 1 for p in at]]
+        head = int(comp.split(".H")[1]) if ".H" in comp else None
+        got = {}
+
+        def patch(act, hook, value=value, head=head, at=at):
+            if head is None:
+                act[:, at] = value
+            else:
+                act[:, at, head] = value[:, :, head]
+            return act
+
+        def grab(act, hook):
+            got["p"] = act
+
+        with torch.no_grad():
+            model.run_with_hooks(shifted, fwd_hooks=[(name, patch), ("blocks.2.attn.hook_pattern", grab)])
+        row = got["p"][:, :, 1]
+        plain = float(((row[:, :, :2] * torch.arange(1, 3)).sum(-1).mean() + row.sum(-1).mean()))
+        assert abs(fast.raw[node] - plain) <= TOL, (node, fast.raw[node], plain)
+
+
 def test_a_metric_that_reads_past_its_last_position_is_refused(planted):
     """A metric that declares P0 but averages every position would get NaN (or the base value) from
     the shortened forwards: refused before any patched forward, with the fix."""
