@@ -438,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--quiet", action="store_true")
     tr.add_argument("--out", default="runs/train")
     tr.set_defaults(func=_train)
+    for command in sub.choices.values():  # --plugin is read from the whole command line (_load_plugins)
+        command.add_argument("--plugin", action="append", default=[], metavar="MODULE", dest="plugin_after",
+                             help="the same as --plugin before the subcommand")
     return parser
 
 
@@ -472,16 +475,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "permissions", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("p0circuit: interrupted; finished cells and checkpoints are kept, run the same command to resume",
-              file=sys.stderr)
+        print(f"p0circuit: interrupted; {_what_is_kept(args)}", file=sys.stderr)
         return 130
     except Terminated:
-        print("p0circuit: terminated (SIGTERM); finished cells and checkpoints are kept, run the same command to "
-              "resume", file=sys.stderr)
+        print(f"p0circuit: terminated (SIGTERM); {_what_is_kept(args)}", file=sys.stderr)
         return 143
     finally:
         _remove_empty(made)  # a run that wrote nothing leaves no empty output directories behind
         signal.signal(signal.SIGTERM, previous)
+
+
+RESUMABLE = {"analyze": "finished steps", "sweep": "finished cells", "train": "checkpoints"}
+"""The commands that keep their work as it finishes, and what they keep."""
+
+
+def _what_is_kept(args: argparse.Namespace) -> str:
+    """What an interrupted command leaves behind, as it is on disk now."""
+    out = getattr(args, "out", None)
+    kept = RESUMABLE.get(args.command)
+    if out is None:
+        return f"the {kept} written so far are kept; run the same command to resume" if kept else "interrupted"
+    files = [] if out is None or not Path(out).is_dir() else [p for p in Path(out).rglob("*") if p.is_file()]
+    if kept is None:
+        return "nothing more was written" if not files else f"what was written to {out} before it is kept"
+    if not files:
+        return f"nothing was saved yet (no {kept} in {out}); run the same command to start again"
+    return f"the {kept} in {out} are kept; run the same command to resume"
 
 
 def _load_plugins(argv: list[str]) -> None:

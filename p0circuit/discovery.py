@@ -20,6 +20,7 @@ from p0circuit.io import strict, write_atomic
 from p0circuit.metrics import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
+from p0circuit.patching.edges import among
 from p0circuit.patching.engine import reaches, stop_layer
 from p0circuit.patching.sites import site_of
 from p0circuit.patching.metrics import metric_from_entry
@@ -122,7 +123,7 @@ def pruned_edges(model: Any, node_circuit: Circuit, metric: PatchMetric) -> list
     """Candidate edges from the nodes a node pass kept into every receiver that can reach the metric
     (a receiver need not matter as a node: the sink heads' outputs do not change their own attention)."""
     stop = stop_layer(model, metric)
-    return candidate_edges(model, sorted(node_circuit.nodes), receiver_layers=stop)
+    return candidate_edges(model, sorted(node_circuit.nodes), receiver_layers=stop, metric=metric)
 
 
 def run_discovery(
@@ -149,24 +150,22 @@ def run_discovery(
                               "progress": progress, **options}
     node_list = list(nodes) if nodes is not None else None
     candidates = node_list if node_list is not None else candidate_nodes(model)
-    n_layers = model.cfg.n_layers
-    live = [n for n in candidates if reaches(site_of(n, model).hook, metric, n_layers)]
+    live = [n for n in candidates if reaches(model, site_of(n, model).hook, metric)]
     if len(live) > node_budget:
         raise ConfigError(
             f"{len(live)} candidate nodes can reach metric {metric.name!r}, more than the node budget of {node_budget}: "
             "narrow them (--layers, --nodes), read the metric at an earlier layer, screen with method 'triage', "
             "or raise the budget (--node-budget)"
         )
-    receivers = None if node_list is None else set(node_list)
 
     def within(edges: list[Edge]) -> list[Edge]:  # receivers restricted like the nodes, when nodes are given
-        return edges if receivers is None else [e for e in edges if e.dst in receivers]
+        return edges if node_list is None else among(model, edges, node_list)
 
     for method in methods:
         if get_method(method).level == "node":
             found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
             continue
-        edges = within(candidate_edges(model, candidates, receiver_layers=stop_layer(model, metric)))
+        edges = within(candidate_edges(model, candidates, receiver_layers=stop_layer(model, metric), metric=metric))
         note = f"{len(edges)} candidate edges"
         if len(edges) > edge_budget:
             node_pass = found.circuits.get("activation") or discover(model, tokens, method="activation",

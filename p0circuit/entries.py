@@ -110,7 +110,26 @@ def check_model_entry(entry: Any) -> tuple[str, str]:
     if not ok:
         names = [f"planted:{v}" for v in VARIANTS] + [f"spec:{f}" for f in FAMILIES] + [f"real:{r}" for r in REAL]
         raise ConfigError(f"model entry {entry!r} not valid{nearest(entry, names)}; {usage()}")
+    problem = checkpoint_problem(Path(arg)) if kind == "checkpoint" else None
+    if problem is not None:
+        raise ConfigError(f"model entry {entry!r}: {problem}")
     return kind, arg
+
+
+def checkpoint_problem(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be a local checkpoint, from the file system alone (no torch, well under a
+    second), or None: it does not exist, or it is a file that is not a GGUF file (a checkpoint
+    directory's weights file given for the directory, say)."""
+    if path.suffix == ".gguf" or path.is_dir():
+        return None
+    if path.is_file():
+        parent = path.parent
+        hint = (f"; give the directory that holds it: {str(parent)!r}" if (parent / "config.json").is_file()
+                or (parent / "spec.json").is_file() else "; give its checkpoint directory (config.json beside the weights)")
+        return (f"{str(path)!r} is a file, not a checkpoint: a checkpoint is a directory (a Hugging Face "
+                f"save_pretrained directory, or a p0circuit training step_N) or a .gguf file{hint}")
+    return (f"checkpoint {str(path)!r} does not exist; give a Hugging Face directory (save_pretrained), a p0circuit "
+            "training checkpoint (runs/train/step_N) or a .gguf file")
 
 
 def entry_layers(entry: str) -> Optional[int]:

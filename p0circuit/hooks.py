@@ -94,26 +94,8 @@ def ln_scale(layer: int, which: str) -> str:
 
 
 EMBED_LAYER = -1
-"""Pseudo block index of hooks computed before block 0 (embeddings)."""
-
-_STAGE_MID = ("attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid")
-_STAGE_MLP = ("hook_mlp_in", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
-              "ln2.hook_scale", "ln2.hook_normalized")
-
-
-def stage(name: str) -> int:
-    """Where in its block a hook sits: 0 on the attention's input side (``resid_pre``, q/k/v and
-    their inputs, scores, pattern, ``ln1``), 1 at the attention's output (``z``, per-head results,
-    ``attn_out``, ``resid_mid``), 2 at the MLP and after it (``mlp_in`` .. ``resid_post``).
-
-    A write at stage ``s`` of block ``l`` can change a read at stage ``r`` of block ``L`` only if
-    ``l < L``, or ``l == L`` and ``s <= r`` (conservative: parallel attention and MLP blocks are
-    treated like sequential ones)."""
-    if name.endswith(_STAGE_MLP):
-        return 2
-    if name.endswith(_STAGE_MID):
-        return 1
-    return 0
+"""Pseudo block index of hooks computed before block 0 (embeddings); hooks after the last block
+(``ln_final``, the unembedding) take the block count, ``n_layers``."""
 
 
 class HookRef(tuple):

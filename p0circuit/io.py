@@ -24,6 +24,34 @@ def strict(x: Any) -> Any:
     return x
 
 
+def describe(value: Any) -> Any:
+    """``value`` as a JSON-able record that tells two settings apart: a tensor by its shape, dtype
+    and a digest of its contents, a function by where it is defined (module, name, file and line),
+    a dataclass by its public fields, tuples as lists."""
+    import dataclasses
+    import hashlib
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): describe(v) for k, v in value.items()}
+    if hasattr(value, "detach") and hasattr(value, "shape"):  # a tensor (torch is not imported here)
+        data = value.detach().cpu().contiguous()
+        digest = hashlib.sha256((data.double() if data.is_floating_point() else data).numpy().tobytes())
+        return {"tensor": list(data.shape), "dtype": str(data.dtype).replace("torch.", ""),
+                "sha256": digest.hexdigest()[:16]}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: describe(getattr(value, f.name)) for f in dataclasses.fields(value) if not f.name.startswith("_")}
+    if callable(value):
+        code = getattr(value, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+        return {"function": f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}",
+                "defined": where}
+    return repr(value)
+
+
 def run_dir(command: str, entry: str, *settings: str) -> Path:
     """The default output directory of ``p0circuit <command>`` for a model entry and settings:
     ``runs/<command>/<entry>[/<settings>]``, each part made a directory name (``real:smollm2`` ->

@@ -33,7 +33,9 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
     heads as layer x head (summed over the positions) beside MLP outputs as layer x position; for
     edges, a sender x receiver matrix; for neurons, the ``top`` largest as bars. Red: the component
     carries the clean-to-corrupted change of the metric; blue: it works against it; grey: not
-    patched. Returns the figure (``p0.plot(result).savefig(path)``)."""
+    patched. Returns the figure (``p0.plot(result).savefig(path)``). ``ax``: draw into your own
+    matplotlib Axes instead (one, or a list of as many as the result has panels); ``top``: how many
+    neurons the bar chart shows (>= 1)."""
     import math
 
     import numpy as np
@@ -49,6 +51,8 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
         s.update(method=result.method, corruption=result.corruption, metric=result.metric)
     else:
         raise BadInputError(f"plot takes a patching result or a Circuit, got {type(result).__name__}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise BadInputError(f"plot: top={top!r} must be an integer >= 1 (how many neurons the bar chart shows)")
     finite = {n: v for n, v in values.items() if isinstance(v, float) and math.isfinite(v)}
     title = f"{s.get('method', '')} patching, {s.get('corruption', '')}, {s.get('metric', '')}"
     if level == "edge":
@@ -57,27 +61,27 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
         grid = np.full((len(senders), len(receivers)), np.nan)
         for e in items:
             grid[senders.index(e.src), receivers.index((e.dst, e.input.value))] = finite.get(e.name, np.nan)
-        fig, axes = new_figure(1, width=max(5.0, 0.35 * len(receivers) + 2), height=max(3.0, 0.3 * len(senders) + 1.5))
+        fig, axes = _axes(ax, 1, width=max(5.0, 0.35 * len(receivers) + 2), height=max(3.0, 0.3 * len(senders) + 1.5))
         _heat(axes[0], grid, [f"{d.name}.{i}" for d, i in receivers], [n.name for n in senders], f"edges: {title}",
               ylabel="sender")
-        return finish(fig)
+        return fig if ax is not None else finish(fig)
     neurons = [n for n in items if n.kind == Kind.NEURON]
     if neurons:
         ranked = sorted((n for n in neurons if n.name in finite), key=lambda n: -abs(finite[n.name]))[:top]
-        fig, axes = new_figure(1, width=6, height=max(3.0, 0.25 * len(ranked) + 1))
+        fig, axes = _axes(ax, 1, width=6, height=max(3.0, 0.25 * len(ranked) + 1))
         bars = [finite[n.name] for n in ranked]
         axes[0].barh(range(len(ranked)), bars, color=["#b2182b" if v > 0 else "#2166ac" for v in bars])
         axes[0].set_yticks(range(len(ranked)), [n.name for n in ranked], fontsize=7)
         axes[0].invert_yaxis()
         axes[0].set(xlabel="normalized effect", title=f"strongest neurons: {title}")
-        return finish(fig)
+        return fig if ax is not None else finish(fig)
     n_layers = s.get("n_layers") or 1 + max((n.layer for n in items), default=0)
     n_heads = s.get("n_heads") or 1 + max((n.head for n in items), default=0)
     positions = sorted({n.pos for n in items}, key=lambda p: (isinstance(p, str), p if isinstance(p, int) else 0))
     heads = effect_grid(items, finite, Kind.HEAD, n_layers, positions, n_heads)
     has_mlp = any(n.kind == Kind.MLP for n in items)
     by_position = len(positions) > 2  # every position its own node: the heads by position too
-    fig, axes = new_figure(1 + has_mlp + by_position)
+    fig, axes = _axes(ax, 1 + has_mlp + by_position)
     with np.errstate(invalid="ignore"):
         summed = np.where(np.isnan(heads).all(1), np.nan, np.nansum(heads, axis=1))
     _heat(axes[0], summed, [f"H{h}" for h in range(n_heads)], [str(l) for l in range(n_layers)],
@@ -90,7 +94,21 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
         _heat(axes[-1], rows, [str(p) for p in positions], [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)],
               "heads by position", ylabel="head")
     fig.suptitle(title, fontsize=9)
-    return finish(fig)
+    return fig if ax is not None else finish(fig)
+
+
+def _axes(ax: Any, n: int, **size: float) -> tuple[Any, list[Any]]:
+    """``n`` axes to draw into: new ones (a new figure) when ``ax`` is None, else the caller's own:
+    one matplotlib Axes when one panel is drawn, or a sequence of exactly ``n``."""
+    from matplotlib.axes import Axes
+
+    if ax is None:
+        return new_figure(n, **size)
+    given = [ax] if isinstance(ax, Axes) else list(ax) if isinstance(ax, (list, tuple)) else None
+    if given is None or len(given) != n or not all(isinstance(a, Axes) for a in given):
+        raise BadInputError(f"plot: ax={ax!r:.60} must be None (a new figure) or {'a matplotlib Axes' if n == 1 else ''}"
+                            f"{' or ' if n == 1 else ''}a list of {n} matplotlib Axes: this result draws {n} panel(s)")
+    return given[0].figure, given
 
 
 def _heat(ax: Any, grid: Any, xlabels: list, ylabels: list, title: str, ylabel: str = "layer") -> None:
@@ -102,4 +120,4 @@ def _heat(ax: Any, grid: Any, xlabels: list, ylabels: list, title: str, ylabel: 
     ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.figure.colorbar(im, ax=ax)
+    ax.figure.colorbar(im, ax=ax, label="normalized effect")

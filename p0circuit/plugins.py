@@ -17,6 +17,7 @@ in its pyproject), which the command line and sweeps load at start.
 import importlib
 import importlib.util
 import sys
+import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -44,9 +45,9 @@ def load_plugin(name: str) -> ModuleType:
         sys.modules[key] = module
         try:
             spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception:
+        except Exception as err:
             del sys.modules[key]
-            raise
+            raise _failed(name, err) from None
         return module
     try:
         return importlib.import_module(name)
@@ -54,7 +55,20 @@ def load_plugin(name: str) -> ModuleType:
         if err.name == name or name.startswith(f"{err.name}."):
             raise ConfigError(f"plugin module {name!r} cannot be imported (not on sys.path); give its module name as "
                               "Python imports it, or the path of its .py file") from None
-        raise
+        raise _failed(name, err) from None
+    except Exception as err:
+        raise _failed(name, err) from None
+
+
+def _failed(name: str, err: Exception) -> ConfigError:
+    """The plugin's own error in one line, with the file and line it came from."""
+    if isinstance(err, SyntaxError):
+        where = f"{err.filename}, line {err.lineno}"
+        return ConfigError(f"plugin {name!r} does not parse: {where}: {err.msg}; fix the plugin file")
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+    where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else "its import"
+    return ConfigError(f"plugin {name!r} raised {type(err).__name__} at {where}: {err}; fix the plugin (p0circuit "
+                       "imports it to register what it defines)")
 
 
 def load_plugins(names: Iterable[str]) -> list[ModuleType]:

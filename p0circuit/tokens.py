@@ -162,7 +162,8 @@ def check_bos(model: HookedTransformer, tokens: Tensor, bos: Any, what: str = "t
 
     ``bos=False`` but some row starts with the BOS id: a sink measured there is a BOS sink, not a
     position-0 sink. ``bos=True`` but a row does not start with it, or has it twice (a text that
-    already began with the BOS string). Without a known BOS id only the type of ``bos`` is checked.
+    already began with the BOS string). ``bos=True`` on a model with no known BOS id is refused: the
+    claim cannot be checked, and a reader would take the run for one with a BOS token.
     """
     if bos is None:
         return
@@ -170,6 +171,11 @@ def check_bos(model: HookedTransformer, tokens: Tensor, bos: Any, what: str = "t
         raise BadInputError(f"bos must be True, False or None (no claim), got {bos!r}")
     bid = bos_id(model)
     if bid is None:
+        if bos:
+            raise BadInputError(
+                f"{what}: this run says BOS, but the model has no BOS token (no tokenizer BOS, no set_bos), so "
+                "nothing says which id position 0 should hold: say which with p0circuit.set_bos(model, token), or "
+                "say bos=False (or None: no claim)")
         return
     first = tokens[:, 0] == bid
     rows = first.nonzero().flatten().tolist()

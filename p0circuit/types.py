@@ -209,6 +209,9 @@ class Edge:
             raise BadInputError(f"a key/value head ({self.src}) writes nothing to the residual stream: it cannot send an edge")
         if self.input == Input.MLP and self.dst.kind != Kind.MLP:
             raise BadInputError(f"only MLPs have an mlp_in input, not {self.dst}")
+        if (self.input == Input.RESID) != (self.dst.kind == Kind.RESID):
+            raise BadInputError(f"a residual-stream node (R2@0) is fed only through its resid input, and only it has one: "
+                                f"{self.dst}.{self.input.value} is not an input")
 
     @property
     def name(self) -> str:

@@ -19,6 +19,7 @@ from p0circuit.patching import (
     candidate_nodes, faithfulness_curve, path_patch,
 )
 from p0circuit.patching.corruptions import Corruption, Swap, get_corruption
+from p0circuit.patching.edges import among
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.result import PatchResult
@@ -98,14 +99,12 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
 def edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
           node_effects: dict[str, float], threshold: float, max_nodes: int = 8) -> dict[str, Any]:
     """Path patching of the edges between the strongest nodes (senders) into the kept nodes' inputs
-    and every key/value head up to the onset's block."""
+    (:func:`~p0circuit.patching.edges.among`: a key/value head counts when a query head of its group is kept)."""
     kept = [Node.parse(n) for n in list(node_effects)[:max_nodes]]
     senders = sorted(n for n in kept if n.kind != Kind.EXPERT)
     if not senders:
         return {"edges": {}, "candidates": 0, "note": "no sender among the kept nodes"}
-    names = {(n.kind, n.layer, n.head, n.pos) for n in kept}
-    cands = [e for e in candidate_edges(model, senders, receiver_layers=layer + 1)
-             if (e.dst.kind, e.dst.layer, e.dst.head, e.dst.pos) in names or e.dst.kind == Kind.KV_HEAD]
+    cands = among(model, candidate_edges(model, senders, receiver_layers=layer + 1, metric=metric), kept)
     if not cands:
         return {"edges": {}, "candidates": 0, "note": "no edge between the kept nodes"}
     t = time.perf_counter()

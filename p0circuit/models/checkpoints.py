@@ -23,14 +23,30 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from p0circuit.errors import BadInputError, CheckpointError
 from p0circuit.args import entry_point
+from p0circuit.entries import checkpoint_problem
 from p0circuit.models.families import BY_ARCHITECTURE, family_of, tl_config, tl_state_dict
 from p0circuit.models.layout import linear_layout
 from p0circuit.models.verify import check_finite, check_loading_info, check_logits, read_json
+
+def _cached(name: str) -> bool:
+    """Whether the Hugging Face cache holds the config of the hub model TransformerLens maps ``name``
+    to (checked on disk: no request, so an offline machine gets its answer at once)."""
+    from huggingface_hub import constants
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    try:
+        official = get_official_model_name(name)
+    except ValueError:
+        return True  # a name TransformerLens does not know: it says so itself, at once
+    return (Path(constants.HF_HUB_CACHE) / f"models--{official.replace('/', '--')}").is_dir()  # any revision
+
 
 def read_architecture(path: Path) -> str:
     """``architectures[0]`` of a checkpoint directory's config.json; clear errors for a missing
     directory or file, a config that is not a JSON object, and an architecture p0circuit does not load."""
     cfg_file = path / "config.json"
+    if path.is_file():
+        raise CheckpointError(checkpoint_problem(path) or f"{str(path)!r} is a file")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist; pass a directory saved with save_pretrained()")
     if not cfg_file.is_file():
@@ -194,6 +210,11 @@ def load_pretrained(
     """
     if Path(name).exists():
         raise CheckpointError(f"{name!r} is a local path; use load_checkpoint({name!r}) for directories on disk")
+    if not _cached(name):
+        raise CheckpointError(
+            f"{name!r} is not in the local Hugging Face cache, and p0circuit downloads nothing at run time: download "
+            "the checkpoint on a machine with network access, copy its directory here and load it with "
+            "p0circuit.load_checkpoint(path) (model entry checkpoint:<path>)")
     loader = HookedTransformer.from_pretrained if process_weights else HookedTransformer.from_pretrained_no_processing
     try:
         return loader(name, checkpoint_index=checkpoint_index, default_prepend_bos=prepend_bos, device=device, **kwargs)

@@ -99,6 +99,11 @@ def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
     errors, in well under a second, for files p0circuit cannot load (missing, not GGUF, truncated,
     an architecture or tensor type it does not convert)."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.gguf"))
+        raise CheckpointError(f"{str(path)!r} is a directory, not a GGUF file; pass the .gguf file itself"
+                              + (f" (it holds {', '.join(inside[:3])})" if inside else
+                                 " (it holds no .gguf file; a Hugging Face directory loads with load_checkpoint)"))
     if not path.is_file():
         raise CheckpointError(f"GGUF file {str(path)!r} does not exist")
     try:

@@ -34,6 +34,7 @@ the class registers it in :data:`CORRUPTIONS`, so the command line, sweep config
   positions. The default reads the corrupted run, token-aligned; ablations override it.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Union
 
@@ -41,6 +42,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.errors import BadInputError, ConfigError, nearest
+from p0circuit.io import describe
 from p0circuit.args import entry_point
 from p0circuit.args import at_least
 from p0circuit.metrics.positions import find_positions
@@ -66,8 +68,11 @@ class Corruption:
         raise NotImplementedError
 
     def params(self) -> dict[str, Any]:
-        """Settings, for the record (JSON-able)."""
-        return {}
+        """Every setting, for the record (JSON-able, :func:`p0circuit.io.describe`: a tensor by its
+        digest): the public fields of a dataclass corruption, else its instance attributes. Results
+        carry it, and a comparison of results (a faithfulness curve) matches on all of it."""
+        fields = describe(self) if dataclasses.is_dataclass(self) else describe(vars(self))
+        return fields if isinstance(fields, dict) else {}
 
     def corrupted_value(self, prep: "Prepared", clean_act: Tensor, corr_act: Optional[Tensor],
                         positions: list[int]) -> Tensor:
@@ -147,9 +152,6 @@ class Shift(Corruption):
     def __post_init__(self) -> None:
         at_least("Shift", "k", self.k, 1, "the number of filler tokens put before each prompt")
 
-    def params(self) -> dict[str, Any]:
-        return {"k": self.k, "seed": self.seed}
-
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ConfigError(f"Shift.k must be an int >= 1 (prepended tokens), got {self.k!r}")
@@ -187,9 +189,6 @@ class PosMean(Corruption):
 
     def __post_init__(self) -> None:
         at_least("PosMean", "position", self.position, 0, "positions count from 0")
-
-    def params(self) -> dict[str, Any]:
-        return {"position": self.position}
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if tokens.shape[1] < 2 or not 0 <= self.position < tokens.shape[1]:
@@ -229,9 +228,6 @@ class Swap(Corruption):
     def __post_init__(self) -> None:
         if not isinstance(self.position, str):
             at_least("Swap", "position", self.position, 0, "positions count from 0")
-
-    def params(self) -> dict[str, Any]:
-        return {"position": self.position, "token": self.token, "seed": self.seed}
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         vocab = model.cfg.d_vocab

@@ -19,6 +19,7 @@ from p0circuit.args import entry_point
 from p0circuit.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.engine import output_norm
+from p0circuit.patching.metrics import PatchMetric
 from p0circuit.types import Edge, Input, Kind, Node, parse_list
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
@@ -74,12 +75,21 @@ def is_valid_edge(edge: Edge, parallel: bool) -> bool:
 @entry_point
 def candidate_edges(
     model: HookedTransformer, senders: Sequence[Node], qkv: Sequence[str] = ("q", "k", "v"), receiver_layers: Optional[int] = None,
+    metric: Optional[PatchMetric] = None,
 ) -> list[Edge]:
     """Every valid edge from ``senders`` into the q/k/v inputs of every head and every MLP input
     (of the first ``receiver_layers`` blocks when given). Under grouped-query attention the
     receivers of key and value edges are the key/value heads (``A2.KV1@0.k``), each once: a query
-    head has no keys or values of its own."""
+    head has no keys or values of its own.
+
+    With ``metric``, also each sender's *direct* edge into what the metric reads
+    (:meth:`~p0circuit.PatchMetric.residual_reads`): ``A1.H2@0->R2@0.resid`` carries the sender's
+    change straight into block 2's output, bypassing every component after the sender, so a
+    component that writes the measured residual stream itself is a candidate too."""
     check_model(model)
+    if metric is not None and not isinstance(metric, PatchMetric):
+        raise BadInputError(f"candidate_edges: metric must be a PatchMetric (the direct edges go into what it reads), "
+                            f"got {type(metric).__name__}")
     if isinstance(qkv, str) or any(q not in ("q", "k", "v") for q in qkv):
         raise BadInputError(f"candidate_edges: qkv={qkv!r:.40} must be a list drawn from 'q', 'k', 'v' "
                             "(e.g. ('k', 'v') for edges into keys and values only)")
@@ -90,6 +100,7 @@ def candidate_edges(
     parallel = bool(model.cfg.parallel_attn_mlp)
     pos_classes = sorted({n.pos for n in senders}, key=str)
     layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))
+    direct = [] if metric is None else [l for l in metric.residual_reads(model.cfg.n_layers) if l in layers]
     edges = []
     for src in senders:
         for p in pos_classes:
@@ -107,7 +118,35 @@ def candidate_edges(
                     e = Edge(src, Node(Kind.MLP, layer, pos=p), Input.MLP)
                     if is_valid_edge(e, parallel):
                         edges.append(e)
+            for layer in direct:
+                e = Edge(src, Node(Kind.RESID, layer, pos=p), Input.RESID)
+                if is_valid_edge(e, parallel):
+                    edges.append(e)
     return edges
+
+
+def among(model: Any, edges: Sequence[Edge], nodes: Sequence[Node]) -> list[Edge]:
+    """The edges of ``edges`` whose receiver is one of ``nodes``: the one rule by which a list of
+    candidate nodes narrows candidate edges (discovery's ``--layers``/``--nodes``/``--positions``,
+    the analysis' edges between its strongest nodes). A key/value head (grouped-query attention) is
+    never a node itself; it counts as one of ``nodes`` when a query head of its group at its layer
+    and position is one, so the keys and values those query heads read stay candidates. A direct
+    edge into the metric (receiver ``R<l>``) is kept: what the metric reads is not a candidate node."""
+    keep = set(parse_list(nodes, Node, "nodes", "A0.H1@0"))
+    n_kv = kv_heads(model)
+    group = model.cfg.n_heads // n_kv
+    out = []
+    for e in edges:
+        dst = e.dst
+        if dst.kind == Kind.RESID:
+            inside = True
+        elif dst.kind == Kind.KV_HEAD:
+            inside = any(Node(Kind.HEAD, dst.layer, dst.head * group + g, dst.pos) in keep for g in range(group))
+        else:
+            inside = dst in keep
+        if inside:
+            out.append(e)
+    return out
 
 
 def sender_output(model: Any, cache: dict[str, Tensor], node: Node, positions: list[int]) -> Tensor:

@@ -35,6 +35,7 @@ from p0circuit.errors import BadInputError
 from p0circuit.hooks import HookRef
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.hooking import attached
+from p0circuit.patching.order import hook_order
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def base_hooks(n_layers: int, metric: PatchMetric, extra: Sequence[HookRef], sto
     the metric's, and ``extra``. (The keys and values for suffix forwards come from the base run's
     key-value cache: :func:`cache_run`.)"""
     layers = range(n_layers if stop is None else min(stop, n_layers))
-    names = {hooks.resid_pre(l) for l in layers} | {hooks.resid_post(l) for l in layers}
+    names = {hooks.EMBED} | {hooks.resid_pre(l) for l in layers} | {hooks.resid_post(l) for l in layers}
     if not attn_only:
         names |= {hooks.mlp_out(l) for l in layers} | {hooks.resid_mid(l) for l in layers}
     names |= {h.name for h in metric.needs(n_layers)}
@@ -92,17 +93,27 @@ def stop_layer(model: Any, metric: PatchMetric) -> Optional[int]:
     if metric.needs_logits:
         return None
     needed = [h.layer for h in metric.needs(model.cfg.n_layers)]
-    return max(needed) + 1 if needed else None
+    if not needed or max(needed) >= model.cfg.n_layers:  # nothing, or a hook after the blocks (ln_final)
+        return None
+    return max(needed) + 1
 
 
-def reaches(hook: HookRef, metric: PatchMetric, n_layers: int) -> bool:
-    """Whether a change at ``hook`` can change anything ``metric`` reads. Under causality a write
-    in block ``l`` reaches a read in block ``L`` only when ``l < L`` or, in the same block, when
-    the write comes first (:func:`p0circuit.hooks.stage`); logits are reached by everything."""
+def reaches(model: Any, hook: HookRef, metric: PatchMetric) -> bool:
+    """Whether a change at ``hook`` can change anything ``metric`` reads: the write must come no
+    later in the model's forward than one of the reads (:func:`p0circuit.patching.order.hook_order`,
+    traced from the model, not a table of names); logits are reached by everything."""
     if metric.needs_logits:
         return True
-    return any(hook.layer < h.layer or (hook.layer == h.layer and hooks.stage(hook.name) <= hooks.stage(h.name))
-               for h in metric.needs(n_layers))
+    order = hook_order(model)
+    return any(order.can_change(hook.name, h.name) for h in metric.needs(model.cfg.n_layers))
+
+
+def laid_out(model: Any, metric: PatchMetric) -> bool:
+    """Whether every hook ``metric`` reads is laid out ``[batch, pos, ...]``, so that forwards may
+    run a suffix or a prefix of the positions and stack groups along the batch axis (expert hooks,
+    which see only the tokens routed to them, are not)."""
+    positional = hook_order(model).positional
+    return all(h.name in positional for h in metric.needs(model.cfg.n_layers))
 
 
 def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool:
@@ -111,13 +122,15 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
         return False
     op = group[0]
     layer = op.hook.layer
+    allowed = {hooks.resid_post(layer), hooks.pattern(layer)}
+    if layer >= 0 and op.hook.name == hooks.resid_post(layer):  # the block's output itself (a direct edge, an R node)
+        return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
     if layer < 0 or output_norm(model, "mlp") is not None:
         return False
     if op.hook.name == hooks.mlp_in(layer) and (model.cfg.parallel_attn_mlp or op.head is not None):
         return False
     if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer), hooks.mlp_in(layer)):
         return False
-    allowed = {hooks.resid_post(layer), hooks.pattern(layer)}
     return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
 
 
@@ -152,6 +165,9 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     layer = op.hook.layer
     pos = list(op.positions)
     out = base_cache[hooks.resid_post(layer)].clone()
+    if op.hook.name == hooks.resid_post(layer):  # the output itself: set or add at the positions
+        out[:, pos] = out[:, pos] + op.value if op.add else op.value
+        return out
     if op.hook.name == hooks.mlp_in(layer):  # only the MLP sees the change; the residual stream does not
         out[:, pos] = _mlp_in_outputs(model, base_cache, [op])[0]
         return out
@@ -209,7 +225,7 @@ def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[Pat
     layer = ops[0].hook.layer
     if model.cfg.parallel_attn_mlp or model.cfg.attn_only:
         return [skip_block(model, base_cache, op)[:, list(op.positions)] for op in ops]
-    post = base_cache[hooks.resid_post(layer)]
+    post = base_cache[hooks.resid_post(layer)]  # (the ops of one start block: all of block layer, or R nodes of layer)
     out: list[Optional[Tensor]] = [None] * len(ops)
     heads = []
     mlp_in = [i for i, op in enumerate(ops) if op.hook.name == hooks.mlp_in(layer)]
@@ -219,7 +235,9 @@ def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[Pat
         pos = list(op.positions)
         if op.hook.name == hooks.mlp_in(layer):
             continue
-        if op.hook.name != hooks.head_z(layer):  # MLP output or neuron: no MLP call needed
+        if op.hook.name == hooks.resid_post(layer):  # the block's output itself
+            out[i] = post[:, pos] + op.value if op.add else op.value
+        elif op.hook.name != hooks.head_z(layer):  # MLP output or neuron: no MLP call needed
             out[i] = post[:, pos] + _mlp_change(model, base_cache, op)
         else:
             heads.append(i)
@@ -278,16 +296,18 @@ class BaseRun:
     @property
     def batch(self) -> int:
         """Prompts in the base run."""
-        return self.cache[hooks.resid_pre(0)].shape[0]
+        return self.cache[hooks.EMBED].shape[0]
 
     @property
     def length(self) -> int:
         """Positions in the base run."""
-        return self.cache[hooks.resid_pre(0)].shape[1]
+        return self.cache[hooks.EMBED].shape[1]
 
     @cached_property
     def end(self) -> int:
         """One past the last position the metric reads: patched forwards run no further."""
+        if not laid_out(self.model, self.metric):  # hooks of routed tokens: whole prompts only
+            return self.length
         last = self.metric.last_position(self.p0)
         if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 0):
             raise BadInputError(f"metric {self.metric.name}: last_position({self.p0}) returned {last!r}; it must be "
@@ -369,7 +389,7 @@ def run_groups(
         skip[i] = skippable(model, g, metric)
         first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
         by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
-    per_chunk = max(1, rows_per_forward // base.batch)
+    per_chunk = max(1, rows_per_forward // base.batch) if laid_out(model, metric) else 1  # (rows of routed tokens)
     patched: dict[int, Tensor] = {}
     current = None
     for (start, first), idx in sorted(by_start.items()):
@@ -380,9 +400,11 @@ def run_groups(
         if stop is not None and start >= stop:  # no forward needed: the metric reads only earlier hooks
             for i in idx:
                 acts = {h.name: base_cache[h.name] for h in needs}
-                if skip[i]:
-                    name = hooks.resid_post(start - 1)
+                name = hooks.resid_post(start - 1)
+                if skip[i] and name in acts:  # (a metric that reads only earlier hooks is left as it is)
                     acts[name] = _with_positions(acts[name], groups[i][0].positions, patched[i])
+                elif not skip[i]:  # a metric that reads the very hook patched (an embedding, say)
+                    acts = _with_ops(acts, [(slice(None), op) for op in groups[i]])
                 out[i] = float(metric(RunView(acts, None, p0)))
             if on_done is not None:
                 on_done(len(idx))
@@ -409,6 +431,17 @@ def _trimmed(group: Sequence[PatchOp], end: int) -> list[PatchOp]:
         elif keep:
             value = op.value[:, keep] if op.value.ndim > 1 and op.value.shape[1] == len(op.positions) else op.value
             out.append(replace(op, positions=tuple(op.positions[i] for i in keep), value=value))
+    return out
+
+
+def _with_ops(acts: dict[str, Tensor], ops: Sequence[tuple[slice, PatchOp]]) -> dict[str, Tensor]:
+    """``acts`` with each op applied to its rows of a copy of its hook's activation (those it touches)."""
+    out = dict(acts)
+    for name in {op.hook.name for _, op in ops if op.hook.name in acts}:
+        out[name] = acts[name].clone()
+    for rows, op in ops:
+        if op.hook.name in out:
+            op.apply(out[op.hook.name], rows)
     return out
 
 
@@ -475,17 +508,22 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
             captured[h.name] = early[h.name]
         else:
             captured[h.name] = base_cache[h.name].repeat(n, *([1] * (base_cache[h.name].ndim - 1)))
+    below = [(slice(i * batch, (i + 1) * batch), op) for i, g in enumerate(groups) if not chunk.skipped[i] for op in g
+             if op.hook.name in captured]  # ops on a hook the metric reads from before the forward (embeddings)
+    captured.update(_with_ops(captured, below))
     kv = _prefix_cache(model, base_cache, start, first, n) if first else None
     extra: dict[str, Any] = {}
     end = base.end
     if model.cfg.positional_embedding_type == "shortformer":  # positions enter each block's queries and keys
         extra["shortformer_pos_embed"] = model.W_pos[first:end].unsqueeze(0).expand(resid.shape[0], -1, -1)
     with attached(model, fwd_hooks):
-        logits = model(resid[:, first:end], start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv, **extra)
+        logits = model(resid[:, first:end].contiguous(), start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv, **extra)
+    positional = laid_out(model, metric)  # else: one group, whole prompts (run_groups saw to it)
+    new_only = hook_order(model).new_only
     for h in metric.needs(model.cfg.n_layers):
-        if h.layer >= start:
+        if h.layer >= start and positional:
             act = captured[h.name]
-            if first:
+            if first and new_only[h.name]:  # (rotary keys come out of a suffix forward whole)
                 act = _reassemble(base_cache[h.name], act, first, n, hooks.position_axis(h.name))
             captured[h.name] = _to_length(act, base.length, h.name)
     if metric.needs_logits:
@@ -494,7 +532,7 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
         logits = _to_length(logits, base.length, "logits")
     values = []
     for i in range(n):
-        rows = slice(i * batch, (i + 1) * batch)
+        rows = slice(i * batch, (i + 1) * batch) if positional else slice(None)
         view = RunView({k: v[rows] for k, v in captured.items()}, logits[rows] if metric.needs_logits else None, base.p0)
         values.append(float(metric(view)))
     return values
@@ -503,7 +541,10 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
 def _suffix_ok(model: Any, metric: PatchMetric, base_logits: Optional[Tensor], base_cache: dict[str, Tensor]) -> bool:
     if metric.needs_logits and base_logits is None:
         return False
-    if model.cfg.positional_embedding_type not in ("rotary", "standard"):
+    if model.cfg.positional_embedding_type not in ("rotary", "standard") or not laid_out(model, metric):
+        return False
+    known = hook_order(model).new_only  # what a cached suffix forward shows of each hook
+    if any(h.name not in known for h in metric.needs(model.cfg.n_layers)):
         return False
     stop = stop_layer(model, metric)
     layers = range(model.cfg.n_layers if stop is None else stop)

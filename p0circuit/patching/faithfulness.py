@@ -16,6 +16,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.errors import BadInputError
+from p0circuit.io import strict
 from p0circuit.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
@@ -99,11 +100,16 @@ def faithfulness_curve(
     if not isinstance(result, PatchResult):
         raise BadInputError(f"result must be a PatchResult (from a patching method), got {type(result).__name__}")
     job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric))
-    if job.prep.name != result.corruption or job.metric.name != result.metric:
+    given = {"corruption": job.prep.name, "corruption_params": job.prep.corruption.params(), "metric": job.metric.name,
+             "metric_params": job.metric.params()}
+    recorded = {"corruption": result.corruption, "metric": result.metric,
+                **{k: result.settings[k] for k in ("corruption_params", "metric_params") if k in result.settings}}
+    differ = [k for k in recorded if strict(recorded[k]) != strict(given[k])]
+    if differ:
         raise BadInputError(
-            f"the result was computed with corruption={result.corruption!r}, metric={result.metric!r}; "
-            f"pass the same ones (got {job.prep.name!r}, {job.metric.name!r})"
-        )
+            f"the result was computed with another {' and '.join(differ)} ("
+            + "; ".join(f"{k}: result {recorded[k]!r:.120}, given {given[k]!r:.120}" for k in differ)
+            + "): pass the corruption and metric the result was made with")
     if not len(fractions) or any(not 0.0 <= f <= 1.0 for f in fractions):
         raise BadInputError(f"fractions must be one or more numbers in [0, 1], got {list(fractions)}")
     ranked = _ranked(result)
@@ -123,7 +129,7 @@ def faithfulness_curve(
     kept = [math.ceil(f * len(items)) for f in fractions]
     dropped = [[x for x in items[k:] if x in live] for k in kept]
     values: dict[int, float] = {}
-    with receiver_hooks(model):
+    with receiver_hooks(model, split_qkv=is_edge):
         if is_edge:
             values = {i: _edges_ablated(job, d, named) for i, d in enumerate(dropped) if d}
         else:  # every point in one pass of the engine, which runs only the blocks up to the metric

@@ -9,11 +9,21 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
+from p0circuit.errors import ConfigError
+
 
 @contextmanager
 def receiver_hooks(model: Any, split_qkv: bool = True) -> Iterator[Any]:
     """Enable per-head q/k/v input hooks (unless ``split_qkv`` is False) and the MLP input hook
     (blocks with an MLP only) for the duration of the block."""
+    cfg = model.cfg
+    grouped = cfg.n_key_value_heads not in (None, cfg.n_heads) and not cfg.ungroup_grouped_query_attention
+    if split_qkv and grouped and cfg.positional_embedding_type == "shortformer":
+        raise ConfigError(
+            "TransformerLens cannot split the query/key/value inputs of a grouped-query model with shortformer "
+            "positions (it adds the position embedding to the keys once per query head, not per key/value head), "
+            "and edges into queries, keys and values are patched there: use node-level methods (activation, "
+            "attribution) on this model, or model.set_ungroup_grouped_query_attention(True)")
     old_split, old_mlp_in = model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in
     has_mlp = not model.cfg.attn_only  # TransformerLens refuses the MLP-input flag without MLPs
     try:

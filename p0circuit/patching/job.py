@@ -103,7 +103,7 @@ class PatchJob:
 
     def reaches(self, hook: HookRef) -> bool:
         """Whether a patch at ``hook`` can change the metric (always, on the reference path)."""
-        return self.reference or reaches(hook, self.metric, self.model.cfg.n_layers)
+        return self.reference or reaches(self.model, hook, self.metric)
 
     def cache(self, extra: set[str]) -> "PatchJob":
         """Run the clean (and corrupted) prompts once, up to the last block the metric reads,
@@ -185,6 +185,8 @@ class PatchJob:
         run with every op of ``full`` (each candidate ablated) applied at once."""
         if not self.prep.is_ablation:
             return self.metric_of(self.corr, self.corr_logits, self.offset)  # type: ignore[arg-type]
+        if self.reference:  # the slow path's own reference: one ordinary hooked forward
+            return run_groups_reference(self.model, self.prep.clean_tokens, [list(full)], self.metric, 0)[0]
         return run_groups(self.model, self.clean, [list(full)], self.metric, 0, self.rows_per_forward)[0]
 
     def result(self, method: str, level: str, raw: dict[str, float], corrupted: float,
@@ -215,7 +217,7 @@ class PatchJob:
             method=method, level=level, corruption=self.prep.name, metric=self.metric.name,
             direction=self.direction, clean_metric=self.clean_metric, corrupted_metric=corrupted, raw=raw,
             normalized=norm, signal=signal, message=msg,
-            settings={**settings, "corruption_params": self.prep.corruption.params(),
+            settings={**settings, "corruption_params": self.prep.corruption.params(), "metric_params": self.metric.params(),
                       "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
                       "n_layers": int(self.model.cfg.n_layers), "n_heads": int(self.model.cfg.n_heads)},
         )

@@ -7,6 +7,7 @@ when it needs them, and ``p0``, the index at which the clean prompt's first toke
 so a shifted run is compared with the clean one token by token, not index by index.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -20,6 +21,8 @@ from p0circuit.errors import BadInputError, ConfigError, MissingHookError
 from p0circuit.args import entry_point
 from p0circuit.args import at_least
 from p0circuit.hooks import HookRef
+from p0circuit.io import describe
+from p0circuit.patching.order import hook_order
 
 
 @dataclass
@@ -49,6 +52,22 @@ class PatchMetric:
 
     def validate(self, n_layers: int, n_heads: int) -> None:
         """Raise a clear error if the metric does not fit the model."""
+
+    def params(self) -> dict[str, Any]:
+        """Every setting, for the record (JSON-able, :func:`p0circuit.io.describe`: a function by where
+        it is defined): the public fields of a dataclass metric, else its instance attributes.
+        Results carry it beside the name, and comparisons of results match on it."""
+        fields = describe(self) if dataclasses.is_dataclass(self) else describe(vars(self))
+        return fields if isinstance(fields, dict) else {}
+
+    def residual_reads(self, n_layers: int) -> list[int]:
+        """The blocks whose output (the residual stream, ``resid_post``) this metric reads itself: the
+        receivers of the direct edges into the metric (``A1.H2@0->R2@0.resid``), a sender's write
+        that reaches the metric bypassing every later component. A metric on the logits reads the
+        last block's output (through the final norm and the unembedding)."""
+        if self.needs_logits:
+            return [n_layers - 1]
+        return sorted({h.layer for h in self.needs(n_layers) if h.name == hooks.resid_post(h.layer)})
 
     def last_position(self, p0: int) -> Optional[int]:
         """The last sequence position this metric reads in a run whose clean first token sits at
@@ -315,14 +334,19 @@ def check_metric(metric: Any, model: Any) -> None:
     missing = [h.name for h in metric.needs(model.cfg.n_layers) if h.name not in model.hook_dict]
     if missing:
         raise MissingHookError(f"the model has no hook {missing[0]!r} that metric {metric.name!r} reads")
+    n_layers = model.cfg.n_layers
     owner = {id(point): layer for layer, block in enumerate(model.blocks) for point in block.modules()}
-    for h in metric.needs(model.cfg.n_layers):
-        actual = owner.get(id(model.hook_dict[h.name]), -1)  # hooks outside the blocks: the embeddings
+    order = hook_order(model)
+    for h in metric.needs(n_layers):
+        actual = owner.get(id(model.hook_dict[h.name]))
+        if actual is None:  # outside the blocks: the embeddings before them, ln_final and the unembedding after
+            actual = -1 if order.span(h.name)[1] < order.span(hooks.resid_pre(0))[0] else n_layers
         if actual != h.layer:
+            where = (f"block {actual}" if 0 <= actual < n_layers else "the embeddings (layer -1)" if actual < 0
+                     else f"what runs after the last block (layer {n_layers})")
             raise BadInputError(
                 f"metric {metric.name!r} declares hook {h.name!r} at layer {h.layer}, but that hook belongs to "
-                f"{'block ' + str(actual) if actual >= 0 else 'the embeddings (layer -1)'}: patched forwards would "
-                f"read it unpatched. Declare it as ({actual}, {h.name!r})")
+                f"{where}: patched forwards would read it unpatched. Declare it as ({actual}, {h.name!r})")
 
 
 MetricSpec = Union[str, PatchMetric]

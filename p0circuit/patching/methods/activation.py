@@ -61,14 +61,20 @@ def activation_patch(
     return patch_nodes(job, parse_nodes(nodes if nodes is not None else candidate_nodes(model)))
 
 
-def patch_nodes(job: PatchJob, node_list: Sequence[Node]) -> PatchResult:
-    """Activation patching of ``node_list`` on ``job`` (its caches are made or reused)."""
+def patch_nodes(job: PatchJob, node_list: Sequence[Node], candidates: Optional[Sequence[Node]] = None) -> PatchResult:
+    """Activation patching of ``node_list`` on ``job`` (its caches are made or reused). Under an
+    ablation the fully corrupted reference ablates every one of ``candidates`` at once (default
+    ``node_list``): a caller that patches a subset (triage) passes the whole candidate set, so the
+    normalization is the same as if every candidate had been patched."""
     model = job.model
-    named = named_positions(node_list)
+    every = list(node_list if candidates is None else candidates)
+    named = named_positions(every)
     live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
-    job.cache({site_of(n, model).read.name for n in live})
+    live_all = [n for n in every if job.reaches(site_of(n, model).hook)]
+    job.cache({site_of(n, model).read.name for n in live_all})
     ops = [node_op(job, n, job.direction, named) for n in live]
-    corrupted = job.corrupted_metric(ops)
+    corrupted = job.corrupted_metric(ops if candidates is None else
+                                     [node_op(job, n, job.direction, named) for n in live_all])
     with job.tracking(len(ops), "activation patching"):
         raw = {n.name: v for n, v in zip(live, job.patch_each(ops))}
     return job.result("activation", "node", raw, corrupted, candidates=[n.name for n in node_list])

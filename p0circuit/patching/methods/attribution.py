@@ -43,6 +43,10 @@ from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
 from p0circuit.types import Edge, Node, parse_nodes
 
 
+MAX_STEPS = 1024
+"""Most integrated-gradient steps a call accepts (each is a forward and a backward per hook)."""
+
+
 def _integrated_gradients(model: Any, tokens: Tensor, metric: PatchMetric, targets: dict[str, Tensor],
                           base: dict[str, Tensor], p0: int, stop: Optional[int], steps: int) -> dict[str, Tensor]:
     """Mean ``dM/da`` along ``base[h] -> targets[h]`` for each hook ``h`` alone (the rest recomputed)."""
@@ -156,6 +160,12 @@ def attribution_patch(
         raise ConfigError(f"level must be 'node' or 'edge', got {level!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise BadInputError(f"steps must be an integer >= 1 (1: one gradient; more: integrated gradients), got {steps!r}")
+    if steps > MAX_STEPS:
+        raise BadInputError(
+            f"steps={steps} is more than {MAX_STEPS}: integrated gradients cost one forward and one backward per step "
+            f"for every hook the nodes sit at, so this would be {steps} x (hooks) gradient passes; 4-64 steps follow a "
+            "saturating metric closely (check_attribution measures how closely), and exact activation patching of "
+            "the nodes costs about one forward each")
     if steps > 1 and level == "edge":
         raise BadInputError("integrated gradients (steps > 1) are for nodes; edge attribution takes steps=1")
     if edges is not None and level == "node":
@@ -165,7 +175,7 @@ def attribution_patch(
     job = PatchJob(model, tokens, options)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     if level == "edge" and edges is None:
-        edges = candidate_edges(model, node_list, receiver_layers=job.receiver_layers)
+        edges = candidate_edges(model, node_list, receiver_layers=job.receiver_layers, metric=job.metric)
     return attribute(job, node_list, parse_edges(edges) if level == "edge" else None, steps)
 
 
@@ -183,7 +193,7 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
     job.cache({site_of(n, model).read.name for n in live_nodes} | {sender_hook(e.src) for e in live_edges})
     base_cache, base_tokens, _, p0 = job.base()
     scores: dict[str, float] = {}
-    with receiver_hooks(model), job.tracking(steps, "attribution (gradient passes)"):
+    with receiver_hooks(model, split_qkv=level == "edge"), job.tracking(steps, "attribution (gradient passes)"):
         if level == "node":
             ops = [node_op(job, n, direction, named) for n in live_nodes]
             base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0, job.stop)

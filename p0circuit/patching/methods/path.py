@@ -40,7 +40,8 @@ def path_patch(
     options: PatchOptions,
 ) -> PatchResult:
     """Patch each edge alone; ``edges`` defaults to every valid edge between candidate nodes whose
-    receiver sits in a block the metric reads from (the others cannot change it).
+    receiver sits in a block the metric reads from (the others cannot change it), and each
+    candidate's direct edge into what the metric reads (``A1.H2@0->R2@0.resid``).
 
     Sender deltas (one ``[batch, positions, d_model]`` tensor per edge) are built ``chunk`` edges
     at a time, so memory stays bounded however many edges there are. The shared options are those
@@ -50,7 +51,7 @@ def path_patch(
     job = PatchJob(model, tokens, options)
     direction = job.direction
     if edges is None:  # receivers past the metric's last block cannot change it: not candidates
-        edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.receiver_layers)
+        edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.receiver_layers, metric=job.metric)
     edge_list = parse_edges(edges)
     parallel = bool(model.cfg.parallel_attn_mlp)
     bad = [e for e in edge_list if not is_valid_edge(e, parallel)]

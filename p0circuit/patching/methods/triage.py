@@ -64,7 +64,7 @@ def triage_patch(
     ranked = sorted(live, key=lambda n: -abs(approx.raw[n.name] - base))
     chosen, rest = ranked[:top], ranked[top:]
     sampled = random.Random(seed).sample(rest, min(sample, len(rest)))
-    exact = patch_nodes(job, chosen + sampled or node_list[:1])
+    exact = patch_nodes(job, chosen + sampled or node_list[:1], candidates=node_list)  # normalized against every candidate
     unexamined = len(rest) - len(sampled)
     seen = [abs(exact.normalized[n.name]) for n in sampled if not math.isnan(exact.normalized[n.name])]
     mean_seen = sum(seen) / len(seen) if seen else math.nan
