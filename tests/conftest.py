@@ -56,6 +56,22 @@ def gguf_parsed_once(monkeypatch):
     monkeypatch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
 
 
+@pytest.fixture(scope="module")
+def user_corruption():
+    """A user's corruption from its own file (``tests/plugins/trade_first_two.py``), registered
+    through :func:`p0circuit.plugins.load_plugin` for the tests of one module and unregistered after,
+    so that tests which list the built-in corruptions see only those."""
+    from pathlib import Path
+
+    from p0circuit.patching.corruptions import CORRUPTIONS
+    from p0circuit.plugins import load_plugin
+
+    cls = load_plugin(str(Path(__file__).parent / "plugins" / "trade_first_two.py")).TradeFirstTwo
+    CORRUPTIONS[cls.name] = cls  # the module is imported once per process; register it again after a teardown
+    yield cls
+    CORRUPTIONS.pop(cls.name, None)
+
+
 def random_tokens(n, length, vocab, seed):
     """Uniform random prompts."""
     return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed))

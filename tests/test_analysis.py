@@ -58,7 +58,9 @@ def test_position_plant_nodes_edges_and_neurons(rope_run):
     assert onset["layer"] == a + 1 and onset["where"] == "P0" and onset["corruption"] == "shift"
     assert set(onset["nodes"]) == {n.name for n in pm.truth.writers}
     within = {e.name for e in pm.truth.edges if e.dst.layer <= onset["layer"]}
-    assert set(onset["edges"]) == within
+    # the plant's last MLP writes the massive dimension straight into the stream the metric reads
+    direct = {f"M{a + 1}@0->R{onset['layer']}@0.resid"}
+    assert set(onset["edges"]) == within | direct
     into_keys = {e.name for e in pm.truth.edges if e.dst.layer > onset["layer"]}
     assert set(onset["into_sinks"]["edges"]) == into_keys
     layer, amplifier = pm.neurons["amplifier"]
@@ -90,7 +92,8 @@ def test_bos_plant_swap_finds_the_token_shift_cannot(bos_run):
     (onset,) = result["onsets"]["with_bos"]
     assert onset["corruption"] == "swap" and onset["corruption_choice"]["chosen"] == "swap"
     assert set(onset["nodes"]) == {n.name for n in pm.truth.writers}  # E@0, M0@0, M1@0
-    assert set(onset["edges"]) == {e.name for e in pm.truth.edges if e.dst.layer <= onset["layer"]}
+    direct = {f"M{pm.spec.circuit_layer + 1}@0->R{onset['layer']}@0.resid"}  # the last MLP into the metric's stream
+    assert set(onset["edges"]) == {e.name for e in pm.truth.edges if e.dst.layer <= onset["layer"]} | direct
     shift = result["variations"]["with_bos"]["corruption"]["shift"]
     assert shift["signal"] is False and "try 'swap'" in shift["message"] and "try 'shift'" not in shift["message"]
     assert result["sinks"]["with_bos"]["sink_positions"][0]["where"] == "P0 (BOS)"

@@ -18,7 +18,8 @@ def test_discover_on_the_plant(tmp_path, capsys):
 
 def test_discover_bad_checkpoint(tmp_path, capsys):
     assert main(["discover", "--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
-    assert "p0circuit: error: checkpoint directory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("p0circuit: error: model entry 'checkpoint:") and "missing' does not exist" in err
 
 
 def test_survey_with_a_local_checkpoint(tmp_path, capsys):

@@ -16,6 +16,7 @@ import torch
 import p0circuit as p0
 from family_configs import VOCAB, make_checkpoint
 from p0circuit.patching.experts import expert_contribution
+from tolerance import assert_close, close
 
 TOKENS = torch.randint(3, VOCAB, (3, 10), generator=torch.Generator().manual_seed(2))
 NODES = ["M0.E0@0", "M0.E1@0", "M0.E2@0", "M0.E3@0", "M1.E1@rest", "M1.E2@0", "M0@0"]
@@ -40,7 +41,7 @@ def test_contributions_add_up_to_the_moe_output(moe):
     for layer in range(moe.cfg.n_layers):
         resid = cache[f"blocks.{layer}.hook_resid_mid"]
         total = sum(expert_contribution(moe, layer, resid, e) for e in range(moe.cfg.num_experts))
-        assert torch.allclose(total, cache[f"blocks.{layer}.hook_mlp_out"], atol=1e-5)
+        assert_close(total, cache[f"blocks.{layer}.hook_mlp_out"], what="the experts' contributions summed")
 
 
 @torch.no_grad()
@@ -74,15 +75,15 @@ def test_expert_patching_fast_reference_plain(moe):
     fast, slow = p0.activation_patch(moe, TOKENS, **kw), p0.activation_patch(moe, TOKENS, reference=True, **kw)
     for node in NODES[:-1]:
         plain = plain_zero_expert(moe, TOKENS, node, 2)
-        assert fast.raw[node] == pytest.approx(plain, rel=1e-5) and slow.raw[node] == pytest.approx(plain, rel=1e-5)
+        assert close(fast.raw[node], plain) and close(slow.raw[node], plain), (node, fast.raw[node], slow.raw[node], plain)
     assert len({round(fast.raw[n], 6) for n in NODES}) > 3  # experts differ from each other and from the MLP
     for corruption in ("shift", "pos_mean", "resample"):
         kw = dict(nodes=NODES, corruption=corruption, metric=p0.NormRatio(2), min_signal=0)
         fast, slow = p0.activation_patch(moe, TOKENS, **kw), p0.activation_patch(moe, TOKENS, reference=True, **kw)
-        assert max(abs(fast.raw[k] - slow.raw[k]) for k in NODES) <= 1e-5 * max(1, abs(slow.clean_metric))
+        assert all(close(fast.raw[k], slow.raw[k], slow.clean_metric) for k in NODES)
     denoise = dict(nodes=NODES, corruption="shift", metric=p0.NormRatio(2), min_signal=0, direction="denoise")
     fast, slow = p0.activation_patch(moe, TOKENS, **denoise), p0.activation_patch(moe, TOKENS, reference=True, **denoise)
-    assert max(abs(fast.raw[k] - slow.raw[k]) for k in NODES) <= 1e-5 * max(1, abs(slow.clean_metric))
+    assert all(close(fast.raw[k], slow.raw[k], slow.clean_metric) for k in NODES)
 
 
 def test_attribution_takes_expert_nodes(moe):

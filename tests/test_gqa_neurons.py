@@ -13,8 +13,8 @@ from p0circuit.patching.edges import candidate_edges
 from p0circuit.patching.sites import candidate_neurons
 
 from conftest import random_tokens
+from tolerance import close, results_close
 
-TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +26,6 @@ def gqa():
 
 def logit_diff(logits):
     return (logits[:, -1, 3] - logits[:, -1, 4]).mean()
-
-
-def _max_diff(a, b):
-    assert a.raw.keys() == b.raw.keys()
-    return max(abs(a.raw[k] - b.raw[k]) for k in a.raw)
 
 
 def test_kv_edges_go_to_the_shared_key_value_head_once(gqa):
@@ -59,7 +54,7 @@ def test_gqa_path_fast_equals_reference(gqa, corruption):
     fast = p0.path_patch(gqa, toks, rows_per_forward=9, **kw)
     slow = p0.path_patch(gqa, toks, reference=True, **kw)
     assert any("KV" in name for name in fast.raw)
-    assert _max_diff(fast, slow) <= TOL
+    assert results_close(fast, slow)
 
 
 def test_kv_edge_equals_a_hand_written_hook(gqa):
@@ -84,7 +79,7 @@ def test_kv_edge_equals_a_hand_written_hook(gqa):
         logits = gqa.run_with_hooks(toks, fwd_hooks=[("blocks.1.hook_v_input", add)])
     finally:
         gqa.set_use_split_qkv_input(False)
-    assert res.raw["M0@0->A1.KV1@0.v"] == pytest.approx(float(logit_diff(logits).detach()), abs=TOL)
+    assert close(res.raw["M0@0->A1.KV1@0.v"], float(logit_diff(logits).detach()), res.clean_metric)
 
 
 def test_neuron_nodes_fast_equal_reference_and_hooks(gqa):
@@ -95,7 +90,7 @@ def test_neuron_nodes_fast_equal_reference_and_hooks(gqa):
     shift = Shift(1, filler=(5,))
     fast = p0.activation_patch(gqa, toks, nodes=nodes, corruption=shift, metric=metric, min_signal=0)
     slow = p0.activation_patch(gqa, toks, nodes=nodes, corruption=shift, metric=metric, min_signal=0, reference=True)
-    assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
+    assert results_close(fast, slow)
     # one neuron by hand: its activation at position 0 set to the shifted run's
     shifted = torch.cat([torch.full((4, 1), 5), toks], dim=1)
     _, corr = gqa.run_with_cache(shifted, names_filter="blocks.1.mlp.hook_post")
@@ -110,7 +105,7 @@ def test_neuron_nodes_fast_equal_reference_and_hooks(gqa):
     gqa.run_with_hooks(toks, fwd_hooks=[("blocks.1.mlp.hook_post", put),
                                         ("blocks.2.hook_resid_post", lambda a, hook: captured.update(r=a))])
     view = p0.patching.RunView({"blocks.2.hook_resid_post": captured["r"]}, None, 0)
-    assert fast.raw["M1.N7@0"] == pytest.approx(float(metric(view).detach()), rel=1e-5, abs=TOL)
+    assert close(fast.raw["M1.N7@0"], float(metric(view).detach()), fast.clean_metric)
     assert max(abs(fast.raw[n.name] - fast.clean_metric) for n in nodes) > 1e-4  # neurons matter
 
 
@@ -121,7 +116,7 @@ def test_neuron_senders_in_path_patching(gqa):
     kw = dict(edges=edges, corruption=Shift(1), metric=p0.NormRatio(2), min_signal=0)
     fast = p0.path_patch(gqa, toks, **kw)
     slow = p0.path_patch(gqa, toks, reference=True, **kw)
-    assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
+    assert results_close(fast, slow)
 
 
 def test_bad_neuron_and_kv_nodes(gqa):
@@ -153,4 +148,4 @@ def test_query_key_value_edges_equal_the_per_head_input_hooks(gqa, name, monkeyp
     monkeypatch.setattr(ops, "direct_qkv", lambda model: False)
     monkeypatch.setattr(path_method, "direct_qkv", lambda model: False)
     split = p0.path_patch(model, toks, **kw)
-    assert _max_diff(direct, split) <= TOL and max(abs(v - direct.clean_metric) for v in direct.raw.values()) > 1e-4
+    assert results_close(direct, split) and max(abs(v - direct.clean_metric) for v in direct.raw.values()) > 1e-4

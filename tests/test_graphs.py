@@ -70,5 +70,5 @@ def test_faithfulness_curve(planted):
     assert k1 == 3 and 0.3 < v1 < 0.7  # three of four planted edges: one sink head keeps its key
     assert k2 >= 4 and v2 == pytest.approx(1.0, abs=1e-3)      # the planted edges are sufficient
     assert v3 == pytest.approx(1.0)
-    with pytest.raises(p0.BadInputError, match="pass the same ones"):
+    with pytest.raises(p0.BadInputError, match="pass the corruption and metric the result was made with"):
         faithfulness_curve(planted.model, toks, result=result, corruption="shift", metric=metric)

@@ -7,6 +7,7 @@ import p0circuit as p0
 from p0circuit.cli import main
 from p0circuit import entries
 from p0circuit.models import resolve
+from tolerance import close
 
 
 @pytest.fixture(scope="module")
@@ -119,16 +120,16 @@ def test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another
 
 
 def test_every_position_its_own_node_as_transformer_lens_returns_it(setup):
-    import plain_patch
+    import oracle as O
 
     pm, toks = setup
-    kw = dict(corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric="norm_ratio:1", positions="each", min_signal=0)
+    kw = dict(corruption=p0.Shift(filler=(O.FILLER,)), metric="norm_ratio:1", positions="each", min_signal=0)
     fast = p0.activation_patch(pm.model, toks, **kw)
     slow = p0.activation_patch(pm.model, toks, reference=True, **kw)
     assert fast.to_tensor("head").shape == (4, toks.shape[1], 2) and fast.to_tensor("mlp").shape == (4, toks.shape[1])
     names = [n for n in fast.raw if p0.Node.parse(n).layer <= 1]
-    plain = plain_patch.activation(pm.model, toks, names, 1)
-    assert max(abs(fast.raw[n] - plain[n]) + abs(slow.raw[n] - plain[n]) for n in names) < 1e-4
+    plain = O.activation(pm.model, toks, names, O.Corr("shift"), O.Metric("norm_ratio", layer=1))
+    assert all(close(fast.raw[n], plain[n], fast.clean_metric) and close(slow.raw[n], plain[n], fast.clean_metric) for n in names)
     with pytest.raises(p0.BadInputError, match="positions must be 'split'"):
         p0.activation_patch(pm.model, toks, positions="every")
     with pytest.raises(p0.BadInputError, match="not both"):

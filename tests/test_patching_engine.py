@@ -12,8 +12,8 @@ from p0circuit import ModelSpec, Node, Kind
 from p0circuit.patching import PosMean, Resample, Shift, Zero
 
 from conftest import random_tokens
+from tolerance import close, results_close
 
-TOL = 1e-5
 
 
 @contextmanager
@@ -34,11 +34,6 @@ def _rows_into(model, layers):
     finally:
         for layer in layers:
             del model.blocks[layer].forward  # the class's forward again
-
-
-def _max_diff(a, b):
-    assert a.raw.keys() == b.raw.keys()
-    return max(abs(a.raw[k] - b.raw[k]) for k in a.raw)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +57,7 @@ def test_activation_fast_equals_reference_planted(planted, corruption):
     metric = p0.NormRatio(1)
     fast = p0.activation_patch(planted.model, toks, nodes=nodes, corruption=corruption, metric=metric, rows_per_forward=13)
     slow = p0.activation_patch(planted.model, toks, nodes=nodes, corruption=corruption, metric=metric, reference=True)
-    assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
+    assert results_close(fast, slow)
 
 
 @pytest.mark.parametrize("direction", ["noise", "denoise"])
@@ -72,7 +67,7 @@ def test_activation_fast_equals_reference_generic(generic, direction):
     nodes = p0.patching.candidate_nodes(generic, positions=(0, 1), embed=True)
     fast = p0.activation_patch(generic, toks, nodes=nodes, corruption=Shift(3), metric=metric, direction=direction, min_signal=0)
     slow = p0.activation_patch(generic, toks, nodes=nodes, corruption=Shift(3), metric=metric, direction=direction, min_signal=0, reference=True)
-    assert _max_diff(fast, slow) <= TOL
+    assert results_close(fast, slow)
 
 
 @pytest.mark.parametrize("corruption", [Shift(1), PosMean()])
@@ -81,7 +76,7 @@ def test_path_fast_equals_reference(planted, corruption):
     metric = p0.AttnToP0(heads=list(planted.sink_heads))
     fast = p0.path_patch(planted.model, toks, corruption=corruption, metric=metric, rows_per_forward=40)
     slow = p0.path_patch(planted.model, toks, corruption=corruption, metric=metric, reference=True)
-    assert _max_diff(fast, slow) <= TOL
+    assert results_close(fast, slow)
 
 
 def test_path_fast_equals_reference_generic(generic):
@@ -90,7 +85,7 @@ def test_path_fast_equals_reference_generic(generic):
     fast = p0.path_patch(generic, toks, corruption=Shift(2), metric=metric, direction="denoise", min_signal=0)
     slow = p0.path_patch(generic, toks, corruption=Shift(2), metric=metric, direction="denoise", min_signal=0,
                          reference=True)
-    assert _max_diff(fast, slow) <= TOL
+    assert results_close(fast, slow)
 
 
 @pytest.mark.parametrize("model_name", ["planted", "generic"])
@@ -110,9 +105,9 @@ def test_equal_to_transformer_lens_patching(planted, generic, model_name):
                                direction="denoise", min_signal=0)
     for l in range(L):
         for p in range(T):
-            assert abs(ours.raw[f"M{l}@{p}"] - float(tl_mlps[l, p])) <= TOL
+            assert close(ours.raw[f"M{l}@{p}"], float(tl_mlps[l, p]), ours.clean_metric)
             for h in range(H):
-                assert abs(ours.raw[f"A{l}.H{h}@{p}"] - float(tl_heads[l, p, h])) <= TOL
+                assert close(ours.raw[f"A{l}.H{h}@{p}"], float(tl_heads[l, p, h]), ours.clean_metric)
 
 
 def test_hooks_never_leak(planted):
@@ -142,7 +137,7 @@ def test_patched_forwards_skip_the_unchanged_prefix(planted):
     assert calls[0] == 2 * 4 and calls[2] == 2 * 4  # the clean and the shifted run, 4 prompts each
     assert calls[3] == 2 * 4 + 6 * 4  # plus one copy of the prompts per patched node
     slow = p0.activation_patch(model, toks, nodes=nodes, corruption="shift", metric=p0.NormRatio(3), reference=True)
-    assert _max_diff(fast, slow) <= TOL * 20
+    assert results_close(fast, slow)
 
 
 def test_positions_before_the_patch_are_not_recomputed(planted):
@@ -156,7 +151,7 @@ def test_positions_before_the_patch_are_not_recomputed(planted):
         fast = p0.activation_patch(model, toks, nodes=nodes, corruption=other, metric=metric, direction="denoise", min_signal=0)
     assert seen[3] == [4 * 12, 4 * 12, 3 * 4 * (12 - 5)]  # clean run, corrupted run, one suffix forward
     slow = p0.activation_patch(model, toks, nodes=nodes, corruption=other, metric=metric, direction="denoise", min_signal=0, reference=True)
-    assert _max_diff(fast, slow) <= TOL
+    assert results_close(fast, slow)
 
 
 def test_a_metric_read_at_p0_runs_only_the_positions_up_to_p0(planted):
@@ -180,7 +175,7 @@ def test_a_metric_read_at_p0_runs_only_the_positions_up_to_p0(planted):
         assert any(abs(fast.raw[n] - base) > 1e-3 for n in nodes[:4])
         slow = p0.activation_patch(model, toks, nodes=nodes, corruption="shift", metric=metric, direction=direction,
                                    min_signal=0, reference=True)
-        assert _max_diff(fast, slow) <= TOL * max(1.0, abs(slow.clean_metric)), direction
+        assert results_close(fast, slow), direction
 
 
 def test_a_pattern_metric_read_at_p0_equals_plain_hooks(planted):
@@ -232,7 +227,7 @@ def test_a_pattern_metric_read_at_p0_equals_plain_hooks(planted):
             model.run_with_hooks(shifted, fwd_hooks=[(name, patch), ("blocks.2.attn.hook_pattern", grab)])
         row = got["p"][:, :, 1]
         plain = float(((row[:, :, :2] * torch.arange(1, 3)).sum(-1).mean() + row.sum(-1).mean()))
-        assert abs(fast.raw[node] - plain) <= TOL, (node, fast.raw[node], plain)
+        assert close(fast.raw[node], plain, fast.clean_metric), (node, fast.raw[node], plain)
 
 
 def test_a_metric_that_reads_past_its_last_position_is_refused(planted):
@@ -271,7 +266,7 @@ def test_patches_that_cannot_reach_the_metric_are_not_run(planted):
     assert all(fast.normalized[n] == 0.0 and fast.raw[n] == fast.clean_metric for n in late)
     slow = p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(1), reference=True)
     assert all(slow.normalized[n] == 0.0 for n in late)  # the reference runs them: truly no effect
-    assert _max_diff(fast, slow) <= TOL
+    assert results_close(fast, slow)
     assert edges.normalized["M0@0->A2.H0@0.k"] == 0.0 and edges.normalized["M0@0->M1@0.mlp_in"] > 0.5
 
 
@@ -284,7 +279,7 @@ def test_heads_of_the_metric_block_cannot_reach_its_pattern(planted):
     fast = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric=metric)
     slow = p0.activation_patch(planted.model, toks, nodes=nodes, corruption="shift", metric=metric, reference=True)
     assert fast.settings["unreachable"] == 3 and slow.settings["unreachable"] == 0
-    assert fast.normalized == slow.normalized or _max_diff(fast, slow) <= TOL
+    assert fast.normalized == slow.normalized or results_close(fast, slow)
     assert abs(fast.normalized["M1@0"]) > 0.5
 
 
@@ -298,5 +293,5 @@ def test_skipped_blocks_batch_mixed_positions(generic, metric):
     kw = dict(nodes=nodes, corruption=Resample(), metric=metric, min_signal=0)
     fast = p0.activation_patch(generic, toks, rows_per_forward=7, **kw)
     slow = p0.activation_patch(generic, toks, reference=True, **kw)
-    assert _max_diff(fast, slow) <= TOL * max(1.0, abs(fast.clean_metric))
+    assert results_close(fast, slow)
     assert max(abs(v) for v in fast.raw.values()) > 1e-3  # the patches do something

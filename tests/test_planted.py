@@ -17,6 +17,7 @@ from p0circuit import ConfigError, PlantSpec, build_planted, hooks, p0_like_posi
 from p0circuit.types import Kind, Node
 
 from conftest import PLANT_VARIANTS, random_tokens
+from tolerance import assert_close
 
 
 def sink_facts(pm, tokens):
@@ -73,7 +74,7 @@ def test_repeated_token_prompt_has_no_distinguished_position(planted_models, var
     _, cache = pm.model.run_with_cache(toks)
     for layer in range(pm.spec.n_layers):
         r = cache[hooks.resid_post(layer)][0]
-        assert torch.allclose(r, r[:1].expand_as(r), rtol=1e-5, atol=1e-4), layer
+        assert_close(r, r[:1].expand_as(r), what=f"block {layer}'s positions")
     ratio, _ = sink_facts(pm, toks)
     assert ratio.item() == pytest.approx(1.0, abs=1e-4)
     pat = cache[hooks.pattern(2)][0, 0]  # a sink head: attention is uniform, 1/(t+1) on P0
@@ -87,7 +88,7 @@ def test_first_token_repeated_makes_position_1_a_copy(planted_models):
     assert p0_like_positions(toks)[:, 1].all()
     _, cache = pm.model.run_with_cache(toks)
     r = cache[hooks.resid_post(3)]
-    assert torch.allclose(r[:, 0], r[:, 1], atol=1e-4)
+    assert_close(r[:, 0], r[:, 1], what="positions 0 and 1 after block 3")
     pat = cache[hooks.pattern(2)][:, 0, 2:]  # queries t >= 2 split their attention over positions 0, 1
     assert torch.allclose(pat[..., 0] + pat[..., 1], torch.ones_like(pat[..., 0]), atol=1e-2)
     assert (pat[..., 0] < 0.8).all()

@@ -14,6 +14,7 @@ from p0circuit import entries
 from p0circuit.cli import main
 from p0circuit.patching import CORRUPTIONS, METHODS
 from p0circuit.plugins import load_plugin
+from tolerance import close
 
 PLUGIN = textwrap.dedent('''
     """A user's own p0circuit extensions (nothing here is part of p0circuit)."""
@@ -166,8 +167,8 @@ def test_a_corruption_from_a_scratch_module_is_exact_both_directions(plugin, pla
     with torch.no_grad():
         plain = {n: _plain(planted.model, tokens, n, direction, 1) for n in nodes}
     for n in nodes:
-        assert fast.raw[n] == pytest.approx(plain[n], rel=1e-4, abs=1e-5), (n, direction)
-        assert slow.raw[n] == pytest.approx(plain[n], rel=1e-4, abs=1e-5), (n, direction)
+        assert close(fast.raw[n], plain[n], fast.clean_metric), (n, direction)
+        assert close(slow.raw[n], plain[n], fast.clean_metric), (n, direction)
     names = ["M0@1->M1@1.mlp_in", "M0@0->M1@0.mlp_in", "A0.H0@0->M0@0.mlp_in"]
     edges = p0.path_patch(planted.model, tokens, corruption="swap_first_two", metric="norm_ratio:1",
                           edges=names, direction=direction)
@@ -176,8 +177,8 @@ def test_a_corruption_from_a_scratch_module_is_exact_both_directions(plugin, pla
     with torch.no_grad():
         plain_edges = {e: _plain_edge(planted.model, tokens, e, direction, 1) for e in names}
     for e in names:
-        assert edges.raw[e] == pytest.approx(plain_edges[e], rel=1e-4, abs=1e-5), (e, direction)
-        assert again.raw[e] == pytest.approx(plain_edges[e], rel=1e-4, abs=1e-5), (e, direction)
+        assert close(edges.raw[e], plain_edges[e], edges.clean_metric), (e, direction)
+        assert close(again.raw[e], plain_edges[e], edges.clean_metric), (e, direction)
 
 
 def test_a_metric_method_and_family_from_a_scratch_module(plugin, planted, tmp_path, capsys):

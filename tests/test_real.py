@@ -11,6 +11,7 @@ import p0circuit as p0
 from p0circuit import experiments
 from p0circuit.cli import main
 from p0circuit.models.gguf import gguf_header, smollm2_path
+from tolerance import assert_close, close
 
 load_gguf, load_smollm2 = p0.load_gguf, p0.load_smollm2  # the public names the README uses
 
@@ -41,7 +42,7 @@ def test_smollm2_loads_like_transformers(smollm2, toks, gguf_parsed_once):
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     with torch.no_grad():
         ours, theirs = smollm2(toks), hf(toks).logits
-    assert (ours - theirs).abs().max() < 1e-4
+    assert_close(ours, theirs, what="SmolLM2 logits against transformers'")
     cfg = smollm2.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_model) == (30, 9, 3, 576)
     assert smollm2.tokenizer.bos_token == "<|im_start|>" and cfg.load_seconds > 0
@@ -63,7 +64,7 @@ def test_fast_equals_reference_on_a_slice(smollm2, toks):
     kw = dict(nodes=nodes, corruption="shift", metric=p0.NormRatio(2))
     fast = p0.activation_patch(smollm2, toks, **kw)
     slow = p0.activation_patch(smollm2, toks, reference=True, **kw)
-    assert max(abs(fast.raw[n] - slow.raw[n]) for n in nodes) < 1e-4 * max(1.0, abs(slow.clean_metric))
+    assert all(close(fast.raw[n], slow.raw[n], slow.clean_metric) for n in nodes)
     assert fast.settings["unreachable"] == 2 and fast.normalized["A7.H0@0"] == fast.normalized["M20@rest"] == 0.0
     assert slow.normalized["A7.H0@0"] == slow.normalized["M20@rest"] == 0.0  # run there: no effect, truly
 
@@ -85,7 +86,7 @@ def test_activation_equals_transformer_lens(smollm2, toks):
         smollm2, corrupt, cache, diff.fn, tl_patching.layer_pos_patch_setter, "mlp_out",
         index_df=pd.DataFrame([(1, 5)], columns=["layer", "pos"]))
     for name, value in zip(["A1.H4@3", "A0.H8@0", "M1@5"], [*heads.tolist(), *mlp.tolist()]):
-        assert ours.raw[name] == pytest.approx(value, abs=1e-4)
+        assert close(ours.raw[name], value), (name, ours.raw[name], value)
 
 
 def test_blocks_after_the_metric_never_run(smollm2, toks, monkeypatch):
@@ -199,7 +200,7 @@ def test_gqa_path_patching_on_smollm2_equals_the_reference(smollm2):
     edges = [e for e in kv if e.dst.layer == 2] + [e for e in edges if e.dst.layer == 2 and e.input.value == "q"][:3]
     kw = dict(edges=edges, corruption="shift", metric=p0.NormRatio(2))
     fast, slow = p0.path_patch(smollm2, toks, **kw), p0.path_patch(smollm2, toks, reference=True, **kw)
-    assert max(abs(fast.raw[k] - slow.raw[k]) for k in fast.raw) < 1e-4 * max(1.0, abs(slow.clean_metric))
+    assert all(close(fast.raw[k], slow.raw[k], slow.clean_metric) for k in fast.raw)
 
 
 def test_neurons_and_the_massive_dimension(smollm2, english):
@@ -207,7 +208,7 @@ def test_neurons_and_the_massive_dimension(smollm2, english):
     kw = dict(nodes=neurons[:64], corruption="shift", metric=p0.ResidDim(2, 507))
     fast = p0.activation_patch(smollm2, english, **kw)
     slow = p0.activation_patch(smollm2, english[:, :], reference=True, **{**kw, "nodes": neurons[:8]})
-    assert max(abs(fast.raw[k] - slow.raw[k]) for k in slow.raw) < 1e-4 * abs(slow.clean_metric)
+    assert all(close(fast.raw[k], slow.raw[k], slow.clean_metric) for k in slow.raw)
     assert fast.clean_metric > 300  # dimension 507 is massive at P0 after block 2
 
 
@@ -264,7 +265,7 @@ def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path,
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
     again = p0.load_checkpoint(out)
     with torch.no_grad():
-        assert (again(toks) - smollm2(toks)).abs().max() < 1e-4
+        assert_close(again(toks), smollm2(toks), what="exported model's logits")
     with pytest.raises(p0.CheckpointError, match="already exists"):
         p0.export_gguf(smollm2_path(), out)
 

@@ -1,6 +1,6 @@
 """Integrated gradients (``attribution_patch(steps=...)``), the screen of the analysis' neuron pass.
 
-Checked against plain TransformerLens hooks (``plain_patch``): the estimates of one MLP's neurons add
+Checked against plain TransformerLens hooks (``tests/oracle.py``): the estimates of one MLP's neurons add
 up, as integrated gradients must (completeness), to the exact change when all of them are patched at
 once; a single gradient (``steps=1``) does not on a metric that saturates.
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import p0circuit as p0
-import plain_patch
+import oracle as O
 from conftest import random_tokens
 
 
@@ -23,9 +23,9 @@ def setup(planted):
 
 def test_integrated_gradients_add_up_to_the_joint_patch(setup):
     model, toks, layer, neurons = setup
-    kw = dict(nodes=neurons, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.NormRatio(layer),
+    kw = dict(nodes=neurons, corruption=p0.Shift(filler=(O.FILLER,)), metric=p0.NormRatio(layer),
               min_signal=0)
-    together = plain_patch.activation_together(model, toks, neurons, layer)
+    together = O.together(model, toks, neurons, O.Corr("shift"), O.Metric("norm_ratio", layer=layer))
     sums = {}
     for steps in (1, 64):
         est = p0.attribution_patch(model, toks, steps=steps, **kw)

@@ -3,6 +3,7 @@ import torch
 
 from p0circuit import ConfigError, ModelSpec, positional_kind
 from p0circuit import hooks
+from tolerance import assert_close
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,7 @@ def test_nope_has_no_positional_signal():
     # the same token at every position gives the same residual stream at every position
     _, cache = model.run_with_cache(torch.full((1, 10), 7))
     r = cache[hooks.resid_post(1)][0]
-    assert torch.allclose(r, r[:1].expand_as(r), atol=1e-5)
+    assert_close(r, r[:1].expand_as(r), what="the positions of a repeated token")
 
 
 def test_sliding_window_masks_old_keys():

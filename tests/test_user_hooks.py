@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import p0circuit as p0
-import plain_patch
+import oracle as O
 from family_configs import VOCAB, make_checkpoint
+from tolerance import close
 
 HOOKS = ["hook_embed", "blocks.0.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.2.hook_resid_post",
          "blocks.0.attn.hook_z", "blocks.0.hook_mlp_out", "blocks.1.mlp.hook_post", "blocks.1.attn.hook_k",
@@ -36,7 +37,7 @@ def scale(act, hook):
 
 @pytest.mark.parametrize("name", HOOKS)
 def test_fast_path_refuses_reference_honours(model, name):
-    kw = dict(nodes=NODES, corruption=p0.Shift(filler=(plain_patch.FILLER,)), metric=p0.NormRatio(2), min_signal=0)
+    kw = dict(nodes=NODES, corruption=p0.Shift(filler=(O.FILLER,)), metric=p0.NormRatio(2), min_signal=0)
     model.add_hook(name, scale)
     try:
         with pytest.raises(p0.BadInputError, match=name.rsplit(".", 1)[0].replace(".", r"\.")):
@@ -44,12 +45,12 @@ def test_fast_path_refuses_reference_honours(model, name):
         with pytest.raises(p0.BadInputError, match="reference=True"):
             p0.path_patch(model, TOKENS, edges=["M0@0->M1@0.mlp_in"], corruption="shift", metric=p0.NormRatio(2))
         slow = p0.activation_patch(model, TOKENS, reference=True, **kw)
-        plain = plain_patch.activation(model, TOKENS, NODES, 2)  # the user's hook stays on for these forwards too
+        plain = O.activation(model, TOKENS, NODES, O.Corr("shift"), O.Metric("norm_ratio", layer=2))  # the user's hook stays on for these forwards too
     finally:
         model.reset_hooks()
     without = p0.activation_patch(model, TOKENS, reference=True, **kw)
     for n in NODES:
-        assert abs(slow.raw[n] - plain[n]) <= 1e-5 * max(1, abs(plain[n])), (n, slow.raw[n], plain[n])
+        assert close(slow.raw[n], plain[n], slow.clean_metric), (n, slow.raw[n], plain[n])
     assert any(abs(slow.raw[n] - without.raw[n]) > 1e-4 for n in NODES), "the user's hook changes the numbers"
 
 
