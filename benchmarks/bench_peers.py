@@ -42,8 +42,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch
 
 import p0circuit as p0
-from p0circuit import hooks
-from p0circuit.analysis import steps as analysis_steps
+from p0circuit.core import hooks
+from p0circuit.studies.analysis import steps as analysis_steps
 from p0circuit.patching import NormRatio, ResidDim, get_corruption
 
 LAYER = 2

@@ -44,7 +44,7 @@ from transformer_lens import patching as tl_patching
 
 import p0circuit as p0
 from p0circuit import Kind, Node
-from p0circuit.discovery import run_discovery
+from p0circuit.studies.discovery.session import run_discovery
 from p0circuit.models.gguf import load_smollm2
 from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Resample

@@ -17,7 +17,7 @@ import torch
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 from p0circuit import ModelSpec  # noqa: E402
-from p0circuit.training import MarkovSource, TrainConfig, train  # noqa: E402
+from p0circuit.studies.training import MarkovSource, TrainConfig, train  # noqa: E402
 
 SPEC = ModelSpec(n_layers=3, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=64, n_ctx=128, pos="rope", seed=0)
 CONFIG = TrainConfig(steps=60, batch_size=32, seq_len=128, lr=3e-3, warmup=10, n_checkpoints=6)

@@ -11,7 +11,7 @@ position, the P0 norm ratio and the stage.
 Some recipes are *positive controls*: the same task with a BOS token at position 0 (Guo et al. 2024
 see a sink form on BOS). If a control forms a sink and the no-BOS recipes do not, the negative
 results say "identifying P0 without BOS is the hard part", not "the measurement is blind".
-Measured here (README, "Does a P0 sink form in tiny no-BOS models?"): the 1-layer, 1-head,
+Measured here (docs/guide.md, "Does a P0 sink form in tiny no-BOS models?"): the 1-layer, 1-head,
 context-16 control at lr 1e-2 / weight decay 1.0 formed an active-dormant sink in two seeds; no
 no-BOS recipe formed a P0 sink, including that recipe without BOS at the same token count.
 
@@ -38,8 +38,8 @@ import torch
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 from p0circuit import ModelSpec, sink_report  # noqa: E402
-from p0circuit.tracking import checkpoint_series, track  # noqa: E402
-from p0circuit.training import BigramBackcopy, MarkovSource, TrainConfig, train  # noqa: E402
+from p0circuit.studies.tracking import checkpoint_series, track  # noqa: E402
+from p0circuit.studies.training import BigramBackcopy, MarkovSource, TrainConfig, train  # noqa: E402
 
 BASE = dict(data="backcopy", layers=3, heads=4, lr=3e-3, wd=0.5, seq=64, batch=64, pos="rope", bos=False, triggers=3)
 RECIPES = {
@@ -127,7 +127,7 @@ def run(name, recipe, minutes):
 
 def entropy_floor(recipe, n=256):
     """The loss of a perfect predictor (mean conditional entropy over the predicted positions)."""
-    from p0circuit.training.data import _transitions
+    from p0circuit.studies.training.data import _transitions
 
     _, source, _ = setup({**BASE, **recipe}, 1)
     probs = _transitions(VOCAB, 4, recipe.get("seed", 0))

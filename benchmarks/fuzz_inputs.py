@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_hostile_inputs as catalogue  # noqa: E402
 
-from p0circuit.errors import P0CircuitError  # noqa: E402
+from p0circuit.core.errors import P0CircuitError  # noqa: E402
 
 
 def main(draws: int) -> int:

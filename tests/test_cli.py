@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from p0circuit.cli import main
+from p0circuit.surfaces.cli import main
 
 
 def test_discover_on_the_plant(tmp_path, capsys):
@@ -58,7 +58,7 @@ def test_discover_options_and_budgets(tmp_path, capsys):
                                   "lr_nan", "lr_inf"])
 def test_the_command_line_never_shows_a_traceback(tmp_path, capsys, case):
     """Issue 14, class 5: one line on stderr naming the problem and the fix, exit status 2."""
-    from p0circuit.cli import main
+    from p0circuit.surfaces.cli import main
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -90,13 +90,13 @@ def test_help_needs_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, p0circuit.cli as c; c.build_parser(); print(sorted(m for m in ('torch', 'transformer_lens') if m in sys.modules))"
+    code = "import sys, p0circuit.surfaces.cli as c; c.build_parser(); print(sorted(m for m in ('torch', 'transformer_lens') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_the_command_line_offers_what_the_registries_hold():
-    from p0circuit import choices
+    from p0circuit.core import choices
     from p0circuit.patching import CORRUPTIONS, METHODS
 
     # read from the defining modules' source (no list of names to keep in step), equal to the registries

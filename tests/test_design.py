@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import p0circuit as p0
-from p0circuit.cli import build_parser, main
-from p0circuit.locate import locate
-from p0circuit.entries import check_metric_entry, check_model_entry
+from p0circuit.surfaces.cli import build_parser, main
+from p0circuit.studies.discovery.locate import locate
+from p0circuit.core.entries import check_metric_entry, check_model_entry
 from p0circuit.models.resolve import load_any_checkpoint, load_model
 from p0circuit.patching import CORRUPTIONS, METHODS, Corruption, Method, register
 from p0circuit.patching.corruptions import Prepared
 from p0circuit.patching.metrics import metric_from_entry
-from p0circuit.sweep import SweepConfig
-from p0circuit.tokens import p0_like_positions, probe_tokens
+from p0circuit.surfaces.sweep import SweepConfig
+from p0circuit.models.tokens import p0_like_positions, probe_tokens
 from tolerance import close
 
 GENERIC = p0.ModelSpec(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, d_vocab=50, n_ctx=24, seed=1)
@@ -80,7 +80,7 @@ def test_discover_on_a_training_checkpoint_from_the_cli(tmp_path, capsys):
 
 
 def test_a_sweep_cell_on_a_training_checkpoint(tmp_path):
-    from p0circuit.sweep import run_sweep
+    from p0circuit.surfaces.sweep import run_sweep
 
     assert main(["train", "--steps", "2", "--checkpoints", "1", "--warmup", "1", "--layers", "1", "--d-model", "16",
                  "--heads", "2", "--d-head", "8", "--seq-len", "8", "--batch-size", "2", "--out",
@@ -240,7 +240,7 @@ def test_probe_tokens_one_meaning_of_regular():
 @pytest.mark.parametrize("old,new", [("p0circuit.faithfulness", "p0circuit.patching.faithfulness"),
                                      ("p0circuit.validation", "p0circuit.models.checks"),
                                      ("p0circuit.patching.runs", "PatchJob"),
-                                     ("p0circuit.experiments.plotting", "p0circuit.plotting")])
+                                     ("p0circuit.studies.experiments.plotting", "p0circuit.figures.plotting")])
 def test_moved_modules_name_their_replacement(old, new):
     with pytest.raises(ImportError, match=new):
         __import__(old)
@@ -311,4 +311,4 @@ def test_no_module_imports_one_that_imports_it_back():
     pairs = [(a, b) for a, deps in graph.items() for b in deps
              if a != b and a in graph.get(b, set()) and not (b.startswith(a + ".") or a.startswith(b + "."))]
     assert not pairs, pairs
-    assert "p0circuit.args" not in graph["p0circuit.errors"]
+    assert "p0circuit.core.args" not in graph["p0circuit.core.errors"]

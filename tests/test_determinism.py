@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import p0circuit as p0
-from p0circuit.sweep import SweepConfig, run_sweep
-from p0circuit.training import BigramBackcopy, TrainConfig, train
+from p0circuit.surfaces.sweep import SweepConfig, run_sweep
+from p0circuit.studies.training import BigramBackcopy, TrainConfig, train
 
 from conftest import random_tokens
 

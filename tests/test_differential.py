@@ -19,8 +19,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 import oracle as O
 import p0circuit as p0
-from p0circuit.errors import P0CircuitError
-from p0circuit.types import Kind, Node
+from p0circuit.core.errors import P0CircuitError
+from p0circuit.core.types import Kind, Node
 
 
 CASES = 150

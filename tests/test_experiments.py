@@ -6,7 +6,7 @@ import pytest
 
 import p0circuit as p0
 from p0circuit import BadInputError
-from p0circuit import experiments as ex
+from p0circuit.studies import experiments as ex
 
 from conftest import random_tokens
 

@@ -18,7 +18,7 @@ import torch
 
 import p0circuit as p0
 import oracle as O
-from p0circuit.types import Node
+from p0circuit.core.types import Node
 from family_configs import VOCAB, family_configs, make_checkpoint
 from tolerance import close, tolerance
 
@@ -221,3 +221,13 @@ def test_every_family_has_a_tiny_checkpoint():
     classes = {type(c).__name__ for c in family_configs().values()}
     assert len(family_configs()) == len(LOADED) == 22, "one tiny checkpoint per family TransformerLens converts"
     assert len(classes) == 22
+
+
+def test_the_docs_family_table_is_the_records():
+    """docs/models.md's family table is written from the ``Family`` records, and every family there
+    has a checkpoint in this suite."""
+    import docblocks
+    from p0circuit.models.families import FAMILIES, family_table
+
+    assert len(family_configs()) >= len(FAMILIES)
+    docblocks.check("docs/models.md", "families", family_table())

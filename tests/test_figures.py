@@ -11,7 +11,7 @@ import pytest
 
 import p0circuit as p0
 from p0circuit import Circuit, Edge, Node
-from p0circuit.drawing import LOWERS, MISSED, RAISES, layout, rank_of, to_html, to_svg
+from p0circuit.figures.drawing import LOWERS, MISSED, RAISES, layout, rank_of, to_html, to_svg
 
 EDGES = {"A0.H0@0->M0@0.mlp_in": 0.9, "M0@0->M1@0.mlp_in": 0.45, "M1@0->A2.H0@0.k": -0.3, "E@0->A1.H1@0.v": 0.02}
 CIRCUIT = Circuit(nodes=(), edges=tuple(Edge.parse(n) for n in EDGES if abs(EDGES[n]) > 0.1), edge_effects=EDGES,

@@ -17,8 +17,8 @@ import torch
 
 import p0circuit as p0
 import oracle as O
-from p0circuit import experiments
-from p0circuit.cli import main
+from p0circuit.studies import experiments
+from p0circuit.surfaces.cli import main
 from p0circuit.models.gguf import gemma3_path, gguf_header
 from tolerance import close
 
@@ -163,7 +163,7 @@ def test_analyze_gemma3_finds_the_bos_token_sink_and_no_p0_sink(gemma3):
     """The paper's questions at a small size: without BOS no P0 sink (the claim fails, measured);
     with ``<bos>`` the sink is built on the token (``swap`` is chosen over ``shift``) by its embedding
     and block 0's MLP, whose neuron 1405 writes the massive dimension 400."""
-    from p0circuit.analysis import analyze
+    from p0circuit.studies.analysis import analyze
 
     result = analyze(gemma3, entry="real:gemma3", progress=False, n_prompts=4, length=12, lengths=(8,),
                      neurons_keep=8, max_onsets=1)

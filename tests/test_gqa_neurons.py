@@ -6,8 +6,8 @@ import torch
 
 import p0circuit as p0
 from p0circuit import Edge, Kind, ModelSpec, Node
-from p0circuit.types import Input
-from p0circuit.errors import BadInputError
+from p0circuit.core.types import Input
+from p0circuit.core.errors import BadInputError
 from p0circuit.patching import Resample, Shift
 from p0circuit.patching.edges import candidate_edges
 from p0circuit.patching.sites import candidate_neurons

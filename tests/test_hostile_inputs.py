@@ -10,7 +10,7 @@ entry points. Classes 1, 2, 3, 5 and 7 have their own modules (test_verify.py, t
 test_config_matrix.py, test_cli.py, test_notebooks.py); ``OTHER_CLASSES`` below lists further
 cases of classes 1, 2, 5 and 6 so that this file alone counts every kind of input the issue names.
 
-``CATALOGUE_SIZE`` is checked against the README's reliability figure.
+``CATALOGUE_SIZE`` is written into docs/reliability.md by ``test_catalogue_size``.
 """
 
 import json
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import p0circuit as p0
-from p0circuit.errors import P0CircuitError
+from p0circuit.core.errors import P0CircuitError
 
 HUGE = 10**30
 BAD_INT = [None, "3", 2.5, math.nan, True, [1], HUGE]
@@ -333,7 +333,7 @@ class _Run:
 
 def _main(capsys, *argv):
     """The command line in this process (the same ``main``, without a second start-up)."""
-    from p0circuit.cli import main
+    from p0circuit.surfaces.cli import main
 
     capsys.readouterr()
     code = main(list(argv))
@@ -399,12 +399,12 @@ def test_cli_bad_sweep_configs(tmp_path, capsys, text):
 
 
 def test_sweep_seq_len_beyond_context_is_refused_not_clipped(tmp_path):
-    from p0circuit.sweep import SweepConfig, run_sweep
-    from p0circuit.sweep.runner import CellsFailed
+    from p0circuit.surfaces.sweep import SweepConfig, run_sweep
+    from p0circuit.surfaces.sweep.runner import CellsFailed
 
     config = SweepConfig.from_dict({"models": ["planted:rope"], "methods": ["activation"], "corruptions": ["shift"],
                                     "n_prompts": 2, "seq_len": 64})  # the planted model's n_ctx is 64
-    with pytest.raises(CellsFailed, match=r"seq_len=64 does not fit planted:rope \(n_ctx=64, and shift prepends"):
+    with pytest.raises(CellsFailed, match=r"seq_len=64 does not fit planted:rope \(n_ctx=64\) under 'shift', whose corrupted prompts are longer by 1 token:"):
         run_sweep(config, tmp_path, progress=False)
     failed = list((tmp_path / "failed").glob("*.json"))
     assert len(failed) == 1 and json.loads(failed[0].read_text())["ours"] is True
@@ -412,7 +412,7 @@ def test_sweep_seq_len_beyond_context_is_refused_not_clipped(tmp_path):
 
 
 def test_two_configs_in_one_directory_are_refused(tmp_path):
-    from p0circuit.sweep import SweepConfig, run_sweep
+    from p0circuit.surfaces.sweep import SweepConfig, run_sweep
 
     base = {"models": ["planted:rope"], "methods": ["activation"], "corruptions": ["shift"], "n_prompts": 2, "seq_len": 8}
     run_sweep(SweepConfig.from_dict(base), tmp_path, progress=False)
@@ -437,16 +437,16 @@ def test_a_failing_cell_with_two_workers_keeps_the_others(tmp_path, capsys):
 
 
 CATALOGUE_SIZE = PARAMETER_CASES + 11 + 3 + 9
-"""Parameter cases, the bad sweep configs and the other cases above (the README quotes it)."""
+"""Parameter cases, the bad sweep configs and the other cases above (docs/reliability.md quotes it)."""
 
 
 def test_catalogue_size():
-    """The README states the catalogue's size; it must be this one."""
-    import re
-    from pathlib import Path
+    """docs/reliability.md quotes the catalogue's size from this test (docblocks: no figure kept by hand)."""
+    import docblocks
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    stated = int(re.search(r"The catalogue throws \*\*([\d,]+) hostile inputs\*\*", readme).group(1).replace(",", ""))
-    assert stated == CATALOGUE_SIZE >= 150
-    values = int(re.search(r"\((\d+) bad parameter values", readme).group(1))
-    assert values == PARAMETER_CASES  # the README said 647 while the table held 662
+    assert CATALOGUE_SIZE >= 150
+    docblocks.check("docs/reliability.md", "hostile-inputs",
+                    f"**{CATALOGUE_SIZE} hostile inputs** ({PARAMETER_CASES} bad parameter values, a table driven "
+                    "through one check per rule, one test per entry point; the rest: broken sweep configs, "
+                    "read-only and impossible output paths, failing sweep cells, a sweep config changed under a "
+                    "results directory)")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from p0circuit import BadInputError, MissingHookError, ModelSpec, NonFiniteError, sink_report
-from p0circuit import hooks
-from p0circuit.metrics import (
+from p0circuit.core import hooks
+from p0circuit.measures import (
     argmax_sink_position,
     attention_to_position,
     direction_stability,
@@ -155,7 +155,7 @@ def test_weight_check_sums_first_and_tests_elements_only_where_a_sum_is_not_fini
 
 
 def test_sink_report_lists_every_norm_onset_and_erasure():
-    from p0circuit.metrics.report import SinkReport
+    from p0circuit.measures.sink_report import SinkReport
 
     ratios = [1.0, 1.2, 9.7, 8.0, 6.0, 1.1, 0.9, 151.0, 140.0]
     rep = SinkReport(n_prompts=2, seq_len=8, eps=0.3, norm_threshold=5.0, alpha=[[0.0]] * 9, sink_rate=0.0,

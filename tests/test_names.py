@@ -4,8 +4,8 @@ mistyped one, the command line's checks before any model is built, and no third-
 import pytest
 
 import p0circuit as p0
-from p0circuit.cli import main
-from p0circuit import entries
+from p0circuit.surfaces.cli import main
+from p0circuit.core import entries
 from p0circuit.models import resolve
 from tolerance import close
 

@@ -6,7 +6,7 @@ import copy
 import torch
 
 import p0circuit as p0
-from p0circuit.metrics import massive_activations, norm_ratio
+from p0circuit.measures import massive_activations, norm_ratio
 
 from conftest import random_tokens
 

@@ -92,7 +92,7 @@ def test_bad_options(planted, toks):
 def test_one_options_object(planted, toks):
     """The shared options are one PatchOptions: keywords override it, each method takes exactly the
     options it uses, and a method or options object that does not fit is refused before any work."""
-    from p0circuit.errors import BadCallError
+    from p0circuit.core.errors import BadCallError
     from p0circuit.patching.options import FIELDS
 
     nodes = ["A0.H0@0", "M1@0"]

@@ -132,7 +132,7 @@ def test_triage_finds_what_full_activation_patching_finds(planted_models, varian
 
 def test_interpretation_says_what_raises_and_lowers_the_metric():
     """A hand-made result: A0.H0 raises the metric, M1 lowers it (negative effect, clean > corrupted)."""
-    from p0circuit.find import interpret
+    from p0circuit.studies.discovery.discover import interpret
     from p0circuit.patching import PatchResult
 
     res = PatchResult("activation", "node", "shift", "norm_ratio@L2", "noise", clean_metric=10.0, corrupted_metric=2.0,

@@ -1,6 +1,6 @@
 """What the planted model guarantees, asserted on random prompts of every length.
 
-Guarantees (see p0circuit.planted.build): on a prompt where the detector flags only the sink
+Guarantees (see p0circuit.models.planted.build): on a prompt where the detector flags only the sink
 position (``p0_like_positions`` is {0}), the residual norm at the sink after the amplifier block
 is >= norm_ratio (10) times the mean of the other positions, and every sink head puts >= 0.8 of
 every query's attention (queries at or after the sink) on the sink. Where the plant cannot hold
@@ -13,8 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p0circuit import ConfigError, PlantSpec, build_planted, hooks, p0_like_positions, positional_kind, sink_report
-from p0circuit.types import Kind, Node
+from p0circuit import ConfigError, PlantSpec, build_planted, p0_like_positions, positional_kind, sink_report
+from p0circuit.core import hooks
+from p0circuit.core.types import Kind, Node
 
 from conftest import PLANT_VARIANTS, random_tokens
 from tolerance import assert_close

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import p0circuit as p0
-from p0circuit import entries
-from p0circuit.cli import main
+from p0circuit.core import entries
+from p0circuit.surfaces.cli import main
 from p0circuit.patching import CORRUPTIONS, METHODS
-from p0circuit.plugins import load_plugin
+from p0circuit.core.plugins import load_plugin
 from tolerance import close
 
 PLUGIN = textwrap.dedent('''
@@ -22,7 +22,7 @@ PLUGIN = textwrap.dedent('''
     from typing import ClassVar
 
     import p0circuit as p0
-    from p0circuit.entries import register_family, register_metric
+    from p0circuit.core.entries import register_family, register_metric
     from p0circuit.patching.corruptions import Corruption, Prepared
     from p0circuit.patching.registry import Method, register
 
@@ -68,12 +68,12 @@ PLUGIN = textwrap.dedent('''
 @pytest.fixture
 def plugin(tmp_path):
     """The scratch module, loaded; the registries are restored afterwards."""
-    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.FAMILIES))
+    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.SPEC_FAMILIES))
     path = tmp_path / "my_extensions.py"
     path.write_text(PLUGIN)
     load_plugin(str(path))
     yield path
-    for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.FAMILIES), saved):
+    for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.SPEC_FAMILIES), saved):
         registry.clear()
         registry.update(old)
 
@@ -200,7 +200,7 @@ def test_a_metric_method_and_family_from_a_scratch_module(plugin, planted, tmp_p
                  "--out", str(tmp_path / "x")]) == 2  # refused before the model is built
     assert "the model has blocks 0..1" in capsys.readouterr().err
     # a sweep config
-    from p0circuit.sweep import SweepConfig, run_sweep
+    from p0circuit.surfaces.sweep import SweepConfig, run_sweep
 
     config = SweepConfig(plugins=[str(plugin)], models=["spec:two_blocks"], corruptions=["swap_first_two"],
                          methods=["mlp_activation"], metrics=["p0_share:1"], n_prompts=4, seq_len=8)
@@ -216,14 +216,14 @@ def test_a_plugin_that_is_not_there_is_one_line(tmp_path, capsys):
 
 
 def test_an_installed_plugin_is_found_by_its_entry_point(tmp_path, monkeypatch, capsys):
-    """A package that declares ``[project.entry-points."p0circuit.plugins"]`` is loaded by the command
+    """A package that declares ``[project.entry-points."p0circuit.core.plugins"]`` is loaded by the command
     line without --plugin (here a dist-info directory on sys.path, as pip installs one)."""
-    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.FAMILIES))
+    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.SPEC_FAMILIES))
     (tmp_path / "my_p0_extensions.py").write_text(PLUGIN)
     info = tmp_path / "my_p0_extensions-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-p0-extensions\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[p0circuit.plugins]\nmine = my_p0_extensions\n")
+    (info / "entry_points.txt").write_text("[p0circuit.core.plugins]\nmine = my_p0_extensions\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         assert "swap_first_two" not in CORRUPTIONS
@@ -232,7 +232,7 @@ def test_an_installed_plugin_is_found_by_its_entry_point(tmp_path, monkeypatch, 
                      "--seq-len", "8", "--quiet", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
         assert "swap_first_two" in CORRUPTIONS and "mlp_activation" in METHODS
     finally:
-        for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.FAMILIES), saved):
+        for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.SPEC_FAMILIES), saved):
             registry.clear()
             registry.update(old)
 
@@ -240,9 +240,9 @@ def test_an_installed_plugin_is_found_by_its_entry_point(tmp_path, monkeypatch, 
 def test_a_ray_task_loads_the_configs_plugins_first(tmp_path, monkeypatch):
     """The function a Ray worker runs for a cell loads the sweep's plugins before the cell (a Ray
     worker is a fresh process: without this, a plugin corruption is unknown there)."""
-    from p0circuit.sweep import runner
+    from p0circuit.surfaces.sweep import runner
 
-    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.FAMILIES))
+    saved = (dict(CORRUPTIONS), dict(METHODS), dict(entries.METRICS), dict(entries.SPEC_FAMILIES))
     path = tmp_path / "ray_extensions.py"
     path.write_text(PLUGIN)
     monkeypatch.setattr(runner, "run_cell", lambda cell: {"known": cell.corruption in CORRUPTIONS})
@@ -251,6 +251,6 @@ def test_a_ray_task_loads_the_configs_plugins_first(tmp_path, monkeypatch):
         cell = runner.Cell("spec:two_blocks", "auto", "swap_first_two", "activation", "norm_ratio:1", 4, 8, 0, 0.1)
         assert runner._run_with_plugins([str(path)], cell) == {"known": True}
     finally:
-        for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.FAMILIES), saved):
+        for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.SPEC_FAMILIES), saved):
             registry.clear()
             registry.update(old)

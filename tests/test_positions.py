@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import p0circuit as p0
-from p0circuit.metrics.positions import classify, delimiter, find_positions, sink_positions
+from p0circuit.measures.positions import classify, delimiter, find_positions, sink_positions
 from p0circuit.patching.corruptions import CORRUPTIONS, Swap, advice
 from p0circuit.patching.metrics import RunView
-from p0circuit import hooks
+from p0circuit.core import hooks
 from conftest import random_tokens
 
 

@@ -8,8 +8,8 @@ import torch
 from transformer_lens import patching as tl_patching
 
 import p0circuit as p0
-from p0circuit import experiments
-from p0circuit.cli import main
+from p0circuit.studies import experiments
+from p0circuit.surfaces.cli import main
 from p0circuit.models.gguf import gguf_header, smollm2_path
 from tolerance import assert_close, close
 
@@ -274,7 +274,7 @@ def test_analyze_smollm2_finds_a_position_sink_with_and_without_bos(smollm2):
     """At a small size: the claim holds (a P0 sink without BOS, onset at block 2, carried by M0 and
     M2 and M2's neuron 90 on the massive dimension 507); with ``<|endoftext|>`` first, replacing that
     token does not remove the sink, so ``shift`` is chosen: the sink is built on the position."""
-    from p0circuit.analysis import analyze
+    from p0circuit.studies.analysis import analyze
 
     result = analyze(smollm2, entry="real:smollm2", bos_token="<|endoftext|>", progress=False, n_prompts=4,
                      length=12, lengths=(8,), neurons_keep=8, max_onsets=1)

@@ -82,12 +82,12 @@ def test_killed_training_resumes_without_lost_steps(tmp_path, sig, seed):
     args = ["train", "--data", "markov", "--vocab", "16", "--layers", "2", "--d-model", "32", "--heads", "2",
             "--d-head", "16", "--steps", "120", "--batch-size", "16", "--seq-len", "32", "--warmup", "5",
             "--checkpoints", "12", "--quiet"]
-    from p0circuit.cli import main
+    from p0circuit.surfaces.cli import main
 
     straight = tmp_path / "straight"
     assert main(args + ["--out", str(straight)]) == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "p0circuit.cli", *args, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "p0circuit.surfaces.cli", *args, "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob("step_*")):
@@ -100,7 +100,7 @@ def test_killed_training_resumes_without_lost_steps(tmp_path, sig, seed):
     for step in done:  # whatever was written is whole
         assert (out / f"step_{step}" / "model.safetensors").exists() and (out / f"step_{step}" / "trainer.pt").exists()
     assert main(args + ["--out", str(out)]) == 0
-    from p0circuit.training import load_trained
+    from p0circuit.studies.training import load_trained
 
     a, b = load_trained(straight / "step_120"), load_trained(out / "step_120")
     for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):

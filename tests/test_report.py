@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 from p0circuit import BadInputError
-from p0circuit.cli import main
-from p0circuit.report import write_report
-from p0circuit.sweep import SweepConfig, run_sweep
-from p0circuit.sweep.runner import CellsFailed
+from p0circuit.surfaces.cli import main
+from p0circuit.surfaces.sweep_report import write_report
+from p0circuit.surfaces.sweep import SweepConfig, run_sweep
+from p0circuit.surfaces.sweep.runner import CellsFailed
 
 from browser import CHROMIUM, Browser
 

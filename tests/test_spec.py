@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from p0circuit import ConfigError, ModelSpec, positional_kind
-from p0circuit import hooks
+from p0circuit.core import hooks
 from tolerance import assert_close
 
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from p0circuit import ConfigError
-from p0circuit.cli import main
-from p0circuit.sweep import SweepConfig, run_sweep
+from p0circuit.surfaces.cli import main
+from p0circuit.surfaces.sweep import SweepConfig, run_sweep
 
 CONFIG = """
 [sweep]
@@ -92,7 +92,7 @@ def test_killed_sweep_resumes(config_file, tmp_path, sig):
     """Kill a sweep at a random point after its first cell: on restart every cell is there once,
     none half-written. SIGTERM ends it with a message and exit status 143."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "p0circuit.cli", "sweep", str(config_file), "--out", str(out), "--quiet"]
+    cmd = [sys.executable, "-m", "p0circuit.surfaces.cli", "sweep", str(config_file), "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline and not list((out / "cells").glob("*.json")):

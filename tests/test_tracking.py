@@ -5,7 +5,7 @@ import torch
 
 import p0circuit as p0
 from p0circuit import BadInputError, CheckpointError
-from p0circuit.tracking import checkpoint_series, plot_tracking, stage, track
+from p0circuit.studies.tracking import checkpoint_series, plot_tracking, stage, track
 
 from conftest import random_tokens
 
@@ -55,7 +55,7 @@ def test_norm_profile_where_patching_is_not_affordable(series):
 
 def test_locate_on_planted_variants(planted_models):
     """locate() returns the planted nodes, their layers, and nothing for a model without a sink."""
-    from p0circuit.locate import locate
+    from p0circuit.studies.discovery.locate import locate
 
     for variant in ("rope", "learned", "layer2"):
         plant = planted_models(variant)
@@ -99,7 +99,7 @@ def test_bad_series(tmp_path, series):
 def test_track_command(tmp_path, capsys):
     from checkpoint_factory import make_checkpoint
 
-    from p0circuit.cli import main
+    from p0circuit.surfaces.cli import main
 
     for step in (1, 8):
         make_checkpoint("gpt2", tmp_path / "ck", seed=step).rename(tmp_path / "ck" / f"step_{step}")

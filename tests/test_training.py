@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from p0circuit import BadInputError, ConfigError, ModelSpec
-from p0circuit.tracking import checkpoint_series, track
-from p0circuit.training import BigramBackcopy, MarkovSource, TextSource, TrainConfig, load_trained, train
+from p0circuit.studies.tracking import checkpoint_series, track
+from p0circuit.studies.training import BigramBackcopy, MarkovSource, TextSource, TrainConfig, load_trained, train
 
 SPEC = ModelSpec(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, d_vocab=33, n_ctx=32, pos="nope")
 CONFIG = TrainConfig(steps=30, batch_size=8, seq_len=16, lr=1e-2, warmup=5, n_checkpoints=5)
@@ -82,7 +82,7 @@ def test_training_config_errors(tmp_path):
 
 
 def test_train_and_track_commands(tmp_path, capsys):
-    from p0circuit.cli import main
+    from p0circuit.surfaces.cli import main
 
     out = tmp_path / "run"
     args = ["train", "--data", "markov", "--vocab", "16", "--layers", "2", "--d-model", "16", "--heads", "2",
@@ -99,8 +99,8 @@ def test_train_and_track_commands(tmp_path, capsys):
 
 def test_a_model_trained_with_bos_knows_its_bos_id(tmp_path, capsys):
     """Checkpoints remember the BOS id; probes then start with it (--bos) or never do (default)."""
-    from p0circuit.cli import main
-    from p0circuit.tokens import bos_id
+    from p0circuit.surfaces.cli import main
+    from p0circuit.models.tokens import bos_id
 
     out = tmp_path / "run"
     assert main(["train", "--data", "backcopy", "--vocab", "16", "--bos", "--layers", "1", "--d-model", "16",
@@ -114,7 +114,7 @@ def test_a_model_trained_with_bos_knows_its_bos_id(tmp_path, capsys):
 
 
 def test_hf_dataset_source_offline_error():
-    from p0circuit.training import hf_dataset_source
+    from p0circuit.studies.training import hf_dataset_source
 
     with pytest.raises(BadInputError, match="without network access use TextSource"):
         hf_dataset_source("definitely/not-a-cached-dataset", limit=2)

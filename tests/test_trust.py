@@ -13,8 +13,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 import oracle as O
 import p0circuit as p0
 from p0circuit.patching.edges import candidate_edges
-from p0circuit.plugins import load_plugin
-from p0circuit.types import Kind, Node
+from p0circuit.core.plugins import load_plugin
+from p0circuit.core.types import Kind, Node
 from tolerance import close
 
 TOKENS = torch.randint(8, 24, (3, 7), generator=torch.Generator().manual_seed(21))
@@ -117,7 +117,7 @@ def test_key_value_edges_survive_narrowed_candidates():
     assert kv and len(kv) == len([e for e in every if e.dst.kind == Kind.KV_HEAD])
     one_head = among(model, every, [Node(Kind.HEAD, 1, 3, 0)])  # A1.H3 shares A1.KV1 with A1.H2
     assert {e.dst.name for e in one_head} == {"A1.H3@0", "A1.KV1@0"}
-    from p0circuit.discovery import run_discovery
+    from p0circuit.studies.discovery.session import run_discovery
     from p0circuit.models.resolve import Resolved
 
     toks = p0.probe_tokens(model, 4, 10, seed=0)
@@ -236,7 +236,7 @@ def test_plugin_errors_are_one_line_naming_the_file_and_line(tmp_path):
 
 
 def test_a_nonexistent_checkpoint_is_refused_in_well_under_a_second(tmp_path):
-    from p0circuit.cli import main
+    from p0circuit.surfaces.cli import main
 
     started = time.perf_counter()
     assert main(["discover", "--model", f"checkpoint:{tmp_path / 'nope'}", "--out", str(tmp_path / "o")]) == 2

@@ -6,8 +6,8 @@ from beartype.roar import BeartypeCallHintViolation
 
 import p0circuit as p0
 import typecheck
-from p0circuit import hooks
-from p0circuit.metrics import attention
+from p0circuit.core import hooks
+from p0circuit.measures import attention
 from p0circuit.patching import engine
 
 
@@ -19,7 +19,7 @@ def test_internal_functions_are_checked_by_beartype():
 
 
 def test_array_shapes_are_checked_by_jaxtyping():
-    assert "p0circuit.metrics.attention" in typecheck.shaped_modules()
+    assert "p0circuit.measures.attention" in typecheck.shaped_modules()
     alpha = torch.rand(2, 3, 4)
     assert attention.sink_rate(alpha).shape == ()
     with pytest.raises(Exception, match="sink_rate"):  # "batch layer head": three axes, not two

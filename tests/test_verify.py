@@ -9,8 +9,8 @@ from safetensors.torch import load_file, save_file
 
 import p0circuit as p0
 from p0circuit import CheckpointError, NonFiniteError
-from p0circuit.training import BigramBackcopy, TrainConfig, train
-from p0circuit.training.trainer import load_trained
+from p0circuit.studies.training import BigramBackcopy, TrainConfig, train
+from p0circuit.studies.training.trainer import load_trained
 
 from checkpoint_factory import make_checkpoint
 

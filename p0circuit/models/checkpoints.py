@@ -21,9 +21,9 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from p0circuit.errors import BadInputError, CheckpointError
-from p0circuit.args import entry_point
-from p0circuit.entries import checkpoint_problem
+from p0circuit.core.errors import BadInputError, CheckpointError
+from p0circuit.core.args import entry_point
+from p0circuit.core.entries import checkpoint_problem
 from p0circuit.models.families import BY_ARCHITECTURE, family_of, tl_config, tl_state_dict
 from p0circuit.models.layout import linear_layout
 from p0circuit.models.verify import check_finite, check_loading_info, check_logits, read_json

@@ -1,6 +1,6 @@
 """Checks that a model can be measured: a ``HookedTransformer`` on one device with one dtype.
 
-Token tensors are checked beside them in :mod:`p0circuit.tokens`; patching arguments (metrics,
+Token tensors are checked beside them in :mod:`p0circuit.models.tokens`; patching arguments (metrics,
 node and edge names) in :mod:`p0circuit.patching`."""
 
 from typing import Any
@@ -9,7 +9,7 @@ import torch
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError, NonFiniteError
+from p0circuit.core.errors import BadInputError, NonFiniteError
 
 
 def check_model(model: Any) -> None:

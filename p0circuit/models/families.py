@@ -17,7 +17,7 @@ per-architecture conversion (``convert_hf_model_config``), fed the checkpoint's 
   transformers' forward at every load and refuses the model if they differ.
 
 A family that cannot be converted exactly is listed with ``refuse``: loading it raises a
-:class:`~p0circuit.errors.CheckpointError` that says why.
+:class:`~p0circuit.core.errors.CheckpointError` that says why.
 """
 
 import json
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from p0circuit.errors import CheckpointError
+from p0circuit.core.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Family:
     """One architecture TransformerLens converts."""
 
     name: str
-    """Readable family name (README table, messages)."""
+    """Readable family name (docs/models.md table, messages)."""
     architecture: str
     """Hugging Face ``architectures[0]``."""
     gguf: tuple[str, ...] = ()
@@ -44,7 +44,7 @@ class Family:
     """Hub name whose name-keyed TransformerLens branch gives the structure (sizes then come from the
     checkpoint's config); None when TransformerLens converts the config itself."""
     features: tuple[str, ...] = ()
-    """Architecture features the family brings (README table; the exactness tests cover each)."""
+    """Architecture features the family brings (docs/models.md table; the exactness tests cover each)."""
     refuse: Optional[str] = None
     """Why the family cannot be loaded exactly (None: it can)."""
 
@@ -81,6 +81,18 @@ FAMILIES: tuple[Family, ...] = (
 
 BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
 BY_GGUF: dict[str, Family] = {g: f for f in FAMILIES for g in f.gguf}
+
+
+def family_table() -> str:
+    """The Markdown table of :data:`FAMILIES` that docs/models.md quotes (written by
+    ``tests/test_families.py::test_the_docs_family_table_is_the_records``)."""
+    rows = ["| family | architecture | from a directory | from GGUF | features the exactness tests cover |",
+            "|---|---|---|---|---|"]
+    for f in FAMILIES:
+        gguf = ", ".join(f"`{g}`" for g in f.gguf) or "-"
+        rows.append(f"| {f.name} | {f.architecture} | {'no: ' + f.refuse if f.refuse else 'yes'} | {gguf} | "
+                    f"{', '.join(f.features)} |")
+    return "\n".join(rows)
 
 
 def family_of(architecture: str, where: str) -> Family:

@@ -30,9 +30,9 @@ from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from p0circuit.errors import CheckpointError
-from p0circuit.args import entry_point
-from p0circuit.io import write_dir_atomic
+from p0circuit.core.errors import CheckpointError
+from p0circuit.core.args import entry_point
+from p0circuit.core.io import write_dir_atomic
 from p0circuit.models.checkpoints import from_hf, hooked_config, hooked_model, load_tokenizer
 from p0circuit.models.families import BY_GGUF
 from p0circuit.models.verify import check_finite, check_loading_info

@@ -4,12 +4,12 @@ becomes a model. The command line, sweep configs, the report and the tracker all
 =====================  ======================================================================
 entry                  model
 =====================  ======================================================================
-``planted:<variant>``  a planted model (:data:`p0circuit.entries.VARIANTS`), with its ground truth
-``spec:<family>``      a freshly initialized small model (:data:`p0circuit.entries.FAMILIES`)
+``planted:<variant>``  a planted model (:data:`p0circuit.core.entries.VARIANTS`), with its ground truth
+``spec:<family>``      a freshly initialized small model (:data:`p0circuit.core.entries.SPEC_FAMILIES`)
 ``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``), a
                        p0circuit training checkpoint (``spec.json``, written by ``p0circuit train``)
                        or a GGUF file (``.gguf``)
-``real:<name>``        a real pretrained model shipped by a package (:data:`p0circuit.entries.REAL`: ``real:smollm2``, ``real:gemma3``)
+``real:<name>``        a real pretrained model shipped by a package (:data:`p0circuit.core.entries.REAL`: ``real:smollm2``, ``real:gemma3``)
 ``hub:<name>``         ``HookedTransformer.from_pretrained`` (needs a hub or the HF cache), no BOS
 =====================  ======================================================================
 """
@@ -20,15 +20,15 @@ from typing import Optional, Union
 
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import CheckpointError
-from p0circuit.args import entry_point
+from p0circuit.core.errors import CheckpointError
+from p0circuit.core.args import entry_point
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
 from p0circuit.models.gguf import load_gemma3, load_gguf, load_smollm2
-from p0circuit.entries import FAMILIES, REAL, VARIANTS, check_model_entry
+from p0circuit.core.entries import SPEC_FAMILIES, REAL, VARIANTS, check_model_entry
 from p0circuit.models.spec import ModelSpec
-from p0circuit.planted import PlantedModel, build_planted
-from p0circuit.training import load_trained
-from p0circuit.types import Circuit
+from p0circuit.models.planted import PlantedModel, build_planted
+from p0circuit.models.trained import load_trained
+from p0circuit.core.types import Circuit
 
 KINDS = ("planted", "spec", "checkpoint", "real", "hub")
 """The prefixes of a model entry."""
@@ -61,7 +61,7 @@ class Resolved:
 
 
 LOADERS = {"smollm2": load_smollm2, "gemma3": load_gemma3}
-"""The loader of each real model (:data:`p0circuit.entries.REAL`)."""
+"""The loader of each real model (:data:`p0circuit.core.entries.REAL`)."""
 assert sorted(LOADERS) == sorted(REAL)
 
 
@@ -94,7 +94,7 @@ def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
         plant = build_planted(**VARIANTS[arg])
         return Resolved(entry, plant.model.to(device, print_details=False), f"planted model ({arg})", plant)
     if kind == "spec":
-        model = ModelSpec(seed=seed, **FAMILIES[arg]).build(device)
+        model = ModelSpec(seed=seed, **SPEC_FAMILIES[arg]).build(device)
         return Resolved(entry, model, f"untrained {arg} model (ModelSpec, seed {seed})")
     if kind == "checkpoint":
         return Resolved(entry, load_any_checkpoint(arg, device=device), f"checkpoint {arg}")

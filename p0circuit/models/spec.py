@@ -14,9 +14,9 @@ from typing import Any, Optional
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from p0circuit.entries import SPEC_LAYERS
-from p0circuit.errors import ConfigError, from_known_keys
-from p0circuit.args import entry_point
+from p0circuit.core.entries import SPEC_LAYERS
+from p0circuit.core.errors import ConfigError, from_known_keys
+from p0circuit.core.args import entry_point
 
 MAX_PARAMETERS = 10**10
 """The largest model a spec builds (40 GB of float32 weights): a bigger ask is a typo."""

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import load_file
 
-from p0circuit.errors import CheckpointError, NonFiniteError
+from p0circuit.core.errors import CheckpointError, NonFiniteError
 
 
 def _listed(names: Any, n: int = 6) -> str:

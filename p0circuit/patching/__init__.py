@@ -10,6 +10,10 @@ whose only job is to know "this is position 0", and the corruptions that can. Th
 * ``job``, ``ops``: one call's cached runs, and the patch ops every method builds from them;
 * ``methods/``: one file per method, registered in ``registry.METHODS``;
 * ``result``, ``check``, ``faithfulness``: reading, checking and testing what was found.
+
+Layer 4: the patching engine and its methods.
+
+May import: p0circuit.core, p0circuit.models, p0circuit.measures.
 """
 
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Resample, Shift, Swap, Zero, get_corruption

@@ -34,14 +34,14 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit import hooks
-from p0circuit.args import entry_point
+from p0circuit.core import hooks
+from p0circuit.core.args import entry_point
 from p0circuit.patching.methods.activation import activation_patch
 from p0circuit.patching.methods.attribution import attribution_patch
 from p0circuit.patching.methods.path import path_patch
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.result import PatchResult
-from p0circuit.tokens import check_tokens
+from p0circuit.models.tokens import check_tokens
 
 Pair = tuple[float, float]
 

@@ -41,12 +41,12 @@ from typing import Any, ClassVar, Optional, Union
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError, ConfigError, nearest
-from p0circuit.io import describe
-from p0circuit.args import entry_point
-from p0circuit.args import at_least
-from p0circuit.metrics.positions import find_positions
-from p0circuit.tokens import bos_id, check_tokens
+from p0circuit.core.errors import BadInputError, ConfigError, nearest
+from p0circuit.core.io import describe
+from p0circuit.core.args import entry_point
+from p0circuit.core.args import at_least
+from p0circuit.measures.positions import find_positions
+from p0circuit.models.tokens import bos_id, check_tokens
 
 CORRUPTIONS: dict[str, type["Corruption"]] = {}
 """Registry: corruption name -> class, filled by defining a :class:`Corruption` subclass."""
@@ -57,6 +57,12 @@ class Corruption:
 
     name: ClassVar[str] = ""
     """Registry name; a subclass with a name is registered when it is defined."""
+    summary: ClassVar[str] = ""
+    """What the corrupted run changes, in a few words (the advice a "no signal" result gives)."""
+    sees_position: ClassVar[bool] = False
+    """Whether it changes what a circuit keyed on position 0 alone computes (a run without BOS)."""
+    sees_bos_token: ClassVar[bool] = False
+    """Whether it changes what a sink built on the BOS token at position 0 computes."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -68,7 +74,7 @@ class Corruption:
         raise NotImplementedError
 
     def params(self) -> dict[str, Any]:
-        """Every setting, for the record (JSON-able, :func:`p0circuit.io.describe`: a tensor by its
+        """Every setting, for the record (JSON-able, :func:`p0circuit.core.io.describe`: a tensor by its
         digest): the public fields of a dataclass corruption, else its instance attributes. Results
         carry it, and a comparison of results (a faithfulness curve) matches on all of it."""
         fields = describe(self) if dataclasses.is_dataclass(self) else describe(vars(self))
@@ -148,6 +154,9 @@ class Shift(Corruption):
     filler: Optional[tuple[int, ...]] = None
     """Explicit filler token ids (length ``k``) instead of random ones."""
     name: ClassVar[str] = "shift"
+    summary: ClassVar[str] = 'moves the prompt one position right'
+    sees_position: ClassVar[bool] = True
+    sees_bos_token: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         at_least("Shift", "k", self.k, 1, "the number of filler tokens put before each prompt")
@@ -186,6 +195,9 @@ class PosMean(Corruption):
     position: int = 0
     """The ablated position."""
     name: ClassVar[str] = "pos_mean"
+    summary: ClassVar[str] = "replaces P0's output by the other positions' mean"
+    sees_position: ClassVar[bool] = True
+    sees_bos_token: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         at_least("PosMean", "position", self.position, 0, "positions count from 0")
@@ -215,7 +227,7 @@ class Swap(Corruption):
     """Replace the token at ``position`` by ``token`` (or, when None, a random token per prompt,
     seeded, never the token it replaces): the token's identity changes, its position does not.
     ``position`` may name a position class, one per prompt (``"first:,"``: each prompt's first
-    comma; see :func:`p0circuit.metrics.positions.find_positions`)."""
+    comma; see :func:`p0circuit.measures.positions.find_positions`)."""
 
     position: Union[int, str] = 0
     """The position whose token is replaced: an index or a position class."""
@@ -224,6 +236,9 @@ class Swap(Corruption):
     seed: int = 0
     """Seed of the random replacements."""
     name: ClassVar[str] = "swap"
+    summary: ClassVar[str] = 'replaces the token at position 0, every position kept'
+    sees_position: ClassVar[bool] = False
+    sees_bos_token: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.position, str):
@@ -264,6 +279,9 @@ class Resample(Corruption):
     seed: int = 0
     """Seed for random prompts when the batch has a single row."""
     name: ClassVar[str] = "resample"
+    summary: ClassVar[str] = 'another prompt of the same length (a control)'
+    sees_position: ClassVar[bool] = False
+    sees_bos_token: ClassVar[bool] = False
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         if self.tokens is not None:
@@ -288,6 +306,9 @@ class Zero(Corruption):
     """Zero-ablate the component (a control)."""
 
     name: ClassVar[str] = "zero"
+    summary: ClassVar[str] = "removes a component's output"
+    sees_position: ClassVar[bool] = True
+    sees_bos_token: ClassVar[bool] = True
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         return Prepared(self, tokens, None)
@@ -297,17 +318,23 @@ class Zero(Corruption):
         return torch.zeros_like(clean_act[:, positions])
 
 
+def fitting(bos_at_p0: bool) -> list[str]:
+    """Every registered corruption (a plugin's included) that can see the run's P0 mechanism: one
+    that changes a BOS-token sink when the prompts start with BOS, else one that changes a
+    position-keyed circuit. Those that see only that mechanism come first (``swap`` with BOS, ``shift``
+    without), then those that see both; registry order within each."""
+    fits = [n for n, c in CORRUPTIONS.items() if (c.sees_bos_token if bos_at_p0 else c.sees_position)]
+    return sorted(fits, key=lambda n: CORRUPTIONS[n].sees_position and CORRUPTIONS[n].sees_bos_token)
+
+
 def advice(used: str, bos_at_p0: bool) -> str:
-    """Why corruption ``used`` may see nothing, and which corruptions fit the run instead (never ``used``)."""
+    """Why corruption ``used`` may see nothing, and which registered corruptions fit the run instead
+    (never ``used``), from each corruption's own traits."""
     if bos_at_p0:
-        fits = [("swap", "replaces the BOS token at position 0, so a sink built on that token changes"),
-                ("zero", "removes a component's output"), ("pos_mean", "replaces P0's output by the other positions' mean")]
         why = f"the prompts start with the BOS token; a sink built on that token may be the same in both runs of {used!r}"
     else:
-        fits = [("shift", "moves the prompt one position right"), ("pos_mean", "replaces P0's output by the other "
-                "positions' mean"), ("swap", "replaces the token at position 0")]
         why = f"a circuit that reads only the position, not the token, may be the same in both runs of {used!r}"
-    names = [f"{n!r} ({what})" for n, what in fits if n != used]
+    names = [f"{n!r} ({CORRUPTIONS[n].summary or CORRUPTIONS[n].__doc__ or n})" for n in fitting(bos_at_p0) if n != used]
     return f"{why}; try " + " or ".join(names[:2])
 
 

@@ -13,14 +13,14 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit import hooks
-from p0circuit.errors import BadInputError
-from p0circuit.args import entry_point
-from p0circuit.hooks import HookRef
+from p0circuit.core import hooks
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.args import entry_point
+from p0circuit.core.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.engine import output_norm
 from p0circuit.patching.metrics import PatchMetric
-from p0circuit.types import Edge, Input, Kind, Node, parse_list
+from p0circuit.core.types import Edge, Input, Kind, Node, parse_list
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
 

@@ -30,9 +30,9 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
-from p0circuit import hooks
-from p0circuit.errors import BadInputError
-from p0circuit.hooks import HookRef
+from p0circuit.core import hooks
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.hooks import HookRef
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.hooking import attached
 from p0circuit.patching.order import hook_order
@@ -630,7 +630,7 @@ def cache_run(model: Any, tokens: Tensor, names: set[str], stop: Optional[int] =
     None), keeping only ``names``; returns (cache dict, logits or None when stopped early).
 
     With ``kv`` the run also fills a TransformerLens key-value cache, and the cache dict holds
-    each run block's keys and values as its attention appended them (:func:`p0circuit.hooks.kv_entry`):
+    each run block's keys and values as its attention appended them (:func:`p0circuit.core.hooks.kv_entry`):
     the prefix that suffix-only forwards attend to, whatever the attention does to its keys
     between ``hook_k`` and the cache (QK-norm, clipping)."""
     extra: dict[str, Any] = {}

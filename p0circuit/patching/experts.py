@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from p0circuit import hooks
-from p0circuit.errors import BadInputError
-from p0circuit.args import entry_point
+from p0circuit.core import hooks
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.args import entry_point
 
 
 def is_moe(model: Any) -> bool:
@@ -87,7 +87,7 @@ def expert_contribution(model: Any, layer: int, resid: Tensor, expert: int) -> T
 @entry_point
 def candidate_experts(model: Any, layers: Sequence[int], positions: Sequence[Any] = (0,)) -> list:
     """Every expert of the MoE MLPs of ``layers`` at each position class (``M1.E3@0``)."""
-    from p0circuit.types import Kind, Node
+    from p0circuit.core.types import Kind, Node
 
     return [Node(Kind.EXPERT, l, pos=p, neuron=e) for l in _check_layers("candidate_experts", model, layers)
             for p in positions
@@ -104,7 +104,7 @@ def expert_routing(model: Any, tokens: Tensor, layers: Optional[Sequence[int]] =
     to itself."""
     import pandas as pd
 
-    from p0circuit.tokens import check_tokens
+    from p0circuit.models.tokens import check_tokens
 
     layers = _check_layers("expert_routing", model, range(model.cfg.n_layers) if layers is None else layers)
     tokens = check_tokens(model, tokens, min_len=2)

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
-from p0circuit.io import strict
-from p0circuit.args import entry_point
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.io import strict
+from p0circuit.core.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
 from p0circuit.patching.engine import run_groups
@@ -28,7 +28,7 @@ from p0circuit.patching.metrics import MetricSpec, RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import named_positions, site_of
-from p0circuit.types import Edge, Node
+from p0circuit.core.types import Edge, Node
 
 DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
-from p0circuit.errors import ConfigError
+from p0circuit.core.errors import ConfigError
 
 
 @contextmanager

@@ -21,10 +21,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
-from p0circuit.progress import tqdm
+from p0circuit.core.progress import tqdm
 
-from p0circuit.errors import BadInputError, ConfigError, NonFiniteError
-from p0circuit.hooks import HookRef
+from p0circuit.core.errors import BadInputError, ConfigError, NonFiniteError
+from p0circuit.core.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, advice, get_corruption
 from p0circuit.patching.hooking import user_hooks
@@ -32,7 +32,7 @@ from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, r
 from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric, resolve_metric
 from p0circuit.patching.result import PatchResult, normalize
-from p0circuit.tokens import bos_id, check_tokens
+from p0circuit.models.tokens import bos_id, check_tokens
 
 
 def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:

@@ -15,13 +15,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from p0circuit.entries import METRICS, check_metric_entry, metric_entries
-from p0circuit import hooks
-from p0circuit.errors import BadInputError, ConfigError, MissingHookError
-from p0circuit.args import entry_point
-from p0circuit.args import at_least
-from p0circuit.hooks import HookRef
-from p0circuit.io import describe
+from p0circuit.core.entries import METRICS, check_metric_entry, metric_entries
+from p0circuit.core import hooks
+from p0circuit.core.errors import BadInputError, ConfigError, MissingHookError
+from p0circuit.core.args import entry_point
+from p0circuit.core.args import at_least
+from p0circuit.core.hooks import HookRef
+from p0circuit.core.io import describe
 from p0circuit.patching.order import hook_order
 
 
@@ -54,7 +54,7 @@ class PatchMetric:
         """Raise a clear error if the metric does not fit the model."""
 
     def params(self) -> dict[str, Any]:
-        """Every setting, for the record (JSON-able, :func:`p0circuit.io.describe`: a function by where
+        """Every setting, for the record (JSON-able, :func:`p0circuit.core.io.describe`: a function by where
         it is defined): the public fields of a dataclass metric, else its instance attributes.
         Results carry it beside the name, and comparisons of results match on it."""
         fields = describe(self) if dataclasses.is_dataclass(self) else describe(vars(self))
@@ -91,7 +91,7 @@ class NormRatio(PatchMetric):
     the position ``k = pos`` (0: P0) counted from the run's P0, over the positions from P0 on.
 
     ``pos`` may also give one position per prompt (a tuple), e.g. each prompt's first comma from
-    :func:`p0circuit.metrics.positions.find_positions`; ``where`` names it in results."""
+    :func:`p0circuit.measures.positions.find_positions`; ``where`` names it in results."""
 
     layer: int
     """Block whose output is measured."""
@@ -251,7 +251,7 @@ class CacheMetric(PatchMetric):
     """Any callable on activations: ``fn(acts: dict[hook name, Tensor], p0: int) -> scalar``.
 
     ``hooks_needed`` lists ``(layer, hook name)`` pairs, e.g.
-    ``[(2, p0circuit.hooks.resid_post(2))]``.
+    ``[(2, p0circuit.core.hooks.resid_post(2))]``.
     """
 
     fn: Callable[[dict[str, Tensor], int], Tensor]
@@ -350,7 +350,7 @@ def check_metric(metric: Any, model: Any) -> None:
 
 
 MetricSpec = Union[str, PatchMetric]
-"""A patching metric, or its name (:data:`p0circuit.entries.METRICS`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
+"""A patching metric, or its name (:data:`p0circuit.core.entries.METRICS`: ``"norm_ratio:2"``, ``"attn_to_p0"``)."""
 
 
 def resolve_metric(metric: Any, model: Any) -> Any:
@@ -364,7 +364,7 @@ def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tupl
     model's sink heads, given as ``sink_heads``), ``attn_to_p0`` (:func:`default_metric`) or
     ``norm_ratio:<layer>``."""
     kind, layer = check_metric_entry(entry, model.cfg.n_layers)
-    if METRICS[kind].build is not None:  # registered by a plugin (p0circuit.entries.register_metric)
+    if METRICS[kind].build is not None:  # registered by a plugin (p0circuit.core.entries.register_metric)
         return METRICS[kind].build(model, layer)
     if kind == "sink_heads":
         if not sink_heads:

@@ -13,14 +13,14 @@ from typing import Any, Sequence
 
 from torch import Tensor
 
-from p0circuit import hooks
-from p0circuit.hooks import HookRef
+from p0circuit.core import hooks
+from p0circuit.core.hooks import HookRef
 from p0circuit.patching.edges import receiver_site, sender_change, sender_hook, sender_output
 from p0circuit.patching.engine import PatchOp, output_norm
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
 from p0circuit.patching.experts import expert_contribution
-from p0circuit.types import Edge, Kind, Node
+from p0circuit.core.types import Edge, Kind, Node
 
 
 def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> PatchOp:

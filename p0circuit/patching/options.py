@@ -23,8 +23,8 @@ import inspect
 import typing
 from typing import Any, Callable, Literal, Optional, Union
 
-from p0circuit.args import entry_point
-from p0circuit.errors import BadCallError, ConfigError
+from p0circuit.core.args import entry_point
+from p0circuit.core.errors import BadCallError, ConfigError
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.metrics import MetricSpec
 

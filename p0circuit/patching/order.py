@@ -24,7 +24,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from p0circuit import hooks
+from p0circuit.core import hooks
 
 _ORDERS: "WeakKeyDictionary[Any, HookOrder]" = WeakKeyDictionary()
 

@@ -10,7 +10,7 @@ configs read their choices from :data:`METHODS`, and every consumer of a result 
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from p0circuit.errors import ConfigError, nearest
+from p0circuit.core.errors import ConfigError, nearest
 from p0circuit.patching.options import taken_by
 from p0circuit.patching.result import PatchResult
 

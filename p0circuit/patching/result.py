@@ -1,5 +1,5 @@
 """Patching results: raw and normalized effects, the signal check, and views of them: a table,
-a tensor shaped like the model, a :class:`~p0circuit.types.Circuit`."""
+a tensor shaped like the model, a :class:`~p0circuit.core.types.Circuit`."""
 
 import math
 from dataclasses import dataclass, field
@@ -9,8 +9,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from p0circuit.errors import BadInputError
-from p0circuit.types import REST, Circuit, Edge, Kind, Node, effect_grid
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.types import REST, Circuit, Edge, Kind, Node, effect_grid
 
 
 @dataclass

@@ -10,13 +10,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 from transformer_lens import HookedTransformer
 
-from p0circuit import hooks
-from p0circuit.args import as_list
-from p0circuit.errors import BadInputError, MissingHookError
-from p0circuit.args import entry_point
-from p0circuit.hooks import HookRef
+from p0circuit.core import hooks
+from p0circuit.core.args import as_list
+from p0circuit.core.errors import BadInputError, MissingHookError
+from p0circuit.core.args import entry_point
+from p0circuit.core.hooks import HookRef
 from p0circuit.patching.experts import check_experts, mlp_input_hook
-from p0circuit.types import REST, Kind, Node
+from p0circuit.core.types import REST, Kind, Node
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A user's corruption, loaded as a plugin (p0circuit.plugins.load_plugin) by the differential test:
+"""A user's corruption, loaded as a plugin (p0circuit.core.plugins.load_plugin) by the differential test:
 the first two tokens trade places, so clean position 0 is corrupted position 1 and back."""
 
 from dataclasses import dataclass

@@ -19,15 +19,15 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
-from p0circuit.args import entry_point
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.args import entry_point
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
-from p0circuit.types import Node, parse_nodes
+from p0circuit.core.types import Node, parse_nodes
 
 
 @entry_point

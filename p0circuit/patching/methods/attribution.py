@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit import hooks
-from p0circuit.errors import ConfigError, BadInputError
-from p0circuit.args import entry_point
+from p0circuit.core import hooks
+from p0circuit.core.errors import ConfigError, BadInputError
+from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
@@ -40,7 +40,7 @@ from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
-from p0circuit.types import Edge, Node, parse_nodes
+from p0circuit.core.types import Edge, Node, parse_nodes
 
 
 MAX_STEPS = 1024

@@ -16,8 +16,8 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
-from p0circuit.args import entry_point
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
@@ -26,7 +26,7 @@ from p0circuit.patching.ops import direct_qkv, edge_op, node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
-from p0circuit.types import Edge
+from p0circuit.core.types import Edge
 
 
 @entry_point

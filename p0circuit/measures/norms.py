@@ -1,0 +1,72 @@
+"""Norm metrics of the residual stream at position 0.
+
+* Norm ratio (Gu et al.; Sun et al., "Massive Activations"): ``||h_0|| / mean_{t>0} ||h_t||``.
+* Direction stability: mean pairwise cosine similarity of ``h_0`` across prompts (near 1 when the
+  sink state sits in a fixed direction).
+* Massive activations: coordinates of ``h_0`` whose magnitude is at least ``ratio`` times the
+  typical magnitude of one coordinate elsewhere, defined here as the mean over positions t > 0 of
+  the RMS of ``h_t`` (Sun et al. compare with the median magnitude; in sparse residual streams,
+  like the planted model's, the median is 0, so the RMS is used instead).
+"""
+
+import math
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from p0circuit.core.errors import BadInputError
+
+
+def _need_rest(x: Tensor) -> None:
+    if x.shape[-2] < 2:
+        raise BadInputError(
+            f"sequence length {x.shape[-2]} has no positions t > 0 to compare position 0 with; "
+            "use prompts of at least 2 tokens"
+        )
+
+
+def norm_ratio(h: Float[Tensor, "*batch pos d_model"], pos: int = 0) -> Float[Tensor, "*batch"]:
+    """``||h_pos|| / mean_{t != pos} ||h_t||`` per sequence (NaN where all other norms are 0)."""
+    _need_rest(h)
+    norms = h.float().norm(dim=-1)  # (*B, T)
+    others = torch.cat([norms[..., :pos], norms[..., pos + 1:]], dim=-1).mean(-1)
+    ratio = norms[..., pos] / others
+    return torch.where(others > 0, ratio, torch.full_like(ratio, math.nan))
+
+
+def direction_stability(h0: Float[Tensor, "batch d_model"]) -> Float[Tensor, ""]:
+    """Mean pairwise cosine similarity of ``h_0`` across the prompts of a batch (needs >= 2)."""
+    n = h0.shape[0]
+    if n < 2:
+        raise BadInputError("direction stability compares prompts with each other: pass at least 2 prompts")
+    unit = torch.nn.functional.normalize(h0.float(), dim=-1)
+    gram = unit @ unit.T  # (B, d) x (d, B) -> (B, B)
+    return (gram.sum() - gram.diagonal().sum()) / (n * (n - 1))
+
+
+def massive_activations(
+    h: Float[Tensor, "batch pos d_model"], ratio: float = 100.0, pos: int = 0
+) -> list[tuple[int, float, float]]:
+    """Coordinates of ``h_pos`` that are massive: ``(dim, mean value, mean ratio to the typical scale)``.
+
+    A coordinate qualifies when its mean absolute value over the batch at ``pos`` is at least
+    ``ratio`` times the mean RMS of ``h_t`` over positions t != pos.
+    """
+    _need_rest(h)
+    h = h.float()
+    rms = h.pow(2).mean(-1).sqrt()  # (B, T)
+    scale = torch.cat([rms[:, :pos], rms[:, pos + 1:]], dim=-1).mean()
+    if scale == 0:
+        return []
+    at = h[:, pos]  # (B, d)
+    rel = at.abs().mean(0) / scale
+    dims = torch.nonzero(rel >= ratio).flatten().tolist()
+    dims.sort(key=lambda d: -float(rel[d]))
+    return [(int(d), float(at[:, d].mean()), float(rel[d])) for d in dims]
+
+
+def first_layer_at_least(values: Float[Tensor, " layer"], threshold: float) -> int | None:
+    """Index of the first entry ``>= threshold`` (NaN never qualifies), or None."""
+    hits = torch.nonzero(values >= threshold).flatten()
+    return int(hits[0]) if len(hits) else None

@@ -1,0 +1,427 @@
+"""``p0circuit.analyze``: the paper's questions for one model in one call, resumable.
+
+The analysis is a list of steps, each saved to ``DIR/analysis.state.json`` the moment it ends, so
+an interrupted analysis resumes at the first step not done (the state records the model and the
+settings, and refuses to mix runs). The plan:
+
+1. per BOS setting (without, and with the model's start token when it has one): the sink report;
+2. per onset of the P0 norm ratio (and the strongest delimiter sink, e.g. Gemma 3's first comma):
+   activation patching of the nodes up to the onset with the corruption that fits the setting
+   (``shift`` without BOS, ``swap`` of the BOS token with it) and their faithfulness curve; path
+   patching between the nodes kept; the neurons writing the onset's massive dimension;
+3. per BOS setting, at the first onset: every corruption side by side, and other prompt lengths.
+"""
+
+import copy
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
+from p0circuit.studies.analysis import steps
+from p0circuit.studies.analysis.write import markdown, write_all
+from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
+from p0circuit.core.args import entry_point
+from p0circuit.core.io import strict, write_atomic
+from p0circuit.patching import NormRatio
+from p0circuit.patching.corruptions import Swap, get_corruption
+from p0circuit.measures.positions import find_positions
+from p0circuit.models.resolve import load_model
+from p0circuit.models.planted import PlantedModel
+from p0circuit.core.progress import tqdm
+from p0circuit.models.tokens import BOS_ATTR, english_prompts, prepend_id, probe_tokens, set_bos
+
+STATE = "analysis.state.json"
+"""The file an analysis directory keeps its finished steps in."""
+SETTINGS = {False: "without_bos", True: "with_bos"}
+"""BOS setting -> its key in the results."""
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """What one analysis measures (every field is recorded in ``analysis.json``)."""
+
+    n_prompts: int = 16
+    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids)."""
+    length: int = 24
+    """Tokens of text per prompt; a BOS token adds one."""
+    bos: tuple[bool, ...] = (False, True)
+    """BOS settings measured (``True`` is skipped, with the reason, for a model without a start token)."""
+    threshold: float = CIRCUIT_THRESHOLD
+    """|normalized effect| at which a node, edge or neuron is kept."""
+    norm_threshold: float = NORM_THRESHOLD
+    """Norm ratio at which a position counts as a sink state."""
+    max_onsets: int = 3
+    """Onsets analysed per BOS setting, in layer order."""
+    neurons_keep: int = 32
+    """Neurons confirmed by exact patching per onset (the strongest integrated-gradient estimates)."""
+    ig_steps: int = 4
+    """Integrated-gradient points per MLP in the neuron screen."""
+    lengths: tuple[int, ...] = (12, 48)
+    """Other prompt lengths compared at the first onset."""
+    seed: int = 0
+    """Seed of the prompts and of the random corruptions."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "seed"):
+            value, low = getattr(self, name), 0 if name == "seed" else (2 if name in ("n_prompts", "length") else 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"analysis setting {name} must be an int >= {low}, got {value!r}")
+        object.__setattr__(self, "bos", tuple(self.bos))
+        object.__setattr__(self, "lengths", tuple(self.lengths))
+        if not self.bos or any(not isinstance(b, bool) for b in self.bos) or len(set(self.bos)) != len(self.bos):
+            raise ConfigError(f"analysis setting bos must list False and/or True once each, got {self.bos!r}")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in self.lengths):
+            raise ConfigError(f"analysis setting lengths must be ints >= 2, got {self.lengths!r}")
+        for name in ("threshold", "norm_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"analysis setting {name} must be a number > 0, got {value!r}")
+
+
+@dataclass
+class Analysis:
+    """What :func:`analyze` measured: ``data`` is ``analysis.json``'s content."""
+
+    data: dict[str, Any]
+    """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing``."""
+    out: Optional[Path] = None
+    """Where the files were written, if anywhere."""
+    reports: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The sink reports of this process, by BOS setting (not restored on resume)."""
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __str__(self) -> str:
+        return markdown(self.data)
+
+
+def prompts(model: Any, n: int, length: int, bos: bool, seed: int) -> Tensor:
+    """``n`` prompts of ``length`` text tokens (plus the BOS token when ``bos``)."""
+    if getattr(model, "tokenizer", None) is not None:
+        return english_prompts(model, n, length + int(bos), prepend_bos=bos, seed=seed)
+    toks = probe_tokens(model, n, length, seed=seed, regular=True)
+    if bos:
+        toks = torch.cat([torch.full((n, 1), prepend_id(model), dtype=toks.dtype), toks], 1)
+    return toks
+
+
+def fingerprint(tokens: Tensor) -> str:
+    """A short hash of a token tensor (the state file checks that resumed prompts are the same)."""
+    return hashlib.sha256(tokens.cpu().numpy().tobytes() + str(tuple(tokens.shape)).encode()).hexdigest()[:16]
+
+
+class _State:
+    """The finished steps of one analysis directory, saved after each."""
+
+    def __init__(self, out: Optional[Path], header: dict[str, Any], resume: bool) -> None:
+        self.path = None if out is None else out / STATE
+        self.header = header
+        self.done: dict[str, Any] = {}
+        if self.path is not None and self.path.is_file():
+            if resume:
+                old = _read_state(self.path)
+                if old.get("header") != header:
+                    raise ConfigError(
+                        f"{self.path.parent} holds an analysis of {old.get('header', {}).get('model')!r} with other "
+                        f"settings or prompts; write to another directory, or pass fresh=True (--fresh) to replace it")
+                self.done = old.get("steps", {})
+            else:
+                self.path.unlink()
+
+    def run(self, key: str, fn: Callable[[], Any], bar: Any) -> Any:
+        if key not in self.done:
+            bar.set_postfix_str(key)
+            t = time.perf_counter()
+            value = strict(fn())
+            self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2)}
+            if self.path is not None:
+                write_atomic(self.path, json.dumps({"header": self.header, "steps": self.done}, allow_nan=False))
+        bar.update(1)
+        return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """The state file's content, or a clear error for a damaged one."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
+                          "to start over") from None
+
+
+def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
+    """Refuse, before any model is loaded, a directory that holds an analysis of another model or
+    other settings (``resume=False`` replaces it instead)."""
+    path = None if out is None else out / STATE
+    if path is None or not path.is_file() or not resume:
+        return
+    old = _read_state(path).get("header", {})
+    mine = json.loads(json.dumps(asdict(settings)))
+    if old.get("model") != label or old.get("settings") != mine:
+        diff = sorted(k for k in mine if old.get("settings", {}).get(k) != mine[k])
+        raise ConfigError(f"{out} holds an analysis of {old.get('model')!r}"
+                          + (f" with other settings ({', '.join(diff)})" if diff else "")
+                          + "; write to another directory, or pass fresh=True (--fresh) to replace it")
+
+
+def _start_token(model: Any, bos_token: Optional[Union[str, int]]) -> tuple[Optional[str], Any]:
+    """(why the with-BOS setting cannot run, or None; the BOS attribute to restore afterwards)."""
+    previous = getattr(model, BOS_ATTR, None)
+    if bos_token is not None:
+        set_bos(model, bos_token)
+        return None, previous
+    try:
+        prepend_id(model)
+    except BadInputError as err:
+        return str(err), previous
+    return None, previous
+
+
+def _onset_plan(model: Any, summary: dict[str, Any], s: AnalysisSettings) -> list[dict[str, Any]]:
+    """The onsets of one BOS setting: P0's (at most ``max_onsets``), then the strongest delimiter
+    class that is a sink state in most prompts (its first layer)."""
+    plan = [{"layer": layer, "where": "P0"} for kind, layer, _ in summary["norm_stages"] if kind == "onset"]
+    plan = plan[:s.max_onsets]
+    others = [p for p in summary["sink_positions"] if p["where"].startswith("first ") and p["share"] >= 0.75]
+    if others:
+        best = max(others, key=lambda p: p["ratio"] * p["share"])
+        first = min(p["layer"] for p in others if p["where"] == best["where"])
+        plan.append({"layer": first, "where": best["where"]})
+    return plan
+
+
+def _spec(where: str) -> str:
+    """``"first ','"`` -> ``"first:,"`` (the position spec of :func:`find_positions`)."""
+    return "first:" + where[len("first "):].strip("'\"").replace("\\n", "\n")
+
+
+@entry_point
+def analyze(
+    model: Any, *, out: Optional[Union[str, Path]] = None, entry: Optional[str] = None,
+    bos_token: Optional[Union[str, int]] = None, resume: bool = True, progress: bool = True,
+    settings: Optional[AnalysisSettings] = None, **overrides: Any,
+) -> Analysis:
+    """Measure the P0 sink of ``model`` and its circuit, with and without BOS (see the module docstring).
+
+    ``model``: a ``HookedTransformer``, a :class:`~p0circuit.models.planted.PlantedModel` (its ground truth is
+    recorded beside the findings) or a model entry (``"real:smollm2"``, ``"planted:rope"``, ...).
+    ``out``: a directory for ``analysis.json``, ``analysis.md`` and ``report.html`` (and the state
+    that lets an interrupted analysis resume). ``bos_token``: the start token of the with-BOS
+    setting when the tokenizer's BOS is not one (SmolLM2: ``"<|endoftext|>"``). Settings are an
+    :class:`AnalysisSettings` or its fields as keywords (``n_prompts=8``)."""
+    if settings is not None and overrides:
+        raise BadInputError("pass settings=AnalysisSettings(...) or its fields as keywords, not both")
+    try:
+        settings = settings or AnalysisSettings(**overrides)
+    except TypeError as err:
+        raise BadInputError(f"analyze: {err}; the settings are {list(AnalysisSettings.__dataclass_fields__)}") from None
+    label = entry
+    truth = None
+    if isinstance(model, str):
+        precheck(None if out is None else Path(out), entry or model, settings, resume)
+        resolved = load_model(model)
+        label, model, truth = entry or model, resolved.model, resolved.truth
+        bos_token = bos_token if bos_token is not None else resolved.start_token
+    if isinstance(model, PlantedModel):  # a plant: its ground truth goes into the record
+        label, model, truth = label or f"planted ({model.spec.key}-keyed)", model.model, model.truth
+
+    if not isinstance(model, HookedTransformer):
+        raise BadInputError(f"analyze needs a HookedTransformer or a model entry string, got {type(model).__name__}")
+    label = label or str(model.cfg.model_name)
+    out_dir = None if out is None else Path(out)
+    if out_dir is not None:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise BadInputError(f"--out {out_dir} exists and is not a directory")
+        out_dir.mkdir(parents=True, exist_ok=True)
+    no_bos_reason, previous = _start_token(model, bos_token) if True in settings.bos else (None, None)
+    try:
+        with torch.no_grad():  # the caller's grad mode is left as it was (the screen enables grad itself)
+            return _analyze(model, label, settings, out_dir, resume, progress, no_bos_reason, truth)
+    finally:
+        if previous is None and hasattr(model, BOS_ATTR) and bos_token is not None:
+            delattr(model, BOS_ATTR)
+        elif previous is not None:
+            setattr(model, BOS_ATTR, previous)
+
+
+def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], resume: bool, progress: bool,
+             no_bos_reason: Optional[str], truth: Any) -> Analysis:
+    tags = [b for b in s.bos if not (b and no_bos_reason)]
+    tokens = {b: prompts(model, s.n_prompts, s.length, b, s.seed) for b in tags}
+    header = {"model": label, "settings": json.loads(json.dumps(asdict(s))),
+              "prompts": {SETTINGS[b]: fingerprint(t) for b, t in tokens.items()}}
+    state = _State(out, header, resume)
+    first = tokens[tags[0]]
+    t = time.perf_counter()
+    model(first)  # one forward of the batch, timed in the same run as the analysis
+    forward_s = time.perf_counter() - t
+    started = time.perf_counter()
+    bar = tqdm(total=len(tags), desc="analyze", unit="step", disable=not progress, mininterval=0.5)
+    sinks: dict[str, Any] = {}
+    onsets: dict[str, Any] = {}
+    variations: dict[str, Any] = {}
+    reports: dict[str, Any] = {}
+    try:
+        for b in tags:
+            def sink_step(b: bool = b) -> dict[str, Any]:
+                reports[SETTINGS[b]], summary = steps.sinks(model, tokens[b], b, s.norm_threshold)
+                return summary
+            sinks[SETTINGS[b]] = state.run(f"{SETTINGS[b]}/sinks", sink_step, bar)
+        if no_bos_reason and True in s.bos:
+            sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
+        plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s) for b in tags}
+        bar.total += sum(len(p) * 3 for p in plans.values()) + sum(
+            (1 + len(s.lengths)) for b in tags if any(o["where"] == "P0" for o in plans[b]))
+        bar.refresh()
+        for b in tags:
+            onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
+            p0_onsets = [o for o in plans[b] if o["where"] == "P0"]
+            if p0_onsets:
+                variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0]["layer"], s, state, bar)
+    finally:
+        bar.close()
+    data = {
+        "model": label, "settings": header["settings"], "n_layers": int(model.cfg.n_layers),
+        "n_heads": int(model.cfg.n_heads), "sinks": sinks, "onsets": onsets, "variations": variations,
+        "verdict": verdict(sinks, onsets),
+        "timing": {"seconds": round(sum(v["seconds"] for v in state.done.values()), 1),
+                   "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
+                   "forwards": round(sum(v["seconds"] for v in state.done.values()) / forward_s),
+                   "steps": {k: v["seconds"] for k, v in state.done.items()}},
+    }
+    if truth is not None:
+        data["truth"] = {"nodes": [n.name for n in truth.nodes], "edges": [e.name for e in truth.edges]}
+    result = Analysis(data, out, reports)
+    if out is not None:
+        write_all(result, out)
+    return result
+
+
+def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary: dict[str, Any],
+           s: AnalysisSettings, state: _State, bar: Any) -> dict[str, Any]:
+    layer, where = onset["layer"], onset["where"]
+    key = f"{SETTINGS[bos]}/{where}@L{layer}"
+    entry: dict[str, Any] = {"layer": layer, "where": where}
+    choice: dict[str, Any] = {}
+    if where == "P0":
+        metric = NormRatio(layer)
+        toks = tokens
+        if bos:  # swap the BOS token, or shift: whichever the sink depends on
+            corruption, choice = steps.choose(model, toks, bos, ("swap", "shift"), metric, s.seed)
+        else:
+            corruption = get_corruption("shift", seed=s.seed)
+    else:
+        spec = _spec(where)
+        keep = [i for i in range(tokens.shape[0]) if _has(model, tokens[i:i + 1], spec)]
+        toks = tokens[keep]
+        corruption = Swap(position=spec, seed=s.seed)
+        try:
+            metric = NormRatio(layer, pos=find_positions(model, toks, spec), where=spec)
+        except P0CircuitError as err:
+            entry["skipped"] = str(err)
+            for _ in range(3):
+                bar.update(1)
+            return entry
+        entry["prompts"] = len(keep)
+
+    def node_step() -> dict[str, Any]:
+        res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold)
+        out["corruption_choice"] = choice
+        out["faithfulness"] = steps.faithfulness(model, toks, res, corruption, metric)
+        return out
+
+    entry.update(state.run(key + "/nodes", node_step, bar))
+    entry["edges"] = {}
+    entry["neurons"] = {}
+    entry["into_sinks"] = {}
+    if entry["signal"] and entry["nodes"]:
+        def edge_step() -> dict[str, Any]:
+            out = steps.edges(model, toks, bos, corruption, metric, layer, entry["nodes"], s.threshold)
+            if where == "P0":
+                out["into_sinks"] = steps.into_sinks(model, toks, bos, corruption, layer, entry["nodes"],
+                                                     summary["alpha"], 0.3, s.threshold)
+            return out
+
+        e = dict(state.run(key + "/edges", edge_step, bar))
+        entry["edges"], entry["into_sinks"], entry["edge_pass"] = e.pop("edges"), e.pop("into_sinks", {}), e
+    else:
+        bar.update(1)
+    dims = [d for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
+    if where == "P0" and dims and entry["signal"]:
+        n = state.run(key + "/neurons", lambda: steps.neurons(model, toks, bos, corruption, layer, dims[0]["dim"],
+                                                              entry["nodes"], s.threshold, s.neurons_keep,
+                                                              s.ig_steps), bar)
+        entry["neurons"], entry["neuron_pass"] = n.pop("neurons"), n
+    else:
+        entry["neuron_pass"] = {"note": "no massive dimension at P0 at this layer" if where == "P0" else
+                                "neurons are patched at P0 only"}
+        bar.update(1)
+    return entry
+
+
+def _has(model: Any, row: Tensor, spec: str) -> bool:
+    try:
+        find_positions(model, row, spec)
+    except P0CircuitError:
+        return False
+    return True
+
+
+def _variations(model: Any, bos: bool, layer: int, s: AnalysisSettings, state: _State, bar: Any) -> dict[str, Any]:
+    tag = SETTINGS[bos]
+    toks = prompts(model, s.n_prompts, s.length, bos, s.seed)
+    out: dict[str, Any] = {"layer": layer}
+    out["corruption"] = state.run(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
+        model, toks, bos, layer, steps.corruption_variants(bos), s.threshold), bar)
+    out["length"] = {}
+    for n in s.lengths:
+        def length_step(n: int = n) -> dict[str, Any]:
+            t = prompts(model, s.n_prompts, n, bos, s.seed)
+            _, summary = steps.sinks(model, t, bos, s.norm_threshold)
+            row: dict[str, Any] = {k: summary[k] for k in ("sink_rate", "norm_stages")}
+            if layer < model.cfg.n_layers:
+                corruption = get_corruption("swap" if bos else "shift", seed=s.seed)
+                _, nodes = steps.nodes(model, t, bos, corruption, NormRatio(layer), layer, s.threshold)
+                row.update(signal=nodes["signal"], nodes=dict(list(nodes["nodes"].items())[:8]))
+            return row
+        out["length"][str(n)] = state.run(f"{tag}/length{n}", length_step, bar)
+    return out
+
+
+def sink_label(p: dict[str, Any]) -> str:
+    """A sink position's class, with its commonest token for the catch-all class ``other``."""
+    tokens = p.get("tokens") or []
+    return f"other ({tokens[0][0]!r})" if p["where"] == "other" and tokens else p["where"]
+
+
+def verdict(sinks: dict[str, Any], onsets: dict[str, Any]) -> dict[str, Any]:
+    """The paper's claim, as measured: without BOS, does position 0 become a sink? It holds when the
+    P0 norm ratio reaches the threshold and, from that layer on, some head gives P0 a mean attention
+    (alpha_0) above 0.5."""
+    no = sinks.get(SETTINGS[False])
+    if not no or "skipped" in no:
+        return {"claim": "not measured (no run without BOS)"}
+    onset = [l for k, l, _ in no["norm_stages"] if k == "onset"]
+    strongest = max((max(row) for row in no["alpha"][onset[0]:]), default=0.0) if onset else \
+        max(max(row) for row in no["alpha"])
+    holds = bool(onset) and strongest > 0.5
+    elsewhere = sorted({sink_label(p) for p in no["sink_positions"] if not p["where"].startswith("P0")})
+    text = (f"{'holds' if holds else 'fails'}: without BOS the P0 norm ratio "
+            + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the threshold")
+            + f", the strongest head's alpha_0 is {strongest:.2f} and Sink_0^0.3 = {no['sink_rate']:.3f}")
+    if elsewhere:
+        text += "; other sink states sit at " + ", ".join(elsewhere)
+    out = {"claim": text, "holds": holds, "strongest_alpha0": strongest}
+    with_bos = sinks.get(SETTINGS[True])
+    if with_bos and "skipped" not in with_bos:
+        out["with_bos_sink_rate"] = with_bos["sink_rate"]
+    return out

@@ -1,0 +1,206 @@
+"""The measurements of one analysis, each a function of (model, prompts, settings) that returns
+plain JSON values: the sink, the nodes at an onset, the edges between them, the neurons writing the
+massive dimension, faithfulness, and the same questions under other corruptions and lengths.
+
+Effects are *normalized*: the share of the clean-to-corrupted change of the metric that one
+component (edge, neuron) carries when it alone is patched; positive raises the metric.
+"""
+
+import math
+import time
+from typing import Any, Optional, Sequence
+
+from torch import Tensor
+
+from p0circuit.core.errors import P0CircuitError
+from p0circuit.measures.sink_report import SinkReport, sink_report
+from p0circuit.patching import (
+    AttnToP0, NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
+    candidate_nodes, faithfulness_curve, path_patch,
+)
+from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
+from p0circuit.patching.edges import among
+from p0circuit.patching.job import PatchJob
+from p0circuit.patching.options import PatchOptions
+from p0circuit.patching.result import PatchResult
+from p0circuit.core.types import Kind, Node
+
+FAITHFULNESS_K = (1, 2, 3, 5, 8, 12, 20)
+"""Circuit sizes (top-k components kept clean) of the faithfulness curves."""
+
+
+def strong(result: PatchResult, threshold: float, k: Optional[int] = None) -> dict[str, float]:
+    """``name -> normalized effect`` of the components at or above ``threshold``, strongest first."""
+    items = sorted(((n, v) for n, v in result.normalized.items() if math.isfinite(v) and abs(v) >= threshold),
+                   key=lambda kv: -abs(kv[1]))
+    return {n: round(float(v), 4) for n, v in items[:k]}
+
+
+def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple[SinkReport, dict[str, Any]]:
+    """The sink report and its JSON summary: ``sink_rate``, ``norm_stages`` as [kind, layer, ratio],
+    ``massive_dims`` (per dimension: its first and last layer at P0 and its peak), ``sink_positions``."""
+    rep = sink_report(model, tokens, bos=bos, norm_threshold=norm_threshold)
+    dims: dict[int, dict[str, Any]] = {}
+    for layer, dim, value, ratio in rep.massive:
+        d = dims.setdefault(dim, {"dim": dim, "first_layer": layer, "last_layer": layer, "peak_value": value,
+                                  "peak_ratio": ratio, "peak_layer": layer})
+        d["last_layer"] = layer
+        if ratio > d["peak_ratio"]:
+            d.update(peak_value=value, peak_ratio=ratio, peak_layer=layer)
+    massive = sorted(dims.values(), key=lambda d: -d["peak_ratio"])[:8]
+    return rep, {
+        "sink_rate": rep.sink_rate, "norm_stages": [list(s) for s in rep.norm_stages],
+        "massive_dims": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in d.items()} for d in massive],
+        "sink_positions": [s.to_dict() for s in rep.sink_positions],
+        "norm_ratio": rep.norm_ratio_resid, "alpha": rep.alpha, "sink_rate_per_layer": rep.sink_rate_per_layer,
+        "n_prompts": rep.n_prompts, "seq_len": rep.seq_len,
+    }
+
+
+def drop(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric) -> float:
+    """``clean - corrupted`` of ``metric`` under ``corruption`` (two forwards up to the metric's block)."""
+    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos)).cache(set())
+    return job.clean_metric - job.corrupted_metric([])
+
+
+def choose(model: Any, tokens: Tensor, bos: bool, names: Sequence[str], metric: PatchMetric,
+           seed: int) -> tuple[Corruption, dict[str, Any]]:
+    """Of the corruptions ``names``, the one that lowers ``metric`` most (the sink depends on what
+    it changes), with each one's drop and the reason, for the record."""
+    drops = {n: drop(model, tokens, bos, get_corruption(n, seed=seed), metric) for n in names}
+    best = max(drops, key=lambda n: drops[n])
+    why = (f"'{best}' lowers {metric.name} most (" + ", ".join(f"{n}: {v:+.4g}" for n, v in drops.items()) + ")")
+    if drops.get("swap", 0.0) <= 0 < drops.get("shift", 0.0):
+        why += ("; replacing the BOS token does not remove the sink, so it is built on position 0, not on the "
+                "BOS token")
+    return get_corruption(best, seed=seed), {"drops": {n: round(v, 4) for n, v in drops.items()}, "chosen": best,
+                                             "why": why}
+
+
+def onset_nodes(model: Any, layer: int, corruption: Corruption) -> list[Node]:
+    """The candidate nodes of an onset: every head and MLP output (at P0 and the rest) up to its block,
+    and the token embedding when the corruption changes a token in place (``swap``)."""
+    return [n for n in candidate_nodes(model, embed=isinstance(corruption, Swap)) if n.layer <= layer]
+
+
+def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
+          threshold: float) -> tuple[PatchResult, dict[str, Any]]:
+    """Activation patching of :func:`onset_nodes` with ``metric``."""
+    t = time.perf_counter()
+    res = activation_patch(model, tokens, nodes=onset_nodes(model, layer, corruption), corruption=corruption,
+                           metric=metric, bos=bos)
+    return res, {"corruption": res.corruption, "corruption_params": res.settings.get("corruption_params", {}),
+                 "metric": res.metric, "clean": res.clean_metric, "corrupted": res.corrupted_metric,
+                 "signal": res.signal, "message": res.message, "candidates": len(res.raw),
+                 "nodes": strong(res, threshold), "effects": strong(res, 0.0) if res.signal else {},
+                 "seconds": round(time.perf_counter() - t, 2)}
+
+
+def edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
+          node_effects: dict[str, float], threshold: float, max_nodes: int = 8) -> dict[str, Any]:
+    """Path patching of the edges between the strongest nodes (senders) into the kept nodes' inputs
+    (:func:`~p0circuit.patching.edges.among`: a key/value head counts when a query head of its group is kept)."""
+    kept = [Node.parse(n) for n in list(node_effects)[:max_nodes]]
+    senders = sorted(n for n in kept if n.kind != Kind.EXPERT)
+    if not senders:
+        return {"edges": {}, "candidates": 0, "note": "no sender among the kept nodes"}
+    cands = among(model, candidate_edges(model, senders, receiver_layers=layer + 1, metric=metric), kept)
+    if not cands:
+        return {"edges": {}, "candidates": 0, "note": "no edge between the kept nodes"}
+    t = time.perf_counter()
+    res = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos)
+    return {"edges": strong(res, threshold), "candidates": len(cands), "signal": res.signal,
+            "seconds": round(time.perf_counter() - t, 2)}
+
+
+def into_sinks(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int,
+               node_effects: dict[str, float], alpha: list[list[float]], eps: float, threshold: float,
+               blocks: int = 2, max_senders: int = 6) -> dict[str, Any]:
+    """Path patching from the strongest nodes into the keys and values of the sink heads (alpha_0 >
+    ``eps``) of the ``blocks`` blocks after the onset, metric = their attention to P0: how the
+    amplified P0 state becomes the key every later query attends to."""
+    layers = list(range(layer + 1, min(layer + 1 + blocks, model.cfg.n_layers)))
+    heads = [(l, h) for l in layers for h in range(model.cfg.n_heads) if alpha[l][h] > eps]
+    senders = sorted(n for n in (Node.parse(x) for x in list(node_effects)[:max_senders]) if n.kind != Kind.EXPERT)
+    if not heads or not senders:
+        return {"edges": {}, "candidates": 0, "note": f"no sink head (alpha_0 > {eps}) in blocks {layers}" if not heads
+                else "no sender"}
+    cands = [e for e in candidate_edges(model, senders, qkv=("k", "v"), receiver_layers=max(layers) + 1)
+             if e.dst.layer in layers and e.dst.pos == 0]
+    metric = AttnToP0(heads=heads)
+    t = time.perf_counter()
+    res = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos)
+    return {"edges": strong(res, threshold), "candidates": len(cands), "metric": res.metric, "signal": res.signal,
+            "clean": res.clean_metric, "corrupted": res.corrupted_metric, "message": res.message,
+            "seconds": round(time.perf_counter() - t, 2)}
+
+
+def neurons(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int, dim: int,
+            node_effects: dict[str, float], threshold: float, keep: int, steps: int) -> dict[str, Any]:
+    """The neurons at P0 that write massive dimension ``dim`` at block ``layer``: integrated
+    gradients over every neuron of the MLPs up to the onset that the node pass kept (and the
+    onset's own MLP), then exact activation patching of the ``keep`` strongest estimates."""
+    if model.cfg.attn_only or model.cfg.num_experts:
+        return {"neurons": {}, "note": "attention-only model" if model.cfg.attn_only else
+                "mixture of experts: see the expert nodes instead"}
+    mlps = sorted({Node.parse(n).layer for n in node_effects if Node.parse(n).kind == Kind.MLP} | {layer})[-4:]
+    cands = candidate_neurons(model, mlps, positions=(0,))
+    metric = ResidDim(layer, dim)
+    t = time.perf_counter()
+    est = attribution_patch(model, tokens, nodes=cands, corruption=corruption, metric=metric, bos=bos, steps=steps,
+                            min_signal=0.0)
+    screen_s = time.perf_counter() - t
+    ranked = sorted((n for n in est.normalized if math.isfinite(est.normalized[n])),
+                    key=lambda n: -abs(est.normalized[n]))[:keep]
+    t = time.perf_counter()
+    exact = activation_patch(model, tokens, nodes=ranked, corruption=corruption, metric=metric, bos=bos)
+    confirm_s = time.perf_counter() - t
+    curve = []
+    if exact.signal:
+        fr = [k / len(ranked) for k in (1, 2, 4, 8, 16) if k <= len(ranked)]
+        curve = [(int(kept), round(f, 4)) for _, kept, f in
+                 faithfulness_curve(model, tokens, result=exact, corruption=corruption, metric=metric, fractions=fr)]
+    return {"metric": metric.name, "mlps": mlps, "candidates": len(cands), "confirmed": len(ranked),
+            "clean": exact.clean_metric, "corrupted": exact.corrupted_metric, "signal": exact.signal,
+            "message": exact.message, "neurons": strong(exact, threshold),
+            "faithfulness_within_confirmed": {str(k): f for k, f in curve},
+            "screen": f"integrated gradients, {steps} steps per MLP, {len(cands)} neurons; exact patching of the "
+                      f"top {len(ranked)}", "seconds": {"screen": round(screen_s, 2), "confirm": round(confirm_s, 2)}}
+
+
+def faithfulness(model: Any, tokens: Tensor, result: PatchResult, corruption: Corruption,
+                 metric: PatchMetric) -> dict[str, float]:
+    """Share of the clean-to-corrupted change kept with the top-k nodes clean and every other one corrupted."""
+    if not result.signal:
+        return {}
+    n = len(result.raw)
+    ks = [k for k in FAITHFULNESS_K if k <= n]
+    curve = faithfulness_curve(model, tokens, result=result, corruption=corruption, metric=metric,
+                               fractions=[k / n for k in ks])
+    return {str(int(kept)): round(f, 4) for _, kept, f in curve}
+
+
+def corruption_variants(bos_at_p0: bool) -> list[str]:
+    """Corruptions compared at the first onset: every registered one (a plugin's included), those
+    that can see the run's P0 mechanism first (:func:`p0circuit.patching.corruptions.fitting`)."""
+    first = fitting(bos_at_p0)
+    return first + [n for n in CORRUPTIONS if n not in first]
+
+
+def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequence[str],
+                  threshold: float) -> dict[str, Any]:
+    """The onset's nodes under each corruption in ``names``: signal, top effects, or why not."""
+    out: dict[str, Any] = {}
+    for name in names:
+        try:
+            _, summary = nodes(model, tokens, bos, get_corruption(name), NormRatio(layer), layer, threshold)
+        except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
+            out[name] = {"error": f"{type(err).__name__}: {err}"}
+            continue
+        out[name] = {k: summary[k] for k in ("signal", "clean", "corrupted", "message")}
+        out[name]["nodes"] = dict(list(summary["nodes"].items())[:8])
+        if summary["signal"] and summary["corrupted"] > summary["clean"]:
+            out[name]["note"] = (f"the corrupted run has the stronger sink ({summary['clean']:.4g} clean, "
+                                 f"{summary['corrupted']:.4g} corrupted): this corruption does not remove it, so its "
+                                 "normalized effects measure nothing the sink needs")
+    return out

@@ -1,0 +1,175 @@
+"""A whole discovery on one model, as the command line and each sweep cell run it: the sink report,
+one circuit per method, and the scores against the ground truth when the model is planted.
+
+:func:`run_discovery` computes; :meth:`Discovery.write` writes the files; ``str()`` is the text the
+command line prints. Each circuit's level (nodes or edges) is read from the circuit.
+"""
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from torch import Tensor
+
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
+from p0circuit.studies.discovery.discover import discover
+from p0circuit.core.errors import BadInputError, ConfigError
+from p0circuit.figures.graphs import compare, to_dot, to_svg
+from p0circuit.core.io import strict, write_atomic
+from p0circuit.measures import SinkReport, sink_report
+from p0circuit.models.resolve import Resolved
+from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
+from p0circuit.patching.edges import among
+from p0circuit.patching.engine import reaches, stop_layer
+from p0circuit.patching.sites import site_of
+from p0circuit.patching.metrics import metric_from_entry
+from p0circuit.core.types import Circuit, Edge, Node
+
+
+@dataclass
+class Discovery:
+    """What one discovery found."""
+
+    resolved: Resolved
+    """The model and, for planted models, the ground truth."""
+    tokens: Tensor
+    """The prompts."""
+    report: SinkReport
+    """The sink report on the prompts."""
+    metric: PatchMetric
+    """The patching metric."""
+    metric_reason: str = "given"
+    """Why this metric (when it was chosen by :func:`choose_metric`)."""
+    circuits: dict[str, Circuit] = field(default_factory=dict)
+    """Method name -> circuit."""
+
+    def scores(self, method: str) -> Optional[dict[str, float]]:
+        """Precision, recall and AUROC of ``method``'s circuit against the truth at the circuit's level."""
+        truth = self.resolved.truth
+        if truth is None:
+            return None
+        circuit = self.circuits[method]
+        return compare(circuit, truth)
+
+    @property
+    def exact(self) -> bool:
+        """True when every circuit equals the ground truth (precision and recall 1); False without truth."""
+        all_scores = [self.scores(m) for m in self.circuits]
+        return bool(all_scores) and all(s is not None and s[f"{self.circuits[m].level}_precision"] == 1
+                                        and s[f"{self.circuits[m].level}_recall"] == 1
+                                        for m, s in zip(self.circuits, all_scores))
+
+    def __str__(self) -> str:
+        lines = [str(self.report)]
+        for method, circuit in self.circuits.items():
+            lines += ["", f"== {method} patching, corruption={circuit.settings.get('corruption')}, metric={self.metric.name}"
+                          f" ({self.metric_reason})" + (f"; {circuit.settings['candidates']}" if "candidates" in circuit.settings else ""),
+                      str(circuit), circuit.interpretation]
+            scores = self.scores(method)
+            if scores is not None:
+                lines.append("against the planted ground truth: " + ", ".join(f"{k}={v:.3f}" for k, v in scores.items()))
+        return "\n".join(lines)
+
+    def write(self, out: Union[str, Path]) -> Path:
+        """Under ``out``: ``sink_report.json`` and, per method, the circuit as ``circuit_<method>.json``
+        and ``.dot``, its figure as ``.png``, ``.svg`` (Graphviz's layout when its ``dot`` program is
+        installed, else matplotlib's) and ``.html`` (interactive), with the truth overlaid on a planted
+        model, and the heatmap of every candidate's effect as ``effects_<method>.png``."""
+        import matplotlib.pyplot as plt
+
+        from p0circuit.figures.drawing import circuit_figure
+        from p0circuit.figures.plotting import plot
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        report = strict(json.loads(json.dumps(self.report.to_dict(), default=str)))  # NaN -> null: strict JSON
+        write_atomic(out / "sink_report.json", json.dumps(report, indent=2, allow_nan=False))
+        truth = self.resolved.truth
+        for method, circuit in self.circuits.items():
+            write_atomic(out / f"circuit_{method}.json", circuit.to_json(indent=2))
+            write_atomic(out / f"circuit_{method}.dot", to_dot(circuit, truth=truth))
+            figure = circuit_figure(circuit, truth)
+            figure.save(out / f"circuit_{method}.png")
+            figure.save(out / f"circuit_{method}.html")
+            write_atomic(out / f"circuit_{method}.svg",
+                         to_svg(circuit, truth=truth) if shutil.which("dot") else figure.svg())
+            heat = plot(circuit)
+            heat.savefig(str(out / f"effects_{method}.png"), dpi=100)
+            plt.close(heat)
+        return out
+
+
+def choose_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, str]:
+    """The metric a discovery uses when none is given, and why: a planted model's sink heads; else
+    the P0 norm ratio where it first passes the norm threshold (the end of the amplification), so
+    no forward runs past that block; else the patching default
+    (:func:`p0circuit.patching.metrics.default_metric`: attention to P0 of the layers >= 2)."""
+    if resolved.sink_heads:
+        return metric_from_entry("sink_heads", resolved.model, resolved.sink_heads), "the planted sink heads"
+    if report.norm_onset_layer is not None:
+        return (NormRatio(report.norm_onset_layer),
+                f"P0 norm ratio at the norm onset layer {report.norm_onset_layer}")
+    return metric_from_entry("attn_to_p0", resolved.model), "no norm onset: attention to P0 of layers >= 2"
+
+
+def pruned_edges(model: Any, node_circuit: Circuit, metric: PatchMetric) -> list[Edge]:
+    """Candidate edges from the nodes a node pass kept into every receiver that can reach the metric
+    (a receiver need not matter as a node: the sink heads' outputs do not change their own attention)."""
+    stop = stop_layer(model, metric)
+    return candidate_edges(model, sorted(node_circuit.nodes), receiver_layers=stop, metric=metric)
+
+
+def run_discovery(
+    resolved: Resolved, tokens: Tensor, *, methods: Sequence[str], corruption: Union[str, Corruption],
+    metric: Optional[PatchMetric] = None, threshold: float = CIRCUIT_THRESHOLD, bos: Optional[bool] = False,
+    nodes: Optional[Sequence[Node]] = None, edge_budget: int = EDGE_BUDGET, node_budget: int = NODE_BUDGET,
+    progress: bool = False, **options: Any,
+) -> Discovery:
+    """The sink report and one :func:`~p0circuit.discover` circuit per method on ``tokens``.
+
+    ``metric`` defaults to :func:`choose_metric`. ``nodes`` restricts the candidate nodes (and the
+    senders and receivers of edges). More than ``node_budget`` candidates that can reach the metric
+    is an error that says how to narrow them (exact patching costs about one suffix forward each).
+    An edge-level method whose candidates would exceed ``edge_budget`` runs on the edges whose senders
+    an activation pass keeps (run first if not among ``methods``); the circuit's settings say so.
+    """
+    model = resolved.model
+    report = sink_report(model, tokens, bos=bos)
+    reason = "given"
+    if metric is None:
+        metric, reason = choose_metric(resolved, report)
+    found = Discovery(resolved, tokens, report, metric, metric_reason=reason)
+    common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
+                              "progress": progress, **options}
+    node_list = list(nodes) if nodes is not None else None
+    candidates = node_list if node_list is not None else candidate_nodes(model)
+    live = [n for n in candidates if reaches(model, site_of(n, model).hook, metric)]
+    if len(live) > node_budget:
+        raise ConfigError(
+            f"{len(live)} candidate nodes can reach metric {metric.name!r}, more than the node budget of {node_budget}: "
+            "narrow them (--layers, --nodes), read the metric at an earlier layer, screen with method 'triage', "
+            "or raise the budget (--node-budget)"
+        )
+
+    def within(edges: list[Edge]) -> list[Edge]:  # receivers restricted like the nodes, when nodes are given
+        return edges if node_list is None else among(model, edges, node_list)
+
+    for method in methods:
+        if get_method(method).level == "node":
+            found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
+            continue
+        edges = within(candidate_edges(model, candidates, receiver_layers=stop_layer(model, metric), metric=metric))
+        note = f"{len(edges)} candidate edges"
+        if len(edges) > edge_budget:
+            node_pass = found.circuits.get("activation") or discover(model, tokens, method="activation",
+                                                                     nodes=node_list, **common)
+            edges = within(pruned_edges(model, node_pass, metric))
+            note = (f"{len(edges)} edges from the {len(node_pass.nodes)} nodes of an activation pass (the full set "
+                    f"would exceed the edge budget of {edge_budget})")
+        if not edges:
+            raise BadInputError(f"{method}: no candidate edges ({note}); lower the threshold or widen the nodes")
+        found.circuits[method] = discover(model, tokens, method=method, edges=edges, record={"candidates": note},
+                                          **common)
+    return found

@@ -1,0 +1,77 @@
+"""A sweep directory's files, read and checked without torch: which cells are done, their
+records, the index, and whose directory it is (``p0circuit sweep --dry-run`` and the report read
+only this)."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from p0circuit.core.errors import ConfigError
+from p0circuit.core.io import write_atomic
+from p0circuit.surfaces.sweep.config import SweepConfig
+
+
+def done_keys(out: Path) -> set[str]:
+    """Keys of the cells already written under ``out``."""
+    cells = out / "cells"
+    return {p.stem for p in cells.glob("*.json")} if cells.is_dir() else set()
+
+
+RECORD_FIELDS = ("key", "cell", "circuit", "sink_report")
+"""Fields every cell record has (what the report and the summary read)."""
+
+
+def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The finished cells' records and notes on what could not be read.
+
+    The cell files (written atomically, one per cell) are the source of truth; ``results.jsonl``
+    is read only when there are none. An unreadable line or file, or a record missing a field, is
+    skipped and named in the notes, never raised: what finished is kept."""
+    notes: list[str] = []
+    files = sorted((out / "cells").glob("*.json")) if (out / "cells").is_dir() else []
+    if files:
+        sources = [(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    elif (out / "results.jsonl").is_file():
+        lines = (out / "results.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+        sources = [(f"results.jsonl line {i + 1}", line) for i, line in enumerate(lines) if line.strip()]
+    else:
+        sources = []
+    records = []
+    for where, text in sources:
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            notes.append(f"skipped {where}: not valid JSON (cut short by a crash?)")
+            continue
+        missing = [f for f in RECORD_FIELDS if not isinstance(record, dict) or f not in record]
+        if missing:
+            notes.append(f"skipped {where}: the record lacks {', '.join(missing)}")
+            continue
+        records.append(record)
+    return records, notes
+
+
+def rebuild_index(out: Path) -> list[dict[str, Any]]:
+    """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records."""
+    records = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    write_atomic(out / "results.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
+    return records
+
+
+def check_owner(config: SweepConfig, out: Path) -> None:
+    """Refuse a directory that holds a sweep of another config (the cells would mix)."""
+    saved = out / "config.json"
+    if not saved.is_file():
+        if (out / "cells").is_dir() and any((out / "cells").glob("*.json")):
+            raise ConfigError(f"{out} holds sweep cells but no config.json; sweep into an empty directory (--out)")
+        return
+    try:
+        previous = json.loads(saved.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"{saved} is not readable JSON: is {out} a sweep directory? Choose another --out") from None
+    previous.setdefault("plugins", [])  # written before sweeps had plugins
+    current = json.loads(json.dumps(config.__dict__))
+    if previous != current:
+        keys = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+        raise ConfigError(f"{out} holds a sweep of another config (it differs in {', '.join(keys)}); a directory "
+                          "belongs to one config: sweep into another --out, or delete the directory to start over")

@@ -1,7 +1,0 @@
-"""Training small models from a spec on synthetic or local data, with resumable checkpoints."""
-
-from p0circuit.training.data import BigramBackcopy, MarkovSource, TextSource, hf_dataset_source
-from p0circuit.training.trainer import TrainConfig, load_trained, save_checkpoint, train
-
-__all__ = ["BigramBackcopy", "MarkovSource", "TextSource", "TrainConfig", "hf_dataset_source", "load_trained",
-           "save_checkpoint", "train"]

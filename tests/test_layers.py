@@ -1,0 +1,72 @@
+"""The layout shows the architecture: each layer subpackage's docstring says what it may import
+("May import: ..."), and no module imports from a layer it does not name, at the top of a file or
+inside a function. A deliberate upward import is caught (the last test)."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "p0circuit"
+LAYERS = ("core", "models", "measures", "patching", "figures", "studies", "surfaces")
+
+
+def allowed(layer: str) -> set[str]:
+    """The layers ``layer`` may import, read from its own docstring."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8"))) or ""
+    match = re.search(r"May import: (.*?)\.?$", doc, re.M)
+    assert match, f"p0circuit/{layer}/__init__.py's docstring has no 'May import:' line"
+    said = match.group(1)
+    if said.startswith("every layer"):
+        return set(LAYERS)
+    return {layer} | set(re.findall(r"p0circuit\.(\w+)", said))
+
+
+def imports(source: str) -> list[tuple[int, str]]:
+    """Every p0circuit module a source imports (line, dotted name), wherever the import sits."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "p0circuit" else [f"p0circuit.{a.name}" for a in node.names]
+            found += [(node.lineno, n) for n in names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return [(line, n) for line, n in found if n == "p0circuit" or n.startswith("p0circuit.")]
+
+
+def violations(layer: str, rel: str, source: str) -> list[str]:
+    ok = allowed(layer)
+    bad = []
+    for line, name in imports(source):
+        parts = name.split(".")
+        target = parts[1] if len(parts) > 1 else "p0circuit"
+        if target not in ok:
+            bad.append(f"{rel}:{line} imports {name} (layer {layer!r} may import {sorted(ok)})")
+    return bad
+
+
+def test_every_layer_says_what_it_may_import_and_keeps_to_it():
+    bad = []
+    for layer in LAYERS:
+        for file in sorted((PACKAGE / layer).rglob("*.py")):
+            bad += violations(layer, str(file.relative_to(PACKAGE.parent)), file.read_text(encoding="utf-8"))
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_but_the_layers_sits_at_the_top():
+    modules = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py"}
+    assert modules == {"__init__.py", "__main__.py", "_moved.py"}
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(LAYERS)
+
+
+def test_layers_only_look_down():
+    for i, layer in enumerate(LAYERS):
+        assert allowed(layer) <= set(LAYERS[: i + 1]), layer
+
+
+@pytest.mark.parametrize("source", ["from p0circuit.studies.analysis import analyze\n",
+                                    "def f():\n    import p0circuit.surfaces.cli\n",
+                                    "from p0circuit import analyze\n"])
+def test_an_upward_import_is_caught(source):
+    assert violations("patching", "p0circuit/patching/new.py", source)
