@@ -9,9 +9,9 @@ for a :class:`Circuit` of :class:`Node` and :class:`Edge`).
 """
 
 import importlib
-from typing import TYPE_CHECKING
 
 from p0circuit import _moved
+from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.resid_post(2)); no imports of its own
 
 # Names are imported on first use (PEP 562), so that ``import p0circuit.surfaces.cli`` and
 # ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
@@ -32,69 +32,9 @@ _WHERE = {
     **dict.fromkeys(['Circuit', 'Edge', 'Input', 'Kind', 'Node'], 'p0circuit.core.types'),
 }
 
-if TYPE_CHECKING:  # what static tools and IDEs see
-    from p0circuit.core.errors import (
-        BadInputError,
-        CheckpointError,
-        ConfigError,
-        MissingHookError,
-        NonFiniteError,
-        P0CircuitError,
-    )
-    from p0circuit.studies.analysis import Analysis, AnalysisSettings, analyze
-    from p0circuit.studies.discovery.discover import discover, interpret
-    from p0circuit.figures.plotting import plot
-    from p0circuit.figures.drawing import CircuitFigure, circuit_figure
-    from p0circuit.figures.graphs import auroc, compare, prune, to_dot, to_networkx, to_svg
-    from p0circuit.measures import SinkReport, sink_report
-    from p0circuit.patching import (
-        CORRUPTIONS,
-        METHODS,
-        AttnToP0,
-        CacheMetric,
-        Corruption,
-        LogitMetric,
-        Method,
-        NormRatio,
-        ResidDim,
-        PatchMetric,
-        PatchOptions,
-        PatchResult,
-        PosMean,
-        Resample,
-        Shift,
-        Swap,
-        Zero,
-        activation_patch,
-        attribution_patch,
-        candidate_edges,
-        candidate_experts,
-        candidate_neurons,
-        candidate_nodes,
-        check_attribution,
-        expert_routing,
-        faithfulness_curve,
-        path_patch,
-        takes_options,
-    )
-    from p0circuit.models import ModelSpec, load_checkpoint, load_pretrained, positional_kind
-    from p0circuit.models.gguf import export_gguf, load_gemma3, load_gguf, load_smollm2
-    from p0circuit.models.resolve import load_model
-    from p0circuit.models.planted import PlantedModel, PlantSpec, build_planted, p0_like_positions, regular_prompts
-    from p0circuit.models.tokens import (bos_label, check_tokens, english_prompts, make_prompts, probe_tokens, set_bos,
-                                  text_windows, to_tokens)
-    from p0circuit.core.types import Circuit, Edge, Input, Kind, Node
-
-__all__ = [
-    "Analysis", "AnalysisSettings", "analyze", "CORRUPTIONS", "METHODS", "AttnToP0", "BadInputError", "CacheMetric", "CheckpointError", "Circuit", "CircuitFigure", "circuit_figure", "ConfigError",
-    "Corruption", "Edge", "Input", "Kind", "LogitMetric", "Method", "MissingHookError", "ModelSpec", "Node",
-    "NonFiniteError", "NormRatio", "ResidDim", "P0CircuitError", "PatchMetric", "PatchOptions", "PatchResult", "PlantSpec", "PlantedModel",
-    "PosMean", "Resample", "Shift", "SinkReport", "Swap", "Zero", "activation_patch", "attribution_patch", "auroc",
-    "build_planted", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "check_tokens", "compare", "discover",
-    "expert_routing", "export_gguf", "faithfulness_curve", "interpret", "load_checkpoint", "load_gguf", "load_model", "load_pretrained",
-    "load_gemma3", "load_smollm2", "p0_like_positions", "path_patch", "plot", "positional_kind", "probe_tokens", "prune", "regular_prompts",
-    "sink_report", "takes_options", "text_windows", "bos_label", "english_prompts", "make_prompts", "set_bos", "to_dot", "to_networkx", "to_svg", "to_tokens",
-]
+__all__ = sorted(_WHERE)
+"""The public names: the one list is ``_WHERE`` (name -> the module that defines it). Jupyter's and
+IPython's completion read ``__dir__``, which lists them without importing anything."""
 
 
 def __getattr__(name: str) -> object:

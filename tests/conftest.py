@@ -14,6 +14,34 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from p0circuit.models.planted import build_planted  # noqa: E402
 
+REAL_MODULES = {"test_real.py", "test_gemma3.py"}
+"""Modules whose tests load a real model (marker ``real``)."""
+REAL_NOTEBOOKS = ("05_", "06_")
+"""Notebooks that load a real model."""
+PROCESS_TESTS = {"test_reliability.py", "test_determinism.py", "test_sweep.py::test_killed_sweep_resumes",
+                 "test_hostile_inputs.py::test_a_failing_cell_with_two_workers_keeps_the_others"}
+"""Tests that kill, spawn or pool processes (marker ``processes``)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers: ``real``, ``notebook`` and ``processes`` mark what the fast tier (``P0_FAST=1
+    python -m pytest``, docs/contributing.md) leaves out; every engine, oracle and differential test
+    stays in it. The markers also select on their own (``-m real``)."""
+    for item in items:
+        module = item.path.name
+        if module in REAL_MODULES or (module == "test_notebooks.py" and any(n in item.name for n in REAL_NOTEBOOKS)):
+            item.add_marker(pytest.mark.real)
+        if module == "test_notebooks.py" and item.name != "test_a_changed_printed_value_is_caught":
+            item.add_marker(pytest.mark.notebook)
+        if module in PROCESS_TESTS or f"{module}::{item.originalname}" in PROCESS_TESTS:
+            item.add_marker(pytest.mark.processes)
+    if os.environ.get("P0_FAST") == "1":
+        heavy = [i for i in items if any(i.get_closest_marker(m) for m in ("real", "notebook", "processes"))]
+        if heavy:
+            config.hook.pytest_deselected(items=heavy)
+            items[:] = [i for i in items if i not in heavy]
+
+
 PLANT_VARIANTS = {
     "rope": {},
     "nope": {"pos": "nope"},

@@ -404,7 +404,7 @@ def test_sweep_seq_len_beyond_context_is_refused_not_clipped(tmp_path):
 
     config = SweepConfig.from_dict({"models": ["planted:rope"], "methods": ["activation"], "corruptions": ["shift"],
                                     "n_prompts": 2, "seq_len": 64})  # the planted model's n_ctx is 64
-    with pytest.raises(CellsFailed, match=r"seq_len=64 does not fit planted:rope \(n_ctx=64\) under 'shift', whose corrupted prompts are longer by 1 token:"):
+    with pytest.raises(CellsFailed, match=r"shifting prompts of length 64 by k=1 needs n_ctx >= 65, but the model's n_ctx is 64"):
         run_sweep(config, tmp_path, progress=False)
     failed = list((tmp_path / "failed").glob("*.json"))
     assert len(failed) == 1 and json.loads(failed[0].read_text())["ours"] is True

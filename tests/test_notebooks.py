@@ -1,5 +1,9 @@
-"""Every notebook in notebooks/ runs top to bottom without error."""
+"""Every notebook in notebooks/ runs top to bottom without error, and prints what it was stored with:
+the notebooks are stored with their outputs, and every number a re-run cell prints is compared with
+the stored one (a tolerance of the printed precision plus 2% of the value; timings and memory
+addresses are left out)."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -22,14 +26,55 @@ CHROMIUM = __import__("shutil").which("chromium")
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path, tmp_path):
-    if path == NOTEBOOKS[0] and CHROMIUM:
-        pytest.skip("run whole in a fresh kernel by test_a_notebook_opens_and_runs_in_jupyterlab, which checks every "
-                    "cell's outputs")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+    stored = nbformat.read(path, as_version=4)
+    for i, (old, new) in enumerate(zip(_code_cells(stored), _code_cells(nb))):
+        assert_same_values(printed(old), printed(new), f"{path.name}, code cell {i}")
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
+"""A printed number (not part of a name such as A0.H1@0 or M2.N90, nor of a hex address)."""
+VARIES = re.compile(r"\b0x[0-9a-f]+|\d+(?:\.\d+)? ?(?:s|ms|min|seconds|MiB|MB|GiB)\b|/tmp/\S+|pytest-\d+")
+"""What may differ between runs: timings, sizes, addresses and temporary paths."""
+
+
+def _code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def printed(cell) -> str:
+    """The text a cell printed or returned (figures and HTML objects are left to the browser test)."""
+    texts = []
+    for o in cell.get("outputs", []):
+        text = o.get("text") or o.get("data", {}).get("text/plain", "")
+        if isinstance(text, list):
+            text = "".join(text)
+        if text and not text.startswith(("<Figure", "<IPython")):
+            texts.append(VARIES.sub(" ", text))
+    return "\n".join(texts)
+
+
+def assert_same_values(stored: str, ran: str, where: str) -> None:
+    old, new = NUMBER.findall(stored), NUMBER.findall(ran)
+    assert len(old) == len(new), f"{where}: printed {len(new)} numbers, stored {len(old)}:\n{ran}\n--- stored:\n{stored}"
+    for a, b in zip(old, new):
+        digits = len(a.split(".")[1].split("e")[0]) if "." in a else 0
+        x, y = float(a), float(b)
+        assert abs(x - y) <= 2 * 10.0 ** -digits + 0.02 * max(abs(x), abs(y)), f"{where}: printed {b}, stored {a}"
+
+
+def test_a_changed_printed_value_is_caught():
+    cell = next(c for c in _code_cells(nbformat.read(NOTEBOOKS[0], as_version=4)) if "SinkReport" in printed(c))
+    text = printed(cell)
+    assert len(NUMBER.findall(text)) > 20  # the sink report's table
+    assert_same_values(text, text, "same")
+    changed = text.replace("Sink_0^0.3 = ", "Sink_0^0.3 = 1", 1)
+    with pytest.raises(AssertionError, match="printed"):
+        assert_same_values(text, changed, "changed")
 
 
 def _free_port():

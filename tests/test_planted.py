@@ -9,6 +9,8 @@ every query's attention (queries at or after the sink) on the sink. Where the pl
 
 
 import pytest
+
+import p0circuit as p0
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -212,3 +214,13 @@ def test_same_seed_same_plant():
 def test_plant_spec_errors(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         PlantSpec(**kw)
+
+
+def test_sink_heads_by_name_from_python(planted):
+    """``metric="sink_heads"`` works from Python as on the command line: the planted model carries its heads."""
+    toks = p0.probe_tokens(planted.model, 8, 16, seed=0, regular=True)
+    by_name = p0.activation_patch(planted.model, toks, metric="sink_heads")
+    given = p0.activation_patch(planted.model, toks, metric=p0.AttnToP0(heads=list(planted.sink_heads)))
+    assert by_name.metric == given.metric and by_name.raw == given.raw
+    with pytest.raises(p0.ConfigError, match="'sink_heads' needs a planted model"):
+        p0.activation_patch(p0.ModelSpec(n_layers=2).build(), toks, metric="sink_heads")

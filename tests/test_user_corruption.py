@@ -68,3 +68,29 @@ def test_it_reaches_discover_advice_analyze_sweeps_and_the_cli(plugin_file, plan
                  "first_to_three", "--metric", "norm_ratio:1", "--methods", "activation", "--out", str(tmp_path / "cli"), "--quiet"]) in (0, 1)  # 1: ran, not the plant's exact circuit
     assert json.loads(next((tmp_path / "cli").rglob("circuit_activation.json")).read_text())["settings"][
         "corruption"] == "first_to_three"
+
+
+def test_a_sweep_checks_a_user_corruption_that_lengthens_prompts(tmp_path):
+    """The sweep's length check asks the corruption itself (its prepared prompts), not a list of names."""
+    import torch
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from p0circuit.patching.corruptions import Prepared
+    from p0circuit.surfaces.sweep.runner import CellsFailed
+
+    @dataclass(frozen=True)
+    class PrependTwo(p0.Corruption):
+        name: ClassVar[str] = "prepend_two_test"
+
+        def prepare(self, model, tokens):
+            return Prepared(self, tokens, torch.cat([tokens[:, :2], tokens], dim=1), offset=2)
+
+    try:
+        config = SweepConfig(models=["planted:rope"], corruptions=["prepend_two_test"], methods=["activation"],
+                             n_prompts=2, seq_len=63)  # the planted model's n_ctx is 64
+        with pytest.raises(CellsFailed, match="under 'prepend_two_test', whose corrupted prompts are longer by 2 "
+                                              "tokens: set seq_len <= 62"):
+            run_sweep(config, tmp_path, progress=False)
+    finally:
+        CORRUPTIONS.pop("prepend_two_test", None)

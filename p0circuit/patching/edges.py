@@ -98,30 +98,27 @@ def candidate_edges(
                             "(the number of blocks, from block 0, whose inputs receive edges), or None for all")
     senders = parse_list(senders, Node, "senders", "M0@0")
     parallel = bool(model.cfg.parallel_attn_mlp)
-    pos_classes = sorted({n.pos for n in senders}, key=str)
     layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))
     direct = [] if metric is None else [l for l in metric.residual_reads(model.cfg.n_layers) if l in layers]
     edges = []
     for src in senders:
-        for p in pos_classes:
-            if p != src.pos:
-                continue
-            for layer in layers:
-                for which in qkv:
-                    grouped = which != "q" and kv_heads(model) != model.cfg.n_heads
-                    kind, count = (Kind.KV_HEAD, kv_heads(model)) if grouped else (Kind.HEAD, model.cfg.n_heads)
-                    for h in range(count):
-                        e = Edge(src, Node(kind, layer, h, p), Input(which))
-                        if is_valid_edge(e, parallel):
-                            edges.append(e)
-                if not model.cfg.attn_only:
-                    e = Edge(src, Node(Kind.MLP, layer, pos=p), Input.MLP)
+        p = src.pos  # a sender writes to receivers at its own position class
+        for layer in layers:
+            for which in qkv:
+                grouped = which != "q" and kv_heads(model) != model.cfg.n_heads
+                kind, count = (Kind.KV_HEAD, kv_heads(model)) if grouped else (Kind.HEAD, model.cfg.n_heads)
+                for h in range(count):
+                    e = Edge(src, Node(kind, layer, h, p), Input(which))
                     if is_valid_edge(e, parallel):
                         edges.append(e)
-            for layer in direct:
-                e = Edge(src, Node(Kind.RESID, layer, pos=p), Input.RESID)
+            if not model.cfg.attn_only:
+                e = Edge(src, Node(Kind.MLP, layer, pos=p), Input.MLP)
                 if is_valid_edge(e, parallel):
                     edges.append(e)
+        for layer in direct:
+            e = Edge(src, Node(Kind.RESID, layer, pos=p), Input.RESID)
+            if is_valid_edge(e, parallel):
+                edges.append(e)
     return edges
 
 

@@ -292,6 +292,8 @@ class BaseRun:
     """Index of the clean first token in the base run."""
     logits: Optional[Tensor] = None
     """Base-run logits: lets metrics on logits use suffix-only forwards."""
+    tokens: Optional[Tensor] = None
+    """The base run's prompts (what the slow reference path runs from)."""
 
     @property
     def batch(self) -> int:
@@ -353,21 +355,17 @@ class Chunk:
 
 @torch.no_grad()
 def run_groups(
-    model: Any,
-    base_cache: dict[str, Tensor],
+    base: BaseRun,
     groups: Sequence[Sequence[PatchOp]],
-    metric: PatchMetric,
-    p0: int,
     rows_per_forward: int,
-    base_logits: Optional[Tensor] = None,
     on_done: Optional[Callable[[int], None]] = None,
 ) -> list[float]:
-    """Metric value of the base run with each group applied (fast path).
+    """Metric value of ``base`` with each group applied (fast path).
 
-    ``base_logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards;
+    ``base.logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards;
     ``on_done(n)`` is called as groups finish (a progress bar).
     """
-    base = BaseRun(model, base_cache, metric, p0, base_logits)
+    model, base_cache, metric, base_logits, p0 = base.model, base.cache, base.metric, base.logits, base.p0
     needs = metric.needs(model.cfg.n_layers)
     stop = stop_layer(model, metric)
     out: list[Optional[float]] = [None] * len(groups)

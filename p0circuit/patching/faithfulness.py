@@ -135,6 +135,6 @@ def faithfulness_curve(
         else:  # every point in one pass of the engine, which runs only the blocks up to the metric
             todo = [i for i, d in enumerate(dropped) if d]
             groups = [[node_op(job, n, "noise", named) for n in dropped[i]] for i in todo]
-            values = dict(zip(todo, run_groups(model, job.clean, groups, job.metric, 0, job.rows_per_forward)))
+            values = dict(zip(todo, run_groups(job.clean_base(), groups, job.rows_per_forward)))
     return [(float(f), k, (values.get(i, job.clean_metric) - result.corrupted_metric) / gap)
             for i, (f, k) in enumerate(zip(fractions, kept))]

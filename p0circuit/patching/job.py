@@ -28,7 +28,7 @@ from p0circuit.core.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.corruptions import Prepared, advice, get_corruption
 from p0circuit.patching.hooking import user_hooks
-from p0circuit.patching.engine import PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
+from p0circuit.patching.engine import BaseRun, PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
 from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric, resolve_metric
 from p0circuit.patching.result import PatchResult, normalize
@@ -121,8 +121,9 @@ class PatchJob:
         for run, cache in (("clean", self.clean), ("corrupted", self.corr)):
             _check_finite_run(self.model, run, cache or {})
         self.clean_metric = self.metric_of(self.clean, self.clean_logits, 0)
-        cache, _, logits, p0 = self.base()
-        self.base_metric = self.clean_metric if cache is self.clean else self.metric_of(cache, logits, p0)
+        base = self.base()
+        self.base_metric = self.clean_metric if base.cache is self.clean else self.metric_of(base.cache, base.logits,
+                                                                                           base.p0)
         for run, value in (("clean", self.clean_metric), ("base", self.base_metric)):
             if not math.isfinite(value):
                 raise NonFiniteError(f"the metric {self.metric.name} is {value} on the {run} run although every cached "
@@ -148,11 +149,17 @@ class PatchJob:
         """The corrupted activation of ``hook`` at clean-frame ``positions``."""
         return self.prep.corrupted_value(self.clean[hook], None if self.corr is None else self.corr[hook], positions)
 
-    def base(self) -> tuple[dict[str, Tensor], Tensor, Optional[Tensor], int]:
-        """(cache, tokens, logits, P0 index) of the run patches go into: clean for ``noise``."""
+    def base(self) -> BaseRun:
+        """The run patches go into: clean for ``noise``, corrupted for ``denoise``."""
         if self.direction == "noise":
-            return self.clean, self.prep.clean_tokens, self.clean_logits, 0
-        return self.corr, self.prep.corrupt_tokens, self.corr_logits, self.offset  # type: ignore[return-value]
+            return BaseRun(self.model, self.clean, self.metric, 0, self.clean_logits, self.prep.clean_tokens)
+        return BaseRun(self.model, self.corr, self.metric, self.offset, self.corr_logits,  # type: ignore[arg-type]
+                       self.prep.corrupt_tokens)
+
+    def clean_base(self) -> BaseRun:
+        """The clean run as a base for ablations applied all at once (the fully corrupted reference of
+        an ablation, faithfulness curves); without logits, so every forward runs whole prompts."""
+        return BaseRun(self.model, self.clean, self.metric, 0, None, self.prep.clean_tokens)
 
     @contextmanager
     def tracking(self, total: int, what: str) -> Iterator[None]:
@@ -172,13 +179,13 @@ class PatchJob:
 
     def patch_each(self, ops: Sequence[PatchOp]) -> list[float]:
         """Metric of the base run with each op applied alone (the slow path with ``reference``)."""
-        cache, tokens, logits, p0 = self.base()
+        base = self.base()
         groups = [[op] for op in ops]
         if self.reference:
-            values = run_groups_reference(self.model, tokens, groups, self.metric, p0)
+            values = run_groups_reference(self.model, base.tokens, groups, self.metric, base.p0)
             self.advance(len(groups))
             return values
-        return run_groups(self.model, cache, groups, self.metric, p0, self.rows_per_forward, logits, self.advance)
+        return run_groups(base, groups, self.rows_per_forward, self.advance)
 
     def corrupted_metric(self, full: Sequence[PatchOp]) -> float:
         """Metric of the fully corrupted reference: the corrupted run, or for an ablation the clean
@@ -187,7 +194,7 @@ class PatchJob:
             return self.metric_of(self.corr, self.corr_logits, self.offset)  # type: ignore[arg-type]
         if self.reference:  # the slow path's own reference: one ordinary hooked forward
             return run_groups_reference(self.model, self.prep.clean_tokens, [list(full)], self.metric, 0)[0]
-        return run_groups(self.model, self.clean, [list(full)], self.metric, 0, self.rows_per_forward)[0]
+        return run_groups(self.clean_base(), [list(full)], self.rows_per_forward)[0]
 
     def result(self, method: str, level: str, raw: dict[str, float], corrupted: float,
                candidates: Optional[Sequence[str]] = None, min_signal: Optional[float] = None,

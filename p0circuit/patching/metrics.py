@@ -22,6 +22,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.args import at_least
 from p0circuit.core.hooks import HookRef
 from p0circuit.core.io import describe
+from p0circuit.models.planted.build import SINK_HEADS_ATTR
 from p0circuit.patching.order import hook_order
 
 
@@ -361,12 +362,13 @@ def resolve_metric(metric: Any, model: Any) -> Any:
 
 def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tuple[int, int]]] = None) -> PatchMetric:
     """The metric named by ``entry`` for ``model``: ``sink_heads`` (attention to P0 of a planted
-    model's sink heads, given as ``sink_heads``), ``attn_to_p0`` (:func:`default_metric`) or
-    ``norm_ratio:<layer>``."""
+    model's sink heads: ``sink_heads`` if given, else the ones the planted model carries), ``attn_to_p0``
+    (:func:`default_metric`) or ``norm_ratio:<layer>``."""
     kind, layer = check_metric_entry(entry, model.cfg.n_layers)
     if METRICS[kind].build is not None:  # registered by a plugin (p0circuit.core.entries.register_metric)
         return METRICS[kind].build(model, layer)
     if kind == "sink_heads":
+        sink_heads = sink_heads or getattr(model, SINK_HEADS_ATTR, None)
         if not sink_heads:
             raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' or 'norm_ratio:<layer>'")
         return AttnToP0(heads=list(sink_heads))

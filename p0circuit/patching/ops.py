@@ -15,7 +15,7 @@ from torch import Tensor
 
 from p0circuit.core import hooks
 from p0circuit.core.hooks import HookRef
-from p0circuit.patching.edges import receiver_site, sender_change, sender_hook, sender_output
+from p0circuit.patching.edges import receiver_site, sender_change, sender_hook
 from p0circuit.patching.engine import PatchOp, output_norm
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.sites import positions_of, site_of
@@ -60,8 +60,7 @@ def sender_delta(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]
     """Base-frame positions and the change of the sender's output there."""
     model, src = job.model, edge.src
     pos = positions_of(src, job.seq_len, named)
-    sender_output(model, job.clean, src, pos)  # refuses senders that are not components
-    clean = job.clean[sender_hook(src)][:, pos]
+    clean = job.clean[sender_hook(src)][:, pos]  # sender_hook refuses senders that are not components
     corr = job.corrupted_value(sender_hook(src), pos)
     if direction == "noise":
         return pos, sender_change(model, src, clean, corr)
@@ -79,7 +78,7 @@ def edge_op(job: PatchJob, edge: Edge, direction: str, named: Sequence[int]) -> 
     pos, delta = sender_delta(job, edge, direction, named)
     hook, head = receiver_site(edge, job.model)
     if edge.input.value in ("q", "k", "v") and direct_qkv(job.model):
-        cache = job.base()[0]
+        cache = job.base().cache
         layer = edge.dst.layer
         x = job.model.blocks[layer].ln1(cache[hooks.resid_pre(layer)][:, list(pos)] + delta)  # (B, P, d_model)
         weight, bias = _projection(job.model.blocks[layer].attn, edge.input.value, head)

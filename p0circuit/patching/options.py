@@ -40,7 +40,8 @@ class PatchOptions:
     corruption: Union[str, Corruption] = "shift"
     """A corruption name (``p0circuit.CORRUPTIONS``) or object (``p0circuit.Shift(2)``)."""
     metric: Optional[MetricSpec] = None
-    """A metric object or entry (``"norm_ratio:2"``); None: the norm ratio at the middle block."""
+    """A metric object or entry (``"norm_ratio:2"``); None: attention to P0 of every head from block 2
+    on (block n_layers - 1 in a model of at most 2 blocks; :func:`p0circuit.patching.metrics.default_metric`)."""
     direction: Direction = "noise"
     """``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
     min_signal: float = 0.05

@@ -28,8 +28,6 @@ class Site:
     head: Optional[int]
     """Index along the activation's third axis: the head of per-head hooks, the neuron of
     ``mlp.hook_post``; None for whole activations."""
-    start_layer: int
-    """First block a patched forward must run."""
     reads: Optional[HookRef] = None
     """The hook whose cached value the node's patch is computed from, when it is not ``hook``
     (an expert's contribution is recomputed from the residual stream the MLP reads)."""
@@ -48,11 +46,11 @@ def site_of(node: Node, model: Any) -> Site:
     if node.kind == Kind.HEAD:
         if node.head >= n_heads:
             raise BadInputError(f"node {node} names head {node.head}, but layers have heads 0..{n_heads - 1}")
-        return Site(HookRef(node.layer, hooks.head_z(node.layer)), node.head, node.layer)
+        return Site(HookRef(node.layer, hooks.head_z(node.layer)), node.head)
     if node.kind in (Kind.MLP, Kind.NEURON, Kind.EXPERT) and model.cfg.attn_only:
         raise BadInputError(f"node {node}: this model is attention-only and has no MLPs")
     if node.kind == Kind.MLP:
-        return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None, node.layer)
+        return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None)
     n_experts = model.cfg.num_experts
     if node.kind == Kind.EXPERT:
         if not n_experts:
@@ -60,7 +58,7 @@ def site_of(node: Node, model: Any) -> Site:
         if node.neuron >= n_experts:
             raise BadInputError(f"node {node} names expert {node.neuron}, but MLPs have experts 0..{n_experts - 1}")
         check_experts(model, node)
-        return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None, node.layer,
+        return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None,
                     HookRef(node.layer, mlp_input_hook(model, node.layer)))
     if node.kind == Kind.NEURON:
         if n_experts:
@@ -68,20 +66,20 @@ def site_of(node: Node, model: Any) -> Site:
                                 f"experts (M{node.layer}.E0@{node.pos}, ...: p0circuit.candidate_experts)")
         if node.neuron >= model.cfg.d_mlp:
             raise BadInputError(f"node {node} names neuron {node.neuron}, but MLPs have neurons 0..{model.cfg.d_mlp - 1}")
-        return Site(HookRef(node.layer, hooks.mlp_post(node.layer)), node.neuron, node.layer)
+        return Site(HookRef(node.layer, hooks.mlp_post(node.layer)), node.neuron)
     if node.kind == Kind.KV_HEAD:
         raise BadInputError(f"node {node}: a key/value head is only a receiver of k/v edges (path patching); "
                             "patch the query heads' outputs (A{l}.H{h}) as nodes instead")
     if node.kind == Kind.RESID:
-        return Site(HookRef(node.layer, hooks.resid_post(node.layer)), None, node.layer + 1)
+        return Site(HookRef(node.layer, hooks.resid_post(node.layer)), None)
     if node.kind == Kind.EMBED:
-        return Site(HookRef(hooks.EMBED_LAYER, hooks.EMBED), None, 0)
+        return Site(HookRef(hooks.EMBED_LAYER, hooks.EMBED), None)
     if hooks.POS_EMBED not in model.hook_dict or model.cfg.positional_embedding_type != "standard":
         raise MissingHookError(
             f"node {node}: this model has no additive position embedding (positions are "
             f"{model.cfg.positional_embedding_type}); drop PE nodes from the candidates"
         )
-    return Site(HookRef(hooks.EMBED_LAYER, hooks.POS_EMBED), None, 0)
+    return Site(HookRef(hooks.EMBED_LAYER, hooks.POS_EMBED), None)
 
 
 def positions_of(node: Node, seq_len: int, named: Sequence[int] = (0,)) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.core import choices
 from p0circuit.core.io import run_dir
-from p0circuit.core.entries import SPEC_FAMILIES, VARIANTS, metric_entries
+from p0circuit.core.entries import PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -118,6 +118,7 @@ def _discover(args: argparse.Namespace) -> int:
     args.settings = _run_settings(args)  # as given, before the defaults that depend on the model
     _check_before_loading(args)  # before torch is imported: a mistyped name is refused in well under a second
     from p0circuit.studies.discovery.session import run_discovery
+    from p0circuit.surfaces.discovery_files import write_discovery
     from p0circuit.models.resolve import load_model
     from p0circuit.patching import candidate_nodes
     from p0circuit.patching.metrics import metric_from_entry
@@ -152,7 +153,7 @@ def _discover(args: argparse.Namespace) -> int:
                           threshold=args.threshold, bos=args.bos, nodes=nodes, edge_budget=args.edge_budget,
                           node_budget=args.node_budget, progress=not args.quiet)
     print(found)
-    out = found.write(args.out)
+    out = write_discovery(found, args.out)
     (out / OWNER).write_text(json.dumps(args.settings))
     print(f"\nwrote {out}/")
     if shutil.which("dot") is None:
@@ -343,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--node-budget", type=int, default=NODE_BUDGET,
                    help="most candidate nodes that can reach the metric (beyond it: an error saying how to narrow)")
     d.add_argument("--text", help="a UTF-8 text file: prompts are consecutive windows of it (needs a tokenizer)")
-    d.add_argument("--prompts", default="auto", choices=["auto", "english", "random", "regular"],
+    d.add_argument("--prompts", default="auto", choices=PROMPT_SOURCES,
                    help="english: the shipped natural-English passages; random/regular: random token ids; "
                    "auto (default): english with a tokenizer, regular random ids without")
     d.add_argument("--bos", action="store_true", help="prompts start with the model's BOS token (default: no BOS)")
@@ -413,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq-len", type=int, default=32)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--bos", action="store_true", help="probe prompts start with the checkpoints' BOS id (default: no BOS)")
-    t.add_argument("--prompts", default="auto", choices=["auto", "english", "random", "regular"],
+    t.add_argument("--prompts", default="auto", choices=PROMPT_SOURCES,
                    help="auto (default): english when every checkpoint has the same tokenizer, else random ids")
     t.add_argument("--locate", default="auto", choices=["auto", "patching", "norm"],
                    help="locate the circuit by patching (auto: where affordable) or from the norm profile")

@@ -90,6 +90,10 @@ FLAG = 4.0
 """Position-embedding flag of the learned-position variant."""
 AVG_W = 2.0
 """Scale of the uniform average of ``d`` in the ``sink_pos=1`` variant."""
+SINK_HEADS_ATTR = "p0circuit_sink_heads"
+"""The attribute of a planted ``HookedTransformer`` that holds its sink heads, ``((layer, head), ...)``:
+the metric entry ``sink_heads`` reads it, from Python, the command line and sweeps alike."""
+
 KEY_SCORE = 5.0
 """Attention score of content heads for keyword tokens."""
 RD = 2
@@ -254,6 +258,7 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
             _write_mlp(b, layer)
         _write_unembed(b)
     sink_heads = tuple(lh for lh, r in roles.items() if r == "sink")
+    setattr(model, SINK_HEADS_ATTR, sink_heads)  # so metric="sink_heads" works wherever the model goes
     if spec.key == "bos":
         setattr(model, BOS_ATTR, spec.bos_id)
     return PlantedModel(model, _ground_truth(spec, sink_heads), spec, lay, sink_heads, tuple(content), b.neurons)

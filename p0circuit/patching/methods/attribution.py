@@ -191,15 +191,19 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
     live_nodes = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     live_edges = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
     job.cache({site_of(n, model).read.name for n in live_nodes} | {sender_hook(e.src) for e in live_edges})
-    base_cache, base_tokens, _, p0 = job.base()
+    base = job.base()
+    base_cache, base_tokens, p0 = base.cache, base.tokens, base.p0
     scores: dict[str, float] = {}
     with receiver_hooks(model, split_qkv=level == "edge"), job.tracking(steps, "attribution (gradient passes)"):
         if level == "node":
             ops = [node_op(job, n, direction, named) for n in live_nodes]
-            base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0, job.stop)
-            if steps > 1:
+            if steps > 1:  # the base run's value from the cached run; the gradients along the path
+                base_value = job.base_metric
                 grads = _integrated_gradients(model, base_tokens, job.metric, _targets(ops, base_cache), base_cache,
                                               p0, job.stop, steps)
+            else:
+                base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0,
+                                               job.stop)
             for n, op in zip(live_nodes, ops):
                 g = grads[op.hook.name][:, list(op.positions)]
                 if op.add:  # the op carries the change itself (an expert's contribution)

@@ -1,14 +1,11 @@
 """A whole discovery on one model, as the command line and each sweep cell run it: the sink report,
 one circuit per method, and the scores against the ground truth when the model is planted.
 
-:func:`run_discovery` computes; :meth:`Discovery.write` writes the files; ``str()`` is the text the
-command line prints. Each circuit's level (nodes or edges) is read from the circuit.
+:func:`run_discovery` computes; ``str()`` is the text the command line prints; the files and figures
+are written by :func:`p0circuit.surfaces.discovery_files.write_discovery` (computing apart from drawing). Each circuit's level (nodes or edges) is read from the circuit.
 """
 
-import json
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from torch import Tensor
@@ -16,8 +13,7 @@ from torch import Tensor
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.studies.discovery.discover import discover
 from p0circuit.core.errors import BadInputError, ConfigError
-from p0circuit.figures.graphs import compare, to_dot, to_svg
-from p0circuit.core.io import strict, write_atomic
+from p0circuit.figures.graphs import compare
 from p0circuit.measures import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
@@ -71,34 +67,6 @@ class Discovery:
             if scores is not None:
                 lines.append("against the planted ground truth: " + ", ".join(f"{k}={v:.3f}" for k, v in scores.items()))
         return "\n".join(lines)
-
-    def write(self, out: Union[str, Path]) -> Path:
-        """Under ``out``: ``sink_report.json`` and, per method, the circuit as ``circuit_<method>.json``
-        and ``.dot``, its figure as ``.png``, ``.svg`` (Graphviz's layout when its ``dot`` program is
-        installed, else matplotlib's) and ``.html`` (interactive), with the truth overlaid on a planted
-        model, and the heatmap of every candidate's effect as ``effects_<method>.png``."""
-        import matplotlib.pyplot as plt
-
-        from p0circuit.figures.drawing import circuit_figure
-        from p0circuit.figures.plotting import plot
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        report = strict(json.loads(json.dumps(self.report.to_dict(), default=str)))  # NaN -> null: strict JSON
-        write_atomic(out / "sink_report.json", json.dumps(report, indent=2, allow_nan=False))
-        truth = self.resolved.truth
-        for method, circuit in self.circuits.items():
-            write_atomic(out / f"circuit_{method}.json", circuit.to_json(indent=2))
-            write_atomic(out / f"circuit_{method}.dot", to_dot(circuit, truth=truth))
-            figure = circuit_figure(circuit, truth)
-            figure.save(out / f"circuit_{method}.png")
-            figure.save(out / f"circuit_{method}.html")
-            write_atomic(out / f"circuit_{method}.svg",
-                         to_svg(circuit, truth=truth) if shutil.which("dot") else figure.svg())
-            heat = plot(circuit)
-            heat.savefig(str(out / f"effects_{method}.png"), dpi=100)
-            plt.close(heat)
-        return out
 
 
 def choose_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, str]:

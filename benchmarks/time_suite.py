@@ -1,0 +1,63 @@
+"""Time the suite's two tiers and write the figures into docs/contributing.md (block ``suite``).
+
+    python benchmarks/time_suite.py            # both tiers, then the block is rewritten
+    python benchmarks/time_suite.py --fast     # the fast tier only
+
+Each tier runs exactly as documented (the README's test command; ``P0_FAST=1`` for the fast tier), in
+a subprocess, and the block records its wall time, its counts, the cores and the load average when it
+started (a figure measured on a busy machine says so)."""
+
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import docblocks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TIERS = {"fast": ({"P0_FAST": "1"}, "P0_FAST=1 python -m pytest"), "full": ({}, "python -m pytest")}
+
+
+def run(tier: str) -> dict:
+    env, command = TIERS[tier]
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                          env={**os.environ, **env}, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
+    counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary))
+    return {"tier": tier, "command": command, "seconds": seconds, "load": load, "counts": counts, "rc": done.returncode}
+
+
+def line(r: dict) -> str:
+    c = r["counts"]
+    status = "all passed" if r["rc"] == 0 else f"exit status {r['rc']}: {c.get('failed', 0)} failed"
+    busy = "" if r["load"] < 0.5 else f"; the machine was busy (load average {r['load']:.1f} at the start)"
+    return (f"| {r['tier']} | `{r['command']}` | {r['seconds'] / 60:.1f} min | {c.get('passed', 0)} passed, "
+            f"{c.get('skipped', 0)} skipped, {c.get('deselected', 0)} deselected | {status}{busy} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fast", action="store_true", help="the fast tier only")
+    args = ap.parse_args()
+    rows = [run("fast")] + ([] if args.fast else [run("full")])
+    if args.fast:  # keep the full tier's row as it was
+        old = [ln for ln in docblocks.read("docs/contributing.md", "suite").splitlines() if ln.startswith("| full |")]
+    else:
+        old = []
+    text = "\n".join([f"Measured by `python benchmarks/time_suite.py` on {datetime.date.today()}, {os.cpu_count()} cores:",
+                      "", "| tier | command | wall time | tests | result |", "|---|---|---|---|---|",
+                      *[line(r) for r in rows], *old])
+    docblocks.write("docs/contributing.md", "suite", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
