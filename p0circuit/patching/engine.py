@@ -360,52 +360,28 @@ def run_groups(
     rows_per_forward: int,
     on_done: Optional[Callable[[int], None]] = None,
 ) -> list[float]:
-    """Metric value of ``base`` with each group applied (fast path).
-
-    ``base.logits`` (the base run's logits) lets metrics on logits use the suffix-only forwards;
-    ``on_done(n)`` is called as groups finish (a progress bar).
-    """
-    model, base_cache, metric, base_logits, p0 = base.model, base.cache, base.metric, base.logits, base.p0
-    needs = metric.needs(model.cfg.n_layers)
-    stop = stop_layer(model, metric)
-    out: list[Optional[float]] = [None] * len(groups)
-    if base.end < base.length:  # the metric reads only a prefix: drop what it cannot see
-        groups = [_trimmed(g, base.end) for g in groups]
-        if not (metric.needs_logits and base_logits is None):
-            value = base.value()  # (refuses a metric that reads past its last_position)
-            unseen = [i for i, g in enumerate(groups) if not g]  # all it patches comes after what the metric reads
-            for i in unseen:
-                out[i] = value
-            if on_done is not None:
-                on_done(len(unseen))
-    by_start: dict[tuple[int, int], list[int]] = {}
-    skip: dict[int, bool] = {}
-    suffix_ok = _suffix_ok(model, metric, base_logits, base_cache)
-    for i, g in enumerate(groups):
-        if out[i] is not None:
-            continue
-        skip[i] = skippable(model, g, metric)
-        first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
-        by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
-    per_chunk = max(1, rows_per_forward // base.batch) if laid_out(model, metric) else 1  # (rows of routed tokens)
+    """Metric value of ``base`` with each group applied (fast path), in four steps: groups the metric
+    cannot see are answered at once (:func:`_unseen`); the rest are planned by the block their forward
+    starts at and the first position it runs (:func:`_plan`); a start block at or after the metric's
+    last needs no forward (:func:`_without_forward`); every other plan entry runs in chunks of patched
+    forwards (:func:`_run_chunk`). ``base.logits`` lets metrics on logits use the suffix-only forwards;
+    ``on_done(n)`` is called as groups finish (a progress bar)."""
+    done = on_done or (lambda n: None)
+    groups, out = _unseen(base, groups, done)
+    by_start, skip = _plan(base, groups, out)
+    stop = stop_layer(base.model, base.metric)
+    per_chunk = max(1, rows_per_forward // base.batch) if laid_out(base.model, base.metric) else 1  # (rows of routed tokens)
     patched: dict[int, Tensor] = {}
     current = None
     for (start, first), idx in sorted(by_start.items()):
         if start != current:  # a new start block: the outputs of its skipped groups in one go
             current = start
             todo = [i for (s, _), ids in by_start.items() if s == start for i in ids if skip[i]]
-            patched = dict(zip(todo, skipped_outputs(model, base_cache, [groups[i][0] for i in todo])))
+            patched = dict(zip(todo, skipped_outputs(base.model, base.cache, [groups[i][0] for i in todo])))
         if stop is not None and start >= stop:  # no forward needed: the metric reads only earlier hooks
             for i in idx:
-                acts = {h.name: base_cache[h.name] for h in needs}
-                name = hooks.resid_post(start - 1)
-                if skip[i] and name in acts:  # (a metric that reads only earlier hooks is left as it is)
-                    acts[name] = _with_positions(acts[name], groups[i][0].positions, patched[i])
-                elif not skip[i]:  # a metric that reads the very hook patched (an embedding, say)
-                    acts = _with_ops(acts, [(slice(None), op) for op in groups[i]])
-                out[i] = float(metric(RunView(acts, None, p0)))
-            if on_done is not None:
-                on_done(len(idx))
+                out[i] = _without_forward(base, groups[i], start, skip[i], patched.get(i))
+            done(len(idx))
             continue
         for c in range(0, len(idx), per_chunk):
             part = idx[c : c + per_chunk]
@@ -413,9 +389,54 @@ def run_groups(
                           [patched.get(i) for i in part])
             for i, v in zip(part, _run_chunk(base, chunk)):
                 out[i] = v
-            if on_done is not None:
-                on_done(len(part))
+            done(len(part))
     return [float(v) for v in out]  # type: ignore[arg-type]
+
+
+def _unseen(base: BaseRun, groups: Sequence[Sequence[PatchOp]],
+            done: Callable[[int], None]) -> tuple[list[list[PatchOp]], list[Optional[float]]]:
+    """When the metric reads only a prefix of the positions: every group cut to that prefix, and the
+    base run's value for the groups left with nothing the metric can see (no forward)."""
+    out: list[Optional[float]] = [None] * len(groups)
+    if base.end >= base.length:
+        return [list(g) for g in groups], out
+    groups = [_trimmed(g, base.end) for g in groups]
+    if not (base.metric.needs_logits and base.logits is None):
+        value = base.value()  # (refuses a metric that reads past its last_position)
+        unseen = [i for i, g in enumerate(groups) if not g]  # all it patches comes after what the metric reads
+        for i in unseen:
+            out[i] = value
+        done(len(unseen))
+    return groups, out
+
+
+def _plan(base: BaseRun, groups: Sequence[Sequence[PatchOp]],
+          out: Sequence[Optional[float]]) -> tuple[dict[tuple[int, int], list[int]], dict[int, bool]]:
+    """The groups still to run, by (start block, first position), and whether each skips its own block
+    (its block's output computed directly: :func:`skippable`)."""
+    by_start: dict[tuple[int, int], list[int]] = {}
+    skip: dict[int, bool] = {}
+    suffix_ok = _suffix_ok(base.model, base.metric, base.logits, base.cache)
+    for i, g in enumerate(groups):
+        if out[i] is not None:
+            continue
+        skip[i] = skippable(base.model, g, base.metric)
+        first = min((p for op in g for p in op.positions), default=0) if suffix_ok else 0
+        by_start.setdefault((start_layer(g) + int(skip[i]), first), []).append(i)
+    return by_start, skip
+
+
+def _without_forward(base: BaseRun, group: Sequence[PatchOp], start: int, skip: bool,
+                     patched: Optional[Tensor]) -> float:
+    """The metric of one group whose forward would start at or after the metric's last block: from the
+    cached activations, with the group's change applied where the metric reads it."""
+    acts = {h.name: base.cache[h.name] for h in base.metric.needs(base.model.cfg.n_layers)}
+    name = hooks.resid_post(start - 1)
+    if skip and name in acts:  # (a metric that reads only earlier hooks is left as it is)
+        acts[name] = _with_positions(acts[name], group[0].positions, patched)
+    elif not skip:  # a metric that reads the very hook patched (an embedding, say)
+        acts = _with_ops(acts, [(slice(None), op) for op in group])
+    return float(base.metric(RunView(acts, None, base.p0)))
 
 
 def _trimmed(group: Sequence[PatchOp], end: int) -> list[PatchOp]:

@@ -23,16 +23,13 @@ import torch
 from torch import Tensor
 from p0circuit.core.progress import tqdm
 
-from p0circuit.core.errors import BadInputError, ConfigError, NonFiniteError
+from p0circuit.core.errors import NonFiniteError
 from p0circuit.core.hooks import HookRef
-from p0circuit.models.checks import check_model
-from p0circuit.patching.corruptions import Prepared, advice, get_corruption
-from p0circuit.patching.hooking import user_hooks
+from p0circuit.patching.inputs import PatchInputs
 from p0circuit.patching.engine import BaseRun, PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
 from p0circuit.patching.options import PatchOptions
-from p0circuit.patching.metrics import PatchMetric, RunView, check_metric, default_metric, resolve_metric
-from p0circuit.patching.result import PatchResult, normalize
-from p0circuit.models.tokens import bos_id, check_tokens
+from p0circuit.patching.metrics import RunView
+from p0circuit.patching.result import PatchResult, make_result
 
 
 def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:
@@ -57,36 +54,18 @@ class PatchJob:
     """
 
     def __init__(self, model: Any, tokens: Any, options: PatchOptions) -> None:
-        if not isinstance(options, PatchOptions):
-            raise ConfigError(f"PatchJob takes a PatchOptions, got {type(options).__name__}")
-        check_model(model)
-        self.model = model
-        self.options = options
-        self.tokens: Tensor = check_tokens(model, tokens, min_len=2, bos=options.bos)
-        metric = resolve_metric(options.metric, model)  # a metric by name, as corruptions are: "norm_ratio:2"
-        self.metric: PatchMetric = metric if metric is not None else default_metric(model.cfg.n_layers)
-        check_metric(self.metric, model)
+        inputs = PatchInputs.check(model, tokens, options)  # every check, once, before any forward
+        self.inputs = inputs
+        self.model, self.tokens, self.metric, self.prep, self.options = (
+            inputs.model, inputs.tokens, inputs.metric, inputs.prep, inputs.options)
         self.direction = options.direction
         rows = options.rows_per_forward
         self.rows_per_forward = 8 * self.tokens.shape[0] if rows is None else rows
         self.min_signal = options.min_signal
-        self.reference = reference = options.reference
-        left = user_hooks(model)
-        if left and not reference:
-            raise BadInputError(
-                f"the model carries hooks of its own at {', '.join(left[:5])}{' and more' if len(left) > 5 else ''}: the "
-                "fast path runs only the blocks and positions a patch can change and reuses cached activations, so "
-                "those hooks would fire on other tensors than in a full forward. Remove them (model.reset_hooks("
-                "including_permanent=True)), or pass reference=True, which runs every patch as a full forward with them")
+        self.reference = options.reference
         self.progress = options.progress
         self._bar: Optional[tqdm] = None
-        self.stop = None if reference else stop_layer(model, self.metric)
-        self.prep: Prepared = get_corruption(options.corruption).prepare(model, self.tokens)
-        if self.direction == "denoise" and self.prep.is_ablation:
-            raise ConfigError(
-                f"direction='denoise' needs a corrupted run, but {self.prep.name!r} is an ablation of the clean "
-                "run; use direction='noise' or corruption 'shift'/'resample'"
-            )
+        self.stop = None if self.reference else stop_layer(model, self.metric)
         self.clean: dict[str, Tensor] = {}
         self.corr: Optional[dict[str, Tensor]] = None
         self.clean_logits: Optional[Tensor] = None
@@ -199,32 +178,6 @@ class PatchJob:
     def result(self, method: str, level: str, raw: dict[str, float], corrupted: float,
                candidates: Optional[Sequence[str]] = None, min_signal: Optional[float] = None,
                **settings: Any) -> PatchResult:
-        """Normalize ``raw`` and wrap everything in a :class:`PatchResult` of ``level`` node or edge.
-
-        ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
-        ``raw`` was not run because it cannot reach the metric, and gets the base run's metric.
-        ``min_signal`` overrides the options' (a screen that wants every estimate passes 0)."""
-        names = list(raw) if candidates is None else list(candidates)
-        bad = [n for n, v in raw.items() if not math.isfinite(v)]
-        if bad or not math.isfinite(corrupted):
-            where = f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)" if bad else "the fully corrupted run"
-            raise NonFiniteError(f"the metric {self.metric.name} is NaN or inf after {where}: a patched value overflows "
-                                 "or the metric divides by zero there; check the metric and the model's dtype "
-                                 "(float16 overflows on large P0 norms: use float32)")
-        unreachable = [n for n in names if n not in raw]
-        raw = {n: raw.get(n, self.base_metric) for n in names}
-        settings = {**settings, "unreachable": len(unreachable)}
-        bos = bos_id(self.model)
-        at_p0 = bos is not None and bool((self.prep.clean_tokens[:, 0] == bos).all())
-        norm, signal, msg = normalize(self.clean_metric, corrupted, raw, self.direction,
-                                        self.min_signal if min_signal is None else min_signal,
-                                      advice(self.prep.name, at_p0))
-        tokens = self.prep.clean_tokens
-        return PatchResult(
-            method=method, level=level, corruption=self.prep.name, metric=self.metric.name,
-            direction=self.direction, clean_metric=self.clean_metric, corrupted_metric=corrupted, raw=raw,
-            normalized=norm, signal=signal, message=msg,
-            settings={**settings, "corruption_params": self.prep.corruption.params(), "metric_params": self.metric.params(),
-                      "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
-                      "n_layers": int(self.model.cfg.n_layers), "n_heads": int(self.model.cfg.n_heads)},
-        )
+        """Normalize ``raw`` against this job's clean and base runs (:func:`p0circuit.patching.result.make_result`)."""
+        return make_result(self.inputs, self.clean_metric, self.base_metric, method, level, raw, corrupted,
+                           candidates, self.min_signal if min_signal is None else min_signal, **settings)

@@ -3,14 +3,16 @@ a tensor shaped like the model, a :class:`~p0circuit.core.types.Circuit`."""
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Optional, Sequence, Union
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from p0circuit.core.errors import BadInputError
+from p0circuit.core.errors import BadInputError, NonFiniteError
 from p0circuit.core.types import REST, Circuit, Edge, Kind, Node, effect_grid
+from p0circuit.models.tokens import bos_id
+from p0circuit.patching.corruptions import advice
 
 
 @dataclass
@@ -151,3 +153,37 @@ def normalize(
         return {k: (clean - v) / gap for k, v in raw.items()}, True, ""
     return {k: (v - corrupted) / gap for k, v in raw.items()}, True, ""
 
+
+def make_result(inputs: Any, clean_metric: float, base_metric: float, method: str, level: str,
+                raw: dict[str, float], corrupted: float, candidates: Optional[Sequence[str]], min_signal: float,
+                **settings: Any) -> PatchResult:
+    """Normalize ``raw`` and wrap everything in a :class:`PatchResult` of ``level`` node or edge.
+
+    ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
+    ``raw`` was not run because it cannot reach the metric, and gets the base run's metric.
+    ``min_signal``: the signal threshold (a screen that wants every estimate passes 0). ``inputs`` is the
+    call's :class:`~p0circuit.patching.inputs.PatchInputs`; ``base_metric`` is the metric of the run the
+    patches went into."""
+    names = list(raw) if candidates is None else list(candidates)
+    bad = [n for n, v in raw.items() if not math.isfinite(v)]
+    if bad or not math.isfinite(corrupted):
+        where = f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)" if bad else "the fully corrupted run"
+        raise NonFiniteError(f"the metric {inputs.metric.name} is NaN or inf after {where}: a patched value overflows "
+                             "or the metric divides by zero there; check the metric and the model's dtype "
+                             "(float16 overflows on large P0 norms: use float32)")
+    unreachable = [n for n in names if n not in raw]
+    raw = {n: raw.get(n, base_metric) for n in names}
+    settings = {**settings, "unreachable": len(unreachable)}
+    bos = bos_id(inputs.model)
+    at_p0 = bos is not None and bool((inputs.prep.clean_tokens[:, 0] == bos).all())
+    norm, signal, msg = normalize(clean_metric, corrupted, raw, inputs.options.direction, min_signal,
+                                  advice(inputs.prep.name, at_p0))
+    tokens = inputs.prep.clean_tokens
+    return PatchResult(
+        method=method, level=level, corruption=inputs.prep.name, metric=inputs.metric.name,
+        direction=inputs.options.direction, clean_metric=clean_metric, corrupted_metric=corrupted, raw=raw,
+        normalized=norm, signal=signal, message=msg,
+        settings={**settings, "corruption_params": inputs.prep.corruption.params(), "metric_params": inputs.metric.params(),
+                  "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+                  "n_layers": int(inputs.model.cfg.n_layers), "n_heads": int(inputs.model.cfg.n_heads)},
+    )
