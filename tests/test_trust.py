@@ -306,3 +306,21 @@ def test_the_reference_path_never_runs_the_fast_engine(monkeypatch):
     for method, what in ((p0.activation_patch, dict(nodes=["A1.H0@0", "M0@rest"])),
                          (p0.path_patch, dict(edges=["M0@0->A1.H2@0.q", "A0.H1@0->R2@0.resid"]))):
         method(tiny(), TOKENS, corruption="pos_mean", metric=p0.NormRatio(2), reference=True, min_signal=0, **what)
+
+
+def test_a_metric_inside_a_receivers_normalization_is_refused():
+    """Found by the long differential run: a metric on ``blocks.1.ln1.hook_scale`` with an edge into one
+    head's value input of block 1 has no single patched value (TransformerLens computes the scale per
+    head and input and keeps the last), and the fast path and the oracle answered differently. It is
+    refused, for path and attribution edges, before any forward; an MLP-input edge there is answered."""
+    model = tiny(n_layers=2)
+    hook = "blocks.1.ln1.hook_scale"
+    metric = p0.CacheMetric(lambda acts, at: weighted_mean(acts[hook]), [(1, hook)], label="ln1 scale")
+    for fn in (p0.path_patch, lambda *a, **k: p0.attribution_patch(*a, level="edge", **k)):
+        with pytest.raises(p0.ConfigError, match=r"reads blocks\.1\.ln1\.hook_scale, the normalization inside block 1"):
+            fn(model, TOKENS, edges=["E@1->A1.H3@1.v"], corruption="shift", metric=metric)
+    metric = p0.CacheMetric(lambda acts, at: weighted_mean(acts[hook]), [(1, hook)], label="ln1 scale")
+    fast = p0.path_patch(model, TOKENS, edges=["A0.H1@0->M0@0.mlp_in"], corruption=p0.Shift(filler=(O.FILLER,)),
+                         metric=metric, min_signal=0)
+    plain = O.path(model, TOKENS, ["A0.H1@0->M0@0.mlp_in"], O.Corr("shift"), O.Metric("cache", hook=hook, fn=weighted_mean))
+    assert close(fast.raw["A0.H1@0->M0@0.mlp_in"], plain["A0.H1@0->M0@0.mlp_in"])

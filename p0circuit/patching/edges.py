@@ -14,7 +14,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.core import hooks
-from p0circuit.core.errors import BadInputError
+from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.args import entry_point
 from p0circuit.core.hooks import HookRef
 from p0circuit.models.checks import check_model
@@ -120,6 +120,22 @@ def candidate_edges(
             if is_valid_edge(e, parallel):
                 edges.append(e)
     return edges
+
+
+def check_metric_outside_receivers(model: Any, metric: Any, edges: Sequence[Edge]) -> None:
+    """Refuse a metric that reads the normalization of a query, key or value receiver's own block
+    (``blocks.L.ln1.*``): an edge into one head's q/k/v input changes the normalized input of that
+    head alone, so "the block's ln1" has no single patched value (TransformerLens computes one per
+    head and input, and keeps the last). A metric read downstream, or an MLP-input edge, is unambiguous."""
+    layers = {e.dst.layer for e in edges if e.input.value in ("q", "k", "v")}
+    inside = sorted({h.name for h in metric.needs(model.cfg.n_layers)
+                     if any(h.name.startswith(f"blocks.{l}.ln1.") for l in layers)})
+    if inside:
+        raise ConfigError(
+            f"the metric {metric.name} reads {inside[0]}, the normalization inside block "
+            f"{inside[0].split('.')[1]}, whose query/key/value inputs receive edges here; an edge into one head's "
+            "input changes that head's normalized input only, so that hook has no single patched value. Read the "
+            "metric after the block (its resid_post or a later hook), or leave out edges into that block's q/k/v")
 
 
 def among(model: Any, edges: Sequence[Edge], nodes: Sequence[Node]) -> list[Edge]:

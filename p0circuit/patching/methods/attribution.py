@@ -31,7 +31,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core import hooks
 from p0circuit.core.errors import ConfigError, BadInputError
 from p0circuit.core.args import entry_point
-from p0circuit.patching.edges import candidate_edges, parse_edges, receiver_site, sender_hook
+from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric, RunView
@@ -187,6 +187,7 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
     model, direction = job.model, job.direction
     level = "node" if edge_list is None else "edge"
     edge_list = edge_list or []
+    check_metric_outside_receivers(model, job.metric, edge_list)
     named = named_positions(node_list)
     live_nodes = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     live_edges = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]

@@ -18,7 +18,7 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
-from p0circuit.patching.edges import candidate_edges, is_valid_edge, parse_edges, receiver_site, sender_hook
+from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions, takes_options
@@ -60,6 +60,7 @@ def path_patch(
             f"{len(bad)} edge(s) have no direct path, e.g. {bad[0]}: a sender must sit before its "
             "receiver (same block only for head -> MLP in sequential blocks) at the same position class"
         )
+    check_metric_outside_receivers(model, job.metric, edge_list)
     senders = sorted({e.src for e in edge_list})
     named = named_positions(senders)
     live = [e for e in edge_list if job.reaches(receiver_site(e, model)[0])]
