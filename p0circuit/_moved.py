@@ -41,6 +41,7 @@ RENAMED = {
     "p0circuit.cli": "p0circuit.surfaces.cli",
     "p0circuit.sweep": "p0circuit.surfaces.sweep",
     "p0circuit.report": "p0circuit.surfaces.sweep_report",
+    "p0circuit.measures.report": "p0circuit.measures.sink_report",  # from p0circuit.metrics import report
 }
 """Old module path -> its new path (a package's submodules follow it: ``p0circuit.metrics.norms``
 -> ``p0circuit.measures.norms``)."""

@@ -257,6 +257,8 @@ def case(draw):
 
 
 COUNTED = {"compared": 0, "refused": 0}
+SEEN: dict[str, set] = {"corruption": set(), "metric": set(), "method": set(), "direction": set()}
+"""What the compared cases covered (the coverage test after the default run reads it)."""
 
 
 def _run(data):
@@ -268,6 +270,9 @@ def _run(data):
             COUNTED["refused"] += 1
         raise
     COUNTED["compared"] += 1
+    for key, value in (("corruption", corruption.name), ("metric", om.kind), ("direction", direction),
+                       ("method", "each" if extra else method)):
+        SEEN[key].add(value)
     log = os.environ.get("P0_DIFF_LOG")  # the long run's progress: cases compared, and refused with a fix
     if log and COUNTED["compared"] % 100 == 0:
         with open(log, "a") as f:
@@ -279,6 +284,17 @@ def _run(data):
 @given(st.data())
 def test_fast_and_reference_equal_the_oracle(user_corruption, data):
     _run(data)
+
+
+def test_the_default_budget_compared_every_kind():
+    """The default run above compared enough cases, and among them every corruption, metric kind,
+    method and direction (a budget that refuses or assumes away most cases would pass silently)."""
+    if not COUNTED["compared"] and not COUNTED["refused"]:
+        pytest.skip("the default differential test did not run in this session")
+    assert COUNTED["compared"] >= CASES * 0.9, COUNTED
+    assert SEEN["corruption"] >= {"shift", "swap", "resample", "trade_first_two", "pos_mean", "zero"}, SEEN
+    assert SEEN["metric"] >= {"norm_ratio", "resid_dim", "attn_to_p0", "logits", "cache"}, SEEN
+    assert SEEN["method"] == {"activation", "path", "each"} and SEEN["direction"] == {"noise", "denoise"}, SEEN
 
 
 @pytest.mark.full

@@ -23,13 +23,22 @@ def allowed(layer: str) -> set[str]:
     return {layer} | set(re.findall(r"p0circuit\.(\w+)", said))
 
 
-def imports(source: str) -> list[tuple[int, str]]:
-    """Every p0circuit module a source imports (line, dotted name), wherever the import sits."""
+def imports(source: str, module: str = "p0circuit.x") -> list[tuple[int, str]]:
+    """Every p0circuit module a source imports (line, dotted name), wherever the import sits: absolute
+    and relative imports (``module`` is the importing module's dotted name), and the strings given
+    to ``importlib.import_module``."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] if node.module != "p0circuit" else [f"p0circuit.{a.name}" for a in node.names]
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from ..studies import x, inside module
+                parent = module.split(".")[: -node.level]
+                base = ".".join(parent + ([base] if base else []))
+            names = [base] if base != "p0circuit" else [f"p0circuit.{a.name}" for a in node.names]
             found += [(node.lineno, n) for n in names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
     return [(line, n) for line, n in found if n == "p0circuit" or n.startswith("p0circuit.")]
@@ -38,7 +47,8 @@ def imports(source: str) -> list[tuple[int, str]]:
 def violations(layer: str, rel: str, source: str) -> list[str]:
     ok = allowed(layer)
     bad = []
-    for line, name in imports(source):
+    module = rel.removesuffix(".py").replace("/", ".")
+    for line, name in imports(source, module):
         parts = name.split(".")
         target = parts[1] if len(parts) > 1 else "p0circuit"
         if target not in ok:
@@ -67,6 +77,15 @@ def test_layers_only_look_down():
 
 @pytest.mark.parametrize("source", ["from p0circuit.studies.analysis import analyze\n",
                                     "def f():\n    import p0circuit.surfaces.cli\n",
-                                    "from p0circuit import analyze\n"])
+                                    "from p0circuit import analyze\n",
+                                    "from ..studies import analysis\n",
+                                    "import importlib\nimportlib.import_module('p0circuit.surfaces.cli')\n"])
 def test_an_upward_import_is_caught(source):
     assert violations("patching", "p0circuit/patching/new.py", source)
+
+
+def test_the_oracle_shares_no_code_with_p0circuit():
+    """tests/oracle.py and tests/tolerance.py import nothing of p0circuit, at any depth of the file."""
+    for name in ("oracle.py", "tolerance.py"):
+        source = (Path(__file__).parent / name).read_text(encoding="utf-8")
+        assert not imports(source, f"tests.{name[:-3]}"), name

@@ -36,8 +36,9 @@ def test_notebook_runs(path, tmp_path):
         assert_same_values(printed(old), printed(new), f"{path.name}, code cell {i}")
 
 
-NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
-"""A printed number (not part of a name such as A0.H1@0 or M2.N90, nor of a hex address)."""
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?=[x%]?(?:[^\w.]|\.(?!\w)|$))")
+"""A printed number, also before a unit x or % and at the end of a sentence ("12.5x", "0.83."), but
+not inside a name such as A0.H1@0 or M2.N90, nor a hex address."""
 VARIES = re.compile(r"\b0x[0-9a-f]+|\d+(?:\.\d+)? ?(?:s|ms|min|seconds|MiB|MB|GiB)\b|/tmp/\S+|pytest-\d+")
 """What may differ between runs: timings, sizes, addresses and temporary paths."""
 
@@ -72,9 +73,12 @@ def test_a_changed_printed_value_is_caught():
     text = printed(cell)
     assert len(NUMBER.findall(text)) > 20  # the sink report's table
     assert_same_values(text, text, "same")
-    changed = text.replace("Sink_0^0.3 = ", "Sink_0^0.3 = 1", 1)
-    with pytest.raises(AssertionError, match="printed"):
-        assert_same_values(text, changed, "changed")
+    for a, b in (("Sink_0^0.3 = 0.", "Sink_0^0.3 = 1."), ("Sink_0^0.3 = 0.", "Sink_0^0.3 = 0.1")):
+        changed = text.replace(a, b, 1)  # a tenfold change, and a change in the first decimal
+        assert changed != text
+        with pytest.raises(AssertionError, match="printed"):
+            assert_same_values(text, changed, "changed")
+    assert NUMBER.findall("12.5x at layer 2. Sink = 0.83.") == ["12.5", "2", "0.83"]
 
 
 def _free_port():

@@ -317,10 +317,25 @@ def test_a_metric_inside_a_receivers_normalization_is_refused():
     hook = "blocks.1.ln1.hook_scale"
     metric = p0.CacheMetric(lambda acts, at: weighted_mean(acts[hook]), [(1, hook)], label="ln1 scale")
     for fn in (p0.path_patch, lambda *a, **k: p0.attribution_patch(*a, level="edge", **k)):
-        with pytest.raises(p0.ConfigError, match=r"reads blocks\.1\.ln1\.hook_scale, the normalization inside block 1"):
+        with pytest.raises(p0.ConfigError, match=r"reads blocks\.1\.ln1\.hook_scale, the normalized attention input inside block 1"):
             fn(model, TOKENS, edges=["E@1->A1.H3@1.v"], corruption="shift", metric=metric)
+    split = tiny(n_layers=2, use_split_qkv_input=True)  # found by the review: the key input itself
+    key_in = p0.CacheMetric(lambda acts, at: weighted_mean(acts["blocks.1.hook_k_input"]),
+                            [(1, "blocks.1.hook_k_input")], label="k input")
+    with pytest.raises(p0.ConfigError, match=r"reads blocks\.1\.hook_k_input"):
+        p0.path_patch(split, TOKENS, edges=["M0@0->A1.H0@0.k"], corruption="shift", metric=key_in)
     metric = p0.CacheMetric(lambda acts, at: weighted_mean(acts[hook]), [(1, hook)], label="ln1 scale")
     fast = p0.path_patch(model, TOKENS, edges=["A0.H1@0->M0@0.mlp_in"], corruption=p0.Shift(filler=(O.FILLER,)),
                          metric=metric, min_signal=0)
     plain = O.path(model, TOKENS, ["A0.H1@0->M0@0.mlp_in"], O.Corr("shift"), O.Metric("cache", hook=hook, fn=weighted_mean))
     assert close(fast.raw["A0.H1@0->M0@0.mlp_in"], plain["A0.H1@0->M0@0.mlp_in"])
+
+
+def test_metrics_of_one_line_that_capture_other_values_are_told_apart():
+    """Found by the review: a function was described by its file and line only, so two metrics made by
+    one lambda with other captured values (other logit ids) compared equal."""
+    def logit_of(token):
+        return p0.LogitMetric(lambda logits, at: logits[:, -1, token].mean(), label="logit")
+
+    assert logit_of(3).params() != logit_of(4).params()
+    assert logit_of(3).params() == logit_of(3).params()

@@ -1,5 +1,5 @@
-"""The defaults every layer shares, defined once. A function's signature names these constants,
-so changing one here changes every entry point, the command line and the docs' quoted defaults."""
+"""The defaults every layer shares, defined once. Function signatures, dataclass fields and the
+command line's options name these constants, so changing one here changes every entry point."""
 
 SINK_EPS = 0.3
 """alpha_k above which a head counts as sinking to position k (Sink_k^eps; Gu et al. 2025 use 0.3)."""

@@ -24,32 +24,53 @@ def strict(x: Any) -> Any:
     return x
 
 
-def describe(value: Any) -> Any:
+def describe(value: Any, depth: int = 0) -> Any:
     """``value`` as a JSON-able record that tells two settings apart: a tensor by its shape, dtype
-    and a digest of its contents, a function by where it is defined (module, name, file and line),
-    a dataclass by its public fields, tuples as lists."""
+    and a digest of its contents, a function by where it is defined (module, name, file and line)
+    and the values it is bound to (closure, defaults, a partial's arguments), a dataclass by its
+    public fields, tuples as lists; anything else by its repr (a long one by its type)."""
+    if depth > 4:
+        return type(value).__name__
     import dataclasses
     import hashlib
 
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [describe(v) for v in value]
+        return [describe(v, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {str(k): describe(v) for k, v in value.items()}
+        return {str(k): describe(v, depth + 1) for k, v in value.items()}
     if hasattr(value, "detach") and hasattr(value, "shape"):  # a tensor (torch is not imported here)
         data = value.detach().cpu().contiguous()
         digest = hashlib.sha256((data.double() if data.is_floating_point() else data).numpy().tobytes())
         return {"tensor": list(data.shape), "dtype": str(data.dtype).replace("torch.", ""),
                 "sha256": digest.hexdigest()[:16]}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: describe(getattr(value, f.name)) for f in dataclasses.fields(value) if not f.name.startswith("_")}
+        return {f.name: describe(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)
+                if not f.name.startswith("_")}
     if callable(value):
         code = getattr(value, "__code__", None)
         where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
-        return {"function": f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}",
-                "defined": where}
-    return repr(value)
+        out = {"function": f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}",
+               "defined": where}
+        # what the same code is bound to: two lambdas of one line that capture other values (other
+        # logit ids, say) are other metrics, and compare unequal
+        bound = [c.cell_contents for c in (getattr(value, "__closure__", None) or ()) if _filled(c)]
+        bound += list(getattr(value, "__defaults__", None) or ())
+        bound += [getattr(value, "args", ()), getattr(value, "keywords", {})] if hasattr(value, "func") else []
+        if bound:
+            out["bound"] = [describe(b, depth + 1) if b is not value else "itself" for b in bound]
+        return out
+    text = repr(value)
+    return text if len(text) <= 200 else f"{type(value).__name__} object"
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return False
+    return True
 
 
 def run_dir(command: str, entry: str, *settings: str) -> Path:

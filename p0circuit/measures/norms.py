@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from p0circuit.core.defaults import MASSIVE_RATIO
 from p0circuit.core.errors import BadInputError
 
 
@@ -46,7 +47,7 @@ def direction_stability(h0: Float[Tensor, "batch d_model"]) -> Float[Tensor, ""]
 
 
 def massive_activations(
-    h: Float[Tensor, "batch pos d_model"], ratio: float = 100.0, pos: int = 0
+    h: Float[Tensor, "batch pos d_model"], ratio: float = MASSIVE_RATIO, pos: int = 0
 ) -> list[tuple[int, float, float]]:
     """Coordinates of ``h_pos`` that are massive: ``(dim, mean value, mean ratio to the typical scale)``.
 

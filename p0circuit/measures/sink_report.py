@@ -196,7 +196,7 @@ def check_finite(cache: ActivationCache, n_layers: int) -> None:
 
 def report_from_cache(
     cache: ActivationCache, n_layers: int, *, eps: float = SINK_EPS, norm_threshold: float = NORM_THRESHOLD,
-    massive_ratio: float = 100.0, classes: Optional[list[list[str]]] = None, texts: Optional[list[list[str]]] = None,
+    massive_ratio: float = MASSIVE_RATIO, classes: Optional[list[list[str]]] = None, texts: Optional[list[list[str]]] = None,
 ) -> SinkReport:
     """Build a :class:`SinkReport` from a cache holding every hook :func:`sink_report` needs;
     ``classes`` (per prompt, per position: :func:`p0circuit.measures.positions.classify`) adds the

@@ -7,8 +7,11 @@ whose only job is to know "this is position 0", and the corruptions that can. Th
 * ``sites``, ``edges``: where a node or edge lives in a hooked model, and the candidates;
 * ``experts``: a mixture-of-experts MLP's experts as nodes, and where its router sends P0;
 * ``engine``: batched patched forwards (fast path) and the slow reference;
+* ``order``: where each hook fires in the model's forward pass (what a patch can reach);
+* ``options``, ``inputs``, ``hooking``: the shared options, a call's checked inputs, and the
+  TransformerLens flags a method sets while it runs;
 * ``job``, ``ops``: one call's cached runs, and the patch ops every method builds from them;
-* ``methods/``: one file per method, registered in ``registry.METHODS``;
+* ``methods/``, ``registry``: one file per method, registered in ``registry.METHODS``;
 * ``result``, ``check``, ``faithfulness``: reading, checking and testing what was found.
 
 Layer 4: the patching engine and its methods.

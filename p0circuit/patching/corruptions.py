@@ -154,7 +154,7 @@ class Shift(Corruption):
     filler: Optional[tuple[int, ...]] = None
     """Explicit filler token ids (length ``k``) instead of random ones."""
     name: ClassVar[str] = "shift"
-    summary: ClassVar[str] = 'moves the prompt one position right'
+    summary: ClassVar[str] = 'prepends tokens, so the first token no longer sits at position 0'
     sees_position: ClassVar[bool] = True
     sees_bos_token: ClassVar[bool] = False
 
@@ -236,7 +236,7 @@ class Swap(Corruption):
     seed: int = 0
     """Seed of the random replacements."""
     name: ClassVar[str] = "swap"
-    summary: ClassVar[str] = 'replaces the token at position 0, every position kept'
+    summary: ClassVar[str] = 'replaces one token in place (position 0 by default), every position kept'
     sees_position: ClassVar[bool] = False
     sees_bos_token: ClassVar[bool] = True
 

@@ -2,8 +2,9 @@
 
 An edge ``src -> dst.input`` is the *direct* path from a sender's output through the residual
 stream into one input of a receiver: a head's query, key or value input (at the receiver node's
-position: the query position for ``q``, the key position for ``k``/``v``) or an MLP's input.
-The residual stream is position-local, so a direct path connects a sender and a receiver input at
+position: the query position for ``q``, the key position for ``k``/``v``), an MLP's input, or
+what the metric itself reads (``S->R{L}@p.resid``: the sender's direct write into the residual
+stream after block ``L``, bypassing every later component). The residual stream is position-local, so a direct path connects a sender and a receiver input at
 the same position class.
 """
 
@@ -123,16 +124,19 @@ def candidate_edges(
 
 
 def check_metric_outside_receivers(model: Any, metric: Any, edges: Sequence[Edge]) -> None:
-    """Refuse a metric that reads the normalization of a query, key or value receiver's own block
-    (``blocks.L.ln1.*``): an edge into one head's q/k/v input changes the normalized input of that
-    head alone, so "the block's ln1" has no single patched value (TransformerLens computes one per
-    head and input, and keeps the last). A metric read downstream, or an MLP-input edge, is unambiguous."""
+    """Refuse a metric that reads what lies between a query, key or value receiver's residual stream
+    and its projection (``blocks.L.ln1.*``, ``blocks.L.hook_{q,k,v}_input``): an edge into one head's
+    q/k/v input changes that head's input alone, so those hooks have no single patched value
+    (TransformerLens computes one per head and input, and keeps the last). A metric read downstream,
+    or an MLP-input edge (its ``hook_mlp_in`` and ``ln2`` are one tensor), is unambiguous."""
     layers = {e.dst.layer for e in edges if e.input.value in ("q", "k", "v")}
+    inputs = ("hook_q_input", "hook_k_input", "hook_v_input")
     inside = sorted({h.name for h in metric.needs(model.cfg.n_layers)
-                     if any(h.name.startswith(f"blocks.{l}.ln1.") for l in layers)})
+                     if any(h.name.startswith(f"blocks.{l}.ln1.") or h.name in {f"blocks.{l}.{i}" for i in inputs}
+                            for l in layers)})
     if inside:
         raise ConfigError(
-            f"the metric {metric.name} reads {inside[0]}, the normalization inside block "
+            f"the metric {metric.name} reads {inside[0]}, the normalized attention input inside block "
             f"{inside[0].split('.')[1]}, whose query/key/value inputs receive edges here; an edge into one head's "
             "input changes that head's normalized input only, so that hook has no single patched value. Read the "
             "metric after the block (its resid_post or a later hook), or leave out edges into that block's q/k/v")

@@ -5,8 +5,9 @@ corruption sent into its receiver input alone.
   embedding) at its positions to the other run's value;
 * :func:`sender_delta` is the change of a sender's residual-stream output between the runs
   (through the norm after it, where a block has one: :func:`~p0circuit.patching.edges.sender_change`);
-* :func:`edge_op` adds that change to one receiver input (a head's q/k/v input or an MLP input),
-  so only the direct path from the sender to that receiver carries it.
+* :func:`edge_op` adds that change to one receiver input (a head's q/k/v input, an MLP input, or
+  the residual stream the metric reads, for a direct edge), so only the direct path from the sender
+  to that receiver carries it.
 """
 
 from typing import Any, Sequence

@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD
 from p0circuit.core.errors import BadInputError, NonFiniteError
 from p0circuit.core.types import REST, Circuit, Edge, Kind, Node, effect_grid
 from p0circuit.models.tokens import bos_id
@@ -69,7 +70,7 @@ class PatchResult:
         parse = Edge.parse if self.level == "edge" else Node.parse
         return [parse(n) for n in self.names]
 
-    def to_circuit(self, threshold: float = 0.1, **settings: Any) -> Circuit:
+    def to_circuit(self, threshold: float = CIRCUIT_THRESHOLD, **settings: Any) -> Circuit:
         """Nodes/edges whose |normalized effect| >= threshold; effects of all candidates kept.
         ``settings`` are added to the circuit's settings (the record of how it was obtained)."""
         keep = self.kept(threshold)

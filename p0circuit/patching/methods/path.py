@@ -76,4 +76,4 @@ def path_patch(
 
 
 register(Method("path", path_patch, "edge",
-                summary="patch each edge (sender -> a head's q/k/v input or an MLP input) alone"))
+                summary="patch each edge (sender -> a head's q/k/v input, an MLP input or the metric's stream) alone"))

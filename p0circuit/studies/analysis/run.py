@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD, SINK_EPS
 from p0circuit.studies.analysis import steps
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
@@ -348,7 +348,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
             out = steps.edges(model, toks, bos, corruption, metric, layer, entry["nodes"], s.threshold)
             if where == "P0":
                 out["into_sinks"] = steps.into_sinks(model, toks, bos, corruption, layer, entry["nodes"],
-                                                     summary["alpha"], 0.3, s.threshold)
+                                                     summary["alpha"], SINK_EPS, s.threshold)
             return out
 
         e = dict(state.run(key + "/edges", edge_step, bar))
