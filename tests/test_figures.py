@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import p0circuit as p0
+from p0circuit.figures import drawing as p0_drawing
 from p0circuit import Circuit, Edge, Node
 from p0circuit.figures.drawing import LOWERS, MISSED, RAISES, layout, rank_of, to_html, to_svg
 
@@ -55,7 +56,7 @@ def test_sign_is_colour_size_is_width_and_inputs_are_marked():
         group = re.search(rf'<g id="edge:{re.escape(html.escape(name))}">(.*?)</g>', svg, re.S).group(1)
         colour = RAISES if EDGES[name] > 0 else LOWERS
         assert f"stroke: {colour}" in group, name
-        assert f"stroke-width: {p0.drawing.width(EDGES[name], 0.9):g}" in group, name
+        assert f"stroke-width: {p0_drawing.width(EDGES[name], 0.9):g}" in group, name
     assert '<g id="node:metric">' in svg and ">k -0.30<" in svg  # text kept as text
 
 

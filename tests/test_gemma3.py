@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import p0circuit as p0
+from p0circuit.models import tokens as p0_tokens
 import oracle as O
 from p0circuit.studies import experiments
 from p0circuit.surfaces.cli import main
@@ -142,7 +143,7 @@ def loaded_once(gemma3, monkeypatch):
 
     monkeypatch.setitem(resolve.LOADERS, "gemma3", lambda device="cpu": gemma3)
     yield
-    assert not hasattr(gemma3, p0.tokens.BOS_ATTR)  # the command line left the shared model as it was
+    assert not hasattr(gemma3, p0_tokens.BOS_ATTR)  # the command line left the shared model as it was
 
 
 def test_command_line_sweep_and_report_on_gemma3(tmp_path, capsys, loaded_once):

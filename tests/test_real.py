@@ -8,6 +8,7 @@ import torch
 from transformer_lens import patching as tl_patching
 
 import p0circuit as p0
+from p0circuit.models import tokens as p0_tokens
 from p0circuit.studies import experiments
 from p0circuit.surfaces.cli import main
 from p0circuit.models.gguf import gguf_header, smollm2_path
@@ -124,7 +125,7 @@ def loaded_once(smollm2, monkeypatch):
 
     monkeypatch.setitem(resolve.LOADERS, "smollm2", lambda device="cpu": smollm2)
     yield
-    assert not hasattr(smollm2, p0.tokens.BOS_ATTR)  # the command line left the shared model as it was
+    assert not hasattr(smollm2, p0_tokens.BOS_ATTR)  # the command line left the shared model as it was
 
 
 def test_discover_on_smollm2_from_the_command_line(tmp_path, capsys, loaded_once):
@@ -141,7 +142,7 @@ def english(smollm2):
 
 
 def test_english_prompts_and_the_bos_smollm2_calls_bos(smollm2, english):
-    lines = p0.tokens.english_lines()
+    lines = p0_tokens.english_lines()
     texts = [smollm2.tokenizer.decode(row) for row in english]
     assert all(any(line.startswith(t) for line in lines) for t in texts)  # each is the start of a passage
     with pytest.raises(p0.BadInputError, match=r"'<\|im_start\|>' \(id 1\), which is not a start-of-text token"):
@@ -155,7 +156,7 @@ def test_english_prompts_and_the_bos_smollm2_calls_bos(smollm2, english):
         frame = experiments.bos_ablation(smollm2, english).to_frame()
         assert len(frame) == 30
     finally:
-        delattr(smollm2, p0.tokens.BOS_ATTR)
+        delattr(smollm2, p0_tokens.BOS_ATTR)
 
 
 def test_sink_facts_against_an_independent_computation(smollm2, english):
@@ -284,4 +285,4 @@ def test_analyze_smollm2_finds_a_position_sink_with_and_without_bos(smollm2):
     assert onset["neurons"].get("M2.N90@0", 0) > 0.3 and result["sinks"]["without_bos"]["massive_dims"][0]["dim"] == 507
     with_bos = result["onsets"]["with_bos"][0]
     assert with_bos["corruption_choice"]["chosen"] == "shift" and with_bos["corruption_choice"]["drops"]["swap"] < 1
-    assert not hasattr(smollm2, p0.tokens.BOS_ATTR)  # the start token was set for the call only
+    assert not hasattr(smollm2, p0_tokens.BOS_ATTR)  # the start token was set for the call only

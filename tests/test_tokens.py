@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import p0circuit as p0
+from p0circuit.models import tokens as p0_tokens
 from p0circuit import BadInputError, ModelSpec, check_tokens, to_tokens
 
 
@@ -132,7 +133,7 @@ def test_text_windows_give_equal_length_prompts(worded):
 
 
 def test_english_prompts_refuse_what_they_cannot_give(worded):
-    lines = p0.tokens.english_lines()
+    lines = p0_tokens.english_lines()
     assert len(lines) == 201 and len(set(lines)) == 201
     assert all(line[0].isupper() and line.endswith((".", "?")) for line in lines)
     with pytest.raises(BadInputError, match="at most 201"):
@@ -167,4 +168,4 @@ def test_the_bos_prepended_is_said_and_chosen(worded):
             p0.set_bos(worded, 10_000)
     finally:
         worded.tokenizer.bos_token = "<bos>"
-        delattr(worded, p0.tokens.BOS_ATTR)
+        delattr(worded, p0_tokens.BOS_ATTR)
