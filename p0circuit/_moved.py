@@ -67,9 +67,12 @@ NAMES = {
 """Old top-level name -> its replacement."""
 
 
+_LONGEST_FIRST = sorted(RENAMED, key=len, reverse=True)
+
+
 def new_name(fullname: str) -> Optional[str]:
     """The new path of a moved module (or of a submodule of a moved package); None if it did not move."""
-    for old in sorted(RENAMED, key=len, reverse=True):
+    for old in _LONGEST_FIRST:
         if fullname == old or fullname.startswith(old + "."):
             return RENAMED[old] + fullname[len(old):]
     return None
@@ -88,6 +91,8 @@ class _Alias(importlib.abc.Loader):
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if not fullname.startswith("p0circuit."):  # first on sys.meta_path: every other import leaves at once
+            return None
         if fullname in MODULES and fullname not in RENAMED:
             raise ImportError(f"{fullname} moved: use {MODULES[fullname]}", name=fullname)
         new = new_name(fullname)
