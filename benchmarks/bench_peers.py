@@ -46,6 +46,10 @@ from p0circuit.core import hooks
 from p0circuit.studies.analysis import steps as analysis_steps
 from p0circuit.patching import NormRatio, ResidDim, get_corruption
 
+import sys  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from record import Conditions, publish  # noqa: E402
+
 LAYER = 2
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -292,7 +296,51 @@ def main():
     ap.add_argument("--skip-gemma", action="store_true")
     ap.add_argument("--only", default="nodes,edges,neurons", help="workloads of the peer comparison")
     ap.add_argument("--no-recall", action="store_true", help="skip the screen's recall against full exact patching")
+    ap.add_argument("--write-docs", action="store_true", help="write the tables into docs/performance.md and guide.md")
     args = ap.parse_args()
+    with Conditions() as cond:
+        result = measure(args)
+    if args.only == "nodes,edges,neurons":
+        publish("docs/performance.md", "peers", peers_table(result, cond))
+    if "recall" in result and not args.skip_gemma:
+        publish("docs/guide.md", "screen-recall", recall_table(result, cond))
+
+
+WORKLOADS = {"nodes": "P0 nodes of blocks 0-2", "edges": "edges between the kept nodes", "neurons": "neurons at P0 of M0-M2"}
+
+
+def peers_table(result, cond) -> str:
+    p = result["peers"]
+    rows = [f"{cond.header('bench_peers.py')} Best of 3 ({result['threads']} torch threads); one plain forward of the "
+            f"batch = {p['forward_s']:.2f} s; the loops over neurons timed on every 16th neuron and scaled; the largest "
+            "difference from the loops' values, relative to the clean metric: "
+            f"{max(r['max_rel_diff_tl'] for r in p['workloads'].values()):.0e}.", "",
+            "| workload (patches) | p0circuit | TransformerLens loop | nnsight loop | layer-forward limit | "
+            "p0circuit vs the limit | loops / p0circuit |", "|---|---|---|---|---|---|---|"]
+    for name, r in p["workloads"].items():
+        nn = "not installed" if math.isnan(r["nnsight_s"]) else f"{r['nnsight_s']:.3g} s"
+        rows.append(f"| {WORKLOADS[name]} ({r['patches']:,}) | {r['ours_s']:.3g} s | {r['tl_loop_s']:.3g} s | {nn} | "
+                    f"{r['limit_s']:.3g} s | {r['ours_vs_limit']:.2f}x | {r['tl_loop_over_ours']:.1f}x / "
+                    f"{r['nnsight_over_ours']:.1f}x |")
+    return "\n".join(rows)
+
+
+def recall_table(result, cond) -> str:
+    rows = [cond.header("bench_peers.py"), "",
+            "| model, BOS, onset (massive dimension) | corruption | neurons | exact effect >= 0.1 | recall | full exact | "
+            "screen + confirm |", "|---|---|---|---|---|---|---|"]
+    names = {"smollm2": ("SmolLM2", "`<|endoftext|>`"), "gemma3": ("Gemma 3", "`<bos>`")}
+    for model, cases in result["recall"].items():
+        label, token = names[model]
+        for c in cases:
+            bos = f"with {token}" if c["bos"] else "without"
+            rows.append(f"| {label}, {bos}, block {c['layer']} ({c['dim']}) | {c['corruption']} | {c['candidates']:,} | "
+                        f"{len(c['strong'])} | {c['recall']:.2f} | {c['exact_s']:.1f} s | "
+                        f"{c['screen_s'] + c['confirm_s']:.1f} s |")
+    return "\n".join(rows)
+
+
+def measure(args):
     torch.set_grad_enabled(False)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
     model = p0.load_smollm2()
@@ -304,7 +352,7 @@ def main():
     if args.no_recall:
         (out / "peers_quick.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
-        return
+        return result
     recall = [screen_recall(model, toks, False, 2, 507, [0, 1, 2]),
               screen_recall(model, toks, False, 11, 507, [8, 9, 10, 11])]
     p0.set_bos(model, "<|endoftext|>")
@@ -318,6 +366,7 @@ def main():
                                       screen_recall(gemma, g_bos, True, 2, 400, [0, 1, 2])]
     (out / "peers.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from p0circuit.patching import Resample
 
 sys.path.insert(0, str(Path(__file__).parent))
 from memtrack import PeakMemory  # noqa: E402
+from record import Conditions, publish  # noqa: E402
 
 SIZES = {
     "4-layer": dict(n_layers=4, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=512, n_ctx=64),
@@ -107,47 +108,65 @@ def peak_mib(fn):
     return tracker.peak_bytes / 2**20
 
 
+def table(results: dict, cond: Conditions) -> str:
+    """The docs' table of this run."""
+    first = next(iter(results.values()))
+    rows = [f"{cond.header('bench_sweep.py')} Batch {first['batch']} x {first['seq']} tokens; the largest difference "
+            f"from TransformerLens' values: {max(r['max_abs_diff_vs_tl'] for r in results.values()):.1e}.", "",
+            "| model | nodes | TransformerLens | p0circuit | speed-up | vs. ideal | peak memory vs. one `run_with_cache` |",
+            "|---|---|---|---|---|---|---|"]
+    for size, r in results.items():
+        c = SIZES[size]
+        rows.append(f"| {c['n_layers']} layers, d={c['d_model']} | {r['nodes']} | {r['tl_s']:.3g} s | {r['ours_s']:.3g} s "
+                    f"| {r['speedup_vs_tl']:.1f}x | {r['ratio_to_ideal']:.2f}x | {r['mem_ratio']:.2f}x |")
+    return "\n".join(rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/performance.md")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     batch, seq = (4, 8) if args.quick else (8, 16)
     results = {}
     ok = True
-    for size in SIZES:
-        model, clean, corrupt, nodes = setup(size, batch, seq)
-        rows = 8 * batch
-        ours_res = run_ours(model, clean, corrupt, nodes)
-        heads, mlps = run_tl(model, clean, corrupt)
-        diff = max(
-            max(abs(ours_res.raw[f"A{n.layer}.H{n.head}@{n.pos}"] - float(heads[n.layer, n.pos, n.head]))
-                for n in nodes if n.kind == Kind.HEAD),
-            max(abs(ours_res.raw[f"M{n.layer}@{n.pos}"] - float(mlps[n.layer, n.pos])) for n in nodes if n.kind == Kind.MLP),
-        )
-        t_tl = timed(lambda: run_tl(model, clean, corrupt))
-        t_ours = timed(lambda: run_ours(model, clean, corrupt, nodes), repeats=2)
-        t_ideal = timed(lambda: run_ideal(model, clean, corrupt, nodes, rows), repeats=2)
-        m_cache = peak_mib(lambda: model.run_with_cache(clean))
-        m_ours = peak_mib(lambda: run_ours(model, clean, corrupt, nodes))
-        r = {
-            "nodes": len(nodes), "batch": batch, "seq": seq, "max_abs_diff_vs_tl": diff,
-            "tl_s": t_tl, "ours_s": t_ours, "ideal_s": t_ideal,
-            "speedup_vs_tl": t_tl / t_ours, "ratio_to_ideal": t_ours / t_ideal,
-            "peak_mem_cache_mib": m_cache, "peak_mem_sweep_mib": m_ours,
-            "mem_ratio": m_ours / max(m_cache, 1e-9),
-        }
-        r["pass"] = bool(r["speedup_vs_tl"] >= 5 and r["ratio_to_ideal"] <= 1.5 and r["mem_ratio"] <= 2
-                         and diff <= 1e-4)
-        ok &= r["pass"]
-        results[size] = r
-        print(f"{size}: {len(nodes)} nodes, batch {batch}x{seq}: tl {t_tl:.2f}s, ours {t_ours:.2f}s, ideal {t_ideal:.2f}s "
-              f"-> {r['speedup_vs_tl']:.1f}x faster than TL, {r['ratio_to_ideal']:.2f}x ideal; peak memory "
-              f"{m_ours:.1f} MiB vs run_with_cache {m_cache:.1f} MiB ({r['mem_ratio']:.2f}x); max |diff| vs TL {diff:.2e}"
-              f" -> {'PASS' if r['pass'] else 'FAIL'}")
+    with Conditions() as cond:
+        for size in SIZES:
+            model, clean, corrupt, nodes = setup(size, batch, seq)
+            rows = 8 * batch
+            ours_res = run_ours(model, clean, corrupt, nodes)
+            heads, mlps = run_tl(model, clean, corrupt)
+            diff = max(
+                max(abs(ours_res.raw[f"A{n.layer}.H{n.head}@{n.pos}"] - float(heads[n.layer, n.pos, n.head]))
+                    for n in nodes if n.kind == Kind.HEAD),
+                max(abs(ours_res.raw[f"M{n.layer}@{n.pos}"] - float(mlps[n.layer, n.pos])) for n in nodes if n.kind == Kind.MLP),
+            )
+            t_tl = timed(lambda: run_tl(model, clean, corrupt))
+            t_ours = timed(lambda: run_ours(model, clean, corrupt, nodes), repeats=2)
+            t_ideal = timed(lambda: run_ideal(model, clean, corrupt, nodes, rows), repeats=2)
+            m_cache = peak_mib(lambda: model.run_with_cache(clean))
+            m_ours = peak_mib(lambda: run_ours(model, clean, corrupt, nodes))
+            r = {
+                "nodes": len(nodes), "batch": batch, "seq": seq, "max_abs_diff_vs_tl": diff,
+                "tl_s": t_tl, "ours_s": t_ours, "ideal_s": t_ideal,
+                "speedup_vs_tl": t_tl / t_ours, "ratio_to_ideal": t_ours / t_ideal,
+                "peak_mem_cache_mib": m_cache, "peak_mem_sweep_mib": m_ours,
+                "mem_ratio": m_ours / max(m_cache, 1e-9),
+            }
+            r["pass"] = bool(r["speedup_vs_tl"] >= 5 and r["ratio_to_ideal"] <= 1.5 and r["mem_ratio"] <= 2
+                             and diff <= 1e-4)
+            ok &= r["pass"]
+            results[size] = r
+            print(f"{size}: {len(nodes)} nodes, batch {batch}x{seq}: tl {t_tl:.2f}s, ours {t_ours:.2f}s, ideal {t_ideal:.2f}s "
+                  f"-> {r['speedup_vs_tl']:.1f}x faster than TL, {r['ratio_to_ideal']:.2f}x ideal; peak memory "
+                  f"{m_ours:.1f} MiB vs run_with_cache {m_cache:.1f} MiB ({r['mem_ratio']:.2f}x); max |diff| vs TL {diff:.2e}"
+                  f" -> {'PASS' if r['pass'] else 'FAIL'}")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(results, indent=2))
+    if not args.quick:
+        publish("docs/performance.md", "sweep", table(results, cond))
     sys.exit(0 if ok else 1)
 
 

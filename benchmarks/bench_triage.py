@@ -23,10 +23,14 @@ import torch
 import p0circuit as p0
 from p0circuit.patching.methods.triage import triage_patch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from record import Conditions, publish  # noqa: E402
+
 THRESHOLD = 0.1
 
 
 def case(name, model, tokens, metric, top, sample):
+    name = f"{name} (top {top}, sample {sample})"
     t = time.perf_counter()
     full = p0.activation_patch(model, tokens, corruption="shift", metric=metric)
     t_full = time.perf_counter() - t
@@ -50,8 +54,31 @@ def case(name, model, tokens, metric, top, sample):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-real", action="store_true")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/performance.md")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
+    with Conditions() as cond:
+        results = measure(args)
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "triage.json").write_text(json.dumps(results, indent=2, default=float))
+    if not args.no_real:
+        publish("docs/performance.md", "triage", table(results, cond))
+
+
+def table(results, cond) -> str:
+    rows = [cond.header("bench_triage.py") + " Shift; a node is kept at |normalized effect| >= "
+            f"{THRESHOLD}.", "",
+            "| case | full exact keeps | triage keeps | recall | largest exact effect left unexamined | time full / triage |",
+            "|---|---|---|---|---|---|"]
+    for r in results:
+        recall = f"{r['recall']:.2f}" if r["recall"] > 0 or not r["full_nodes"] else f"**{r['recall']:.2f}**"
+        rows.append(f"| {r['case']} | {r['full_nodes']} | {r['triage_nodes']} | {recall} | "
+                    f"{r['unexamined_max_exact_effect']:.3f} | {r['full_s']:.3g} s / {r['triage_s']:.2g} s |")
+    return "\n".join(rows)
+
+
+def measure(args):
     results = []
     for variant in ("rope", "nope", "learned"):
         pm = p0.build_planted(**({} if variant == "rope" else {"pos": variant}))
@@ -66,9 +93,7 @@ def main():
         results.append(case("SmolLM2, NormRatio(2)", model, toks, p0.NormRatio(2), top=20, sample=20))
         results.append(case("SmolLM2, attention to P0 of layers >= 2", model, toks, p0.AttnToP0(layers=list(range(2, 30))),
                             top=20, sample=20))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "triage.json").write_text(json.dumps(results, indent=2, default=float))
+    return results
 
 
 if __name__ == "__main__":

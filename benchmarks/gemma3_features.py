@@ -6,7 +6,7 @@ BOS ablation, survey, and the command line's discover and sweep + report, on 4 E
 tokens (2 x 8 for the methods), with and without ``<bos>``. Each time is also given as a ratio to one
 plain forward of the same batch timed in the same run. Writes ``benchmarks/results/gemma3_features.json``.
 
-    python benchmarks/gemma3_features.py
+    python benchmarks/gemma3_features.py [--write-docs]
 """
 
 import json
@@ -26,6 +26,9 @@ import p0circuit as p0
 from p0circuit.studies import experiments
 from p0circuit.surfaces.cli import main
 
+sys.path.insert(0, str(Path(__file__).parent))
+from record import Conditions, publish  # noqa: E402
+
 
 def timed(rows, what, fn, forward):
     start = time.perf_counter()
@@ -36,7 +39,39 @@ def timed(rows, what, fn, forward):
     return out
 
 
+def table(forward: float, rows: list, cond: Conditions) -> str:
+    """The docs' table: each row's time and forwards; the 4 corruptions of one method on one line."""
+    out = [f"{cond.header('gemma3_features.py')} One forward of 4 x 13 tokens: {forward * 1000:.0f} ms.", "",
+           "| what | time | in forwards |", "|---|---|---|"]
+    methods: dict = {}
+    for r in rows:
+        if r["what"].startswith("discover "):
+            method, rest = r["what"][len("discover "):].split(" / ", 1)
+            methods.setdefault(method, (rest.split(" (", 1)[1].rstrip(")"), []))[1].append(r)
+    done = set()
+    for r in rows:
+        if r["what"].startswith("discover "):
+            method = r["what"][len("discover "):].split(" / ", 1)[0]
+            if method in done:
+                continue
+            done.add(method)
+            what, group = methods[method]
+            secs, fwd = [g["seconds"] for g in group], [g["forwards"] for g in group]
+            out.append(f"| `discover(method=\"{method}\")`, each of shift, pos_mean, zero, resample (2 x 8 tokens, "
+                       f"{what}) | {min(secs):.1f}-{max(secs):.1f} s | {min(fwd):.0f}-{max(fwd):.0f} |")
+        else:
+            f = f"{r['forwards']:.0f}" if "forwards" in r else "-"
+            out.append(f"| {r['what']} | {r['seconds']:.1f} s | {f} |")
+    return "\n".join(out)
+
+
 def main_() -> None:
+    with Conditions() as cond:
+        forward, rows = measure()
+    publish("docs/performance.md", "gemma3-features", table(forward, rows, cond))
+
+
+def measure() -> tuple:
     rows: list = []
     os.environ["P0CIRCUIT_CACHE"] = tempfile.mkdtemp(prefix="p0c-bench-")  # kept: the CLI rows load from it too
     start = time.perf_counter()
@@ -46,7 +81,7 @@ def main_() -> None:
     model = p0.load_gemma3()
     cached = time.perf_counter() - start
     print(f"load: first {first:.1f} s (conversion), cached {cached:.1f} s")
-    rows += [{"what": "load (first: convert)", "seconds": round(first, 1)}, {"what": "load (cached)", "seconds": round(cached, 1)}]
+    rows += [{"what": "`load_gemma3()`, first (assemble, dequantize, convert, check logits)", "seconds": round(first, 1)}, {"what": "`load_gemma3()`, from the conversion cache", "seconds": round(cached, 1)}]
     english = p0.english_prompts(model, 4, 12, prepend_bos=False)
     with_bos = p0.english_prompts(model, 4, 12, prepend_bos=True)
     with torch.no_grad():
@@ -85,6 +120,7 @@ def main_() -> None:
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     (results / "gemma3_features.json").write_text(json.dumps({"forward_seconds": forward, "rows": rows}, indent=1))
+    return forward, rows
 
 
 if __name__ == "__main__":

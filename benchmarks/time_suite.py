@@ -12,53 +12,40 @@ import argparse
 import datetime
 import os
 import re
-import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import docblocks  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import docblocks  # noqa: E402  (record puts tests/ on the path)
+from record import Conditions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TIERS = {"fast": ({"P0_FAST": "1"}, "P0_FAST=1 python -m pytest"), "full": ({}, "python -m pytest")}
-
-
-def _busy_seconds() -> float:
-    """CPU seconds every process of the machine has used (user + system, /proc/stat)."""
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    return (fields[0] + fields[1] + fields[2]) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+TIERS = {"fast": ({"P0_FAST": "1"}, "P0_FAST=1 python -m pytest -n 2"),
+         "full": ({}, "python -m pytest -n 2")}
+"""tier -> (its environment, the documented command); run as documented, with ``-q -p no:cacheprovider``."""
 
 
 def run(tier: str) -> dict:
     env, command = TIERS[tier]
-    busy, own = _busy_seconds(), _own_seconds()
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
-                          env={**os.environ, **env}, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    load = max(0.0, (_busy_seconds() - busy) - (_own_seconds() - own)) / seconds  # other processes, in cores
+    args = command.split("python -m pytest", 1)[1].split()
+    with Conditions() as cond:
+        done = subprocess.run([sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                              env={**os.environ, **env}, capture_output=True, text=True)
     log = Path(f"/tmp/p0circuit-suite-{tier}.log")
     log.write_text(done.stdout + done.stderr)  # what failed, if anything
-    print(f"{tier}: {seconds / 60:.1f} min, exit status {done.returncode}; output in {log}", flush=True)
+    print(f"{tier}: {cond.seconds / 60:.1f} min, exit status {done.returncode}; output in {log}", flush=True)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary))
-    return {"tier": tier, "command": command, "seconds": seconds, "load": load, "counts": counts, "rc": done.returncode}
+    return {"tier": tier, "command": command, "seconds": cond.seconds, "state": cond.state(), "counts": counts,
+            "rc": done.returncode}
 
 
 def line(r: dict) -> str:
     c = r["counts"]
     status = "all passed" if r["rc"] == 0 else f"exit status {r['rc']}: {c.get('failed', 0)} failed"
-    busy = ("; quiet (other processes used {:.0%} of a core)".format(r["load"]) if r["load"] < 0.25
-            else f"; the machine was busy: other processes used {r['load']:.1f} cores meanwhile")
     return (f"| {r['tier']} | `{r['command']}` | {r['seconds'] / 60:.1f} min | {c.get('passed', 0)} passed, "
-            f"{c.get('skipped', 0)} skipped, {c.get('deselected', 0)} deselected | {status}{busy} |")
+            f"{c.get('skipped', 0)} skipped, {c.get('deselected', 0)} deselected | {status}; {r['state']} |")
 
 
 def main() -> None:

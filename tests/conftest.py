@@ -9,6 +9,11 @@ import typecheck
 
 typecheck.install()
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared out, here and in subprocesses
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = _threads
+    torch.set_num_threads(int(_threads))
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -35,6 +40,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.notebook)
         if module in PROCESS_TESTS or f"{module}::{item.originalname}" in PROCESS_TESTS:
             item.add_marker(pytest.mark.processes)
+        if module in REAL_MODULES:  # pytest -n N --dist loadgroup: each real model loaded by one worker
+            item.add_marker(pytest.mark.xdist_group(module))
     if os.environ.get("P0_FAST") == "1":
         heavy = [i for i in items if any(i.get_closest_marker(m) for m in ("real", "notebook", "processes"))]
         if heavy:

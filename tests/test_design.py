@@ -4,6 +4,7 @@ one file), and the three bugs the design review found."""
 
 import inspect
 import json
+from pathlib import Path
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -338,3 +339,35 @@ def test_no_module_imports_one_that_imports_it_back():
              if a != b and a in graph.get(b, set()) and not (b.startswith(a + ".") or a.startswith(b + "."))]
     assert not pairs, pairs
     assert "p0circuit.core.args" not in graph["p0circuit.core.errors"]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    command = next(line.split("#")[0].strip() for line in readme.splitlines() if line.rstrip().endswith(
+        "# run the tests (two worker processes)"))
+    ci = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()]
+    assert command.startswith("python -m pytest") and command in ci, (command, ci[-3:])
+    assert ci[-1] == command  # the last thing CI does, so its exit status is CI's
+
+
+def test_every_measured_block_of_the_docs_is_filled_by_its_benchmark_or_test():
+    """A figure in the docs sits in a block that a benchmark or test writes (tests/docblocks.py); an
+    empty block, or one whose benchmark does not write it, means a figure was never measured or is
+    kept by hand."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    writers = {p.name: p.read_text() for p in [*(root / "benchmarks").glob("*.py"), *(root / "tests").glob("test_*.py")]}
+    found = 0
+    for doc in [root / "README.md", *(root / "docs").glob("*.md")]:
+        for name, body in re.findall(r"<!-- measured:([\w-]+) -->\n(.*?)<!-- /measured:\1 -->", doc.read_text(), re.S):
+            found += 1
+            assert body.strip(), f"{doc.name}: block {name!r} is empty; run the benchmark that writes it with --write-docs"
+            script = re.search(r"`python benchmarks/(\w+\.py)", body)
+            spelled = [n for n, text in writers.items() if f'"{name}"' in text or f"'{name}'" in text
+                       or f'"{name.rsplit("-", 1)[0]}-' in text]
+            assert spelled, f"{doc.name}: no benchmark or test names block {name!r}"
+            if script:
+                assert script.group(1) in spelled, (doc.name, name, script.group(1), spelled)
+    assert found >= 8

@@ -55,6 +55,32 @@ def test_gemma3_loads_like_transformers(gemma3, with_bos, gguf_parsed_once):
     assert gguf_header(path)[0] == "gemma3" and with_bos[:, 0].tolist() == [2] * 4
 
 
+def test_a_half_assembled_file_is_never_visible_under_its_name(tmp_path, monkeypatch):
+    """A sweep's workers or a notebook kernel may load Gemma 3 while another process assembles it; a
+    half-written file under the final name made them fail ("already exists with an unexpected sha256").
+    Checked while the chunks are being written: nothing is at the final path yet."""
+    import importlib
+
+    from p0circuit.models.gguf import GEMMA3_PACKAGE
+
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    monkeypatch.setenv("P0CIRCUIT_CACHE", str(tmp_path))
+    target = tmp_path / "models" / package.MODEL_NAME
+    chunks, seen = package.chunk_paths, []
+
+    def watched():
+        for chunk in chunks():
+            seen.append(target.exists())
+            yield chunk
+
+    monkeypatch.setattr(package, "chunk_paths", watched)
+    path = gemma3_path()
+    assert path == target and seen and not any(seen)  # written elsewhere, then renamed in one step
+    assert path.stat().st_size == sum(c.stat().st_size for c in chunks())
+    assert not list(target.parent.glob(".*partial"))  # nothing half-written left behind
+    assert gemma3_path() == target  # the second call checks the assembled file and returns it
+
+
 def test_second_load_reads_the_conversion_cache(gemma3, with_bos):
     again = p0.load_gemma3()
     assert again.cfg.load_seconds < 30

@@ -72,3 +72,30 @@ def test_faithfulness_curve(planted):
     assert v3 == pytest.approx(1.0)
     with pytest.raises(p0.BadInputError, match="pass the corruption and metric the result was made with"):
         faithfulness_curve(planted.model, toks, result=result, corruption="shift", metric=metric)
+
+
+def test_only_candidates_are_drawn_as_missed_and_an_empty_circuit_says_why(planted):
+    """A truth edge that was never a candidate (the plant's amplifier into a sink head's key, when the
+    candidates end at the metric's block) is no miss: it is drawn grey dotted as never a candidate; a
+    truth edge that was a candidate and not found is drawn as missed."""
+    from p0circuit.figures.drawing import empty_note, layout
+    from p0circuit.figures.graphs import to_dot
+
+    truth = planted.truth
+    into_keys = [e for e in truth.edges if e.input.value == "k"]
+    inside = [e for e in truth.edges if e.input.value != "k"]
+    assert into_keys and inside
+    found, missed = inside[:1], inside[1:]
+    scored = {e.name: 0.9 for e in found} | {e.name: 0.01 for e in missed}
+    circuit = Circuit(nodes=tuple({n for e in found for n in (e.src, e.dst)}), edges=tuple(found), edge_effects=scored,
+                      settings={"threshold": 0.1, "signal": True})
+    status = {l.name: l.status for l in layout(circuit, truth).links}
+    assert all(status[e.name] == "untested" for e in into_keys)
+    assert all(status[e.name] == "missed" for e in missed) and all(status[e.name] == "match" for e in found)
+    dot = to_dot(circuit, truth=truth)
+    assert dot.count("style=dotted") >= len(into_keys)
+    empty = Circuit(nodes=(), edges=(), edge_effects=scored, settings={"threshold": 0.1, "signal": True})
+    assert empty_note(empty) == f"empty: none of the {len(scored)} candidates passed |effect| >= 0.1"
+    assert "none of the" in to_dot(empty)
+    quiet = Circuit(nodes=(), edges=(), settings={"signal": False, "message": "no change"})
+    assert empty_note(quiet) == "empty: no signal (no change)"

@@ -48,9 +48,15 @@ def _code_cells(nb):
 
 
 def printed(cell) -> str:
-    """The text a cell printed or returned (figures and HTML objects are left to the browser test)."""
+    """The text a cell printed to stdout or returned (figures and HTML objects are left to the browser
+    test; stderr and progress-bar widgets are left out: libraries show bars and warnings there that depend
+    on the machine and on what is cached, e.g. transformers' GGUF conversion bar on a fresh machine)."""
     texts = []
     for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream" and o.get("name") != "stdout":
+            continue
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {}):
+            continue  # a progress-bar widget (tqdm.auto in a kernel); its text/plain is the bar
         text = o.get("text") or o.get("data", {}).get("text/plain", "")
         if isinstance(text, list):
             text = "".join(text)

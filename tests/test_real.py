@@ -91,6 +91,9 @@ def test_activation_equals_transformer_lens(smollm2, toks):
 
 
 def test_blocks_after_the_metric_never_run(smollm2, toks, monkeypatch):
+    from p0circuit.patching.order import hook_order
+
+    hook_order(smollm2)  # traced once per model, by its first patching call: two forwards of 2 x 3 and 3 x 5 ids
     seen = []
     for layer in (3, 15, 29):  # counted by wrapping forward (a hook of the user's would be refused)
         block = smollm2.blocks[layer]

@@ -33,8 +33,8 @@ from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.core.types import Circuit, Edge, Kind, Node
 
-RAISES, LOWERS, NEUTRAL, MISSED = "#b2182b", "#2166ac", "#555555", "#9a9a9a"
-"""Line colours: positive effect, negative effect, no effect recorded, a truth item not found."""
+from p0circuit.figures.colours import LOWERS, MISSED, NEUTRAL, RAISES
+
 INPUT_MARK = {"q": "q", "k": "k", "v": "v", "mlp_in": "mlp", "resid": "resid"}
 """How an edge names the receiver's input it writes."""
 METRIC = "metric"
@@ -83,7 +83,8 @@ class Placed:
     effect: Optional[float]
     status: str
     """``found`` (no truth given), ``match`` (found and in the truth), ``extra`` (found, not in the
-    truth), ``missed`` (in the truth, not found), ``metric``."""
+    truth), ``missed`` (in the truth, a candidate, not found), ``untested`` (in the truth, never a
+    candidate: no claim either way), ``metric``."""
 
 
 @dataclass
@@ -114,12 +115,18 @@ class Layout:
     """The widest rank's node count."""
 
 
-def _status(name: str, found: set[str], truth: Optional[set[str]]) -> str:
+def _status(name: str, found: set[str], truth: Optional[set[str]], candidates: Optional[set[str]] = None) -> str:
+    """``candidates``: the names the circuit's method scored (None: not recorded, so a truth item not
+    found counts as missed)."""
     if truth is None:
         return "found"
     if name in found:
         return "match" if name in truth else "extra"
-    return "missed"
+    return "untested" if candidates is not None and name not in candidates else "missed"
+
+
+def _faded(status: str) -> bool:
+    return status in ("missed", "untested")
 
 
 def _effect(effects: Any, name: str) -> Optional[float]:
@@ -145,6 +152,8 @@ def layout(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -
         else:
             nodes.update({n.name: n for n in truth.writers})
     node_effects = circuit.node_effects
+    scored_nodes = set(node_effects) or None
+    scored_edges = set(circuit.edge_effects) or None
     by_rank: dict[int, list[Node]] = {}
     for node in sorted(nodes.values()):
         by_rank.setdefault(rank_of(node), []).append(node)
@@ -155,18 +164,18 @@ def layout(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -
         for i, node in enumerate(members):
             placed.append(Placed(node.name, i - (len(members) - 1) / 2, float(row), rank,
                                  None if edge_level else _effect(node_effects, node.name),
-                                 _status(node.name, found_nodes, true_nodes)))
+                                 _status(node.name, found_nodes, true_nodes, None if edge_level else scored_nodes)))
     top = float(len(used))
     placed.append(Placed(METRIC, 0.0, top, -1, None, "metric"))
     links = [Link(e.name, e.src.name, e.dst.name, INPUT_MARK[e.input.value], _effect(circuit.edge_effects, e.name),
-                  _status(e.name, found_edges, true_edges)) for e in sorted(edges.values(), key=lambda e: e.name)]
+                  _status(e.name, found_edges, true_edges, scored_edges)) for e in sorted(edges.values(), key=lambda e: e.name)]
     if edge_level:
         senders = {e.src.name for e in edges.values()}
         links += [Link(f"{n.name}->{METRIC}", n.name, METRIC, "", None, "to_metric")
                   for n in sorted(nodes.values()) if n.name not in senders]
     else:
         links += [Link(f"{p.name}->{METRIC}", p.name, METRIC, "", p.effect,
-                       "to_metric" if p.status != "missed" else "missed") for p in placed if p.name != METRIC]
+                       p.status if _faded(p.status) else "to_metric") for p in placed if p.name != METRIC]
     values = [abs(v) for v in [l.effect for l in links] + [p.effect for p in placed] if v is not None]
     s = circuit.settings
     title = title or " ".join(f"{k}={s[k]}" for k in ("method", "corruption", "metric") if k in s)
@@ -204,7 +213,7 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
     half_w, half_h = 0.36, 0.2
     for link in lay.links:
         a, b = at[link.src], at[link.dst]
-        missed = link.status == "missed"
+        missed = _faded(link.status)
         (x0, y0), (x1, y1) = (a.x, a.y + half_h), (b.x, b.y - half_h)
         span = math.hypot(x1 - x0, y1 - y0)
         # an edge past a rank bows out (its middle half a node wider than the boxes) around the nodes between
@@ -212,7 +221,8 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
         arrow = FancyArrowPatch(
             (x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=9, connectionstyle=f"arc3,rad={rad}",
             color=MISSED if missed else colour(link.effect),
-            linewidth=width(link.effect, lay.bound), linestyle="--" if missed or link.effect is None else "-",
+            linewidth=width(link.effect, lay.bound),
+            linestyle=":" if link.status == "untested" else "--" if missed or link.effect is None else "-",
             alpha=0.45 if link.status == "to_metric" else 0.95, zorder=1)
         arrow.set_gid(f"edge:{link.name}")
         ax.add_patch(arrow)
@@ -225,12 +235,12 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
                     color=MISSED if missed else "#222222", zorder=3,
                     bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     for p in lay.nodes:
-        missed = p.status == "missed"
+        missed = _faded(p.status)
         fill = "#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else fill_colour(p.effect, lay.bound)
         box = FancyBboxPatch((p.x - half_w, p.y - half_h), 2 * half_w, 2 * half_h, boxstyle="round,pad=0.02",
                              facecolor=fill, edgecolor=MISSED if missed else "#222222",
                              linewidth=2.2 if p.status == "match" else 1.0,
-                             linestyle={"extra": ":", "missed": "--"}.get(p.status, "-"), zorder=2)
+                             linestyle={"extra": ":", "missed": "--", "untested": ":"}.get(p.status, "-"), zorder=2)
         box.set_gid(f"node:{p.name}")
         ax.add_patch(box)
         ax.text(p.x, p.y, node_label(p), fontsize=7, ha="center", va="center", zorder=4,
@@ -245,8 +255,23 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
     key = "red: carries the change, blue: works against it, width: |effect|"
     if truth is not None:
         key += "\nthick outline: in the truth, dotted: not in it, grey dashed: missed"
+        if any(x.status == "untested" for x in [*lay.nodes, *lay.links]):
+            key += ", grey dotted: never a candidate"
+    if not circuit.nodes and not circuit.edges:
+        ax.text(0.5, 0.5, empty_note(circuit), transform=ax.transAxes, fontsize=8, ha="center", va="center",
+                color="#444444", wrap=True)
     ax.text(0.99, 0.0, key, transform=ax.transAxes, fontsize=6, ha="right", va="bottom", color="#666666")
     return finish(fig) if own else fig
+
+
+def empty_note(circuit: Circuit) -> str:
+    """What an empty circuit means: nothing passed its threshold (or there was no signal)."""
+    s = circuit.settings
+    if s.get("signal") is False:
+        return f"empty: no signal ({s.get('message') or 'the corruption does not change the metric'})"
+    scored = len(circuit.edge_effects) or len(circuit.node_effects)
+    return (f"empty: none of the {scored} candidates passed |effect| >= {s.get('threshold', '?')}" if scored
+            else "empty: no candidates were scored")
 
 
 def fill_colour(effect: Optional[float], bound: float) -> str:

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import graphviz
 import networkx as nx
 
-from p0circuit.figures.drawing import METRIC, MISSED, colour, edge_label, fill_colour, layout, node_label, width
+from p0circuit.figures.drawing import empty_note, METRIC, MISSED, colour, edge_label, fill_colour, layout, node_label, width
 from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.args import entry_point
 from p0circuit.core.types import Circuit, Edge, Node
@@ -137,23 +137,26 @@ def to_dot(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -
             sub.attr(rank="same")
             sub.node(f"rank_{i}", label, shape="plaintext", style="", fontcolor="#666666")
             for p in rows.get(y, []):
-                missed = p.status == "missed"
+                missed = p.status in ("missed", "untested")
                 tip = p.name + ("" if p.effect is None else f": effect {p.effect:+.3f}") + f" ({p.status})"
                 sub.node(p.name, node_label(p).replace("\n", "\\n"), tooltip=tip, id=f"node:{p.name}",
                          fillcolor="#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else fill_colour(p.effect, lay.bound),
                          color=MISSED if missed else "#222222", fontcolor=MISSED if missed else "#111111",
                          penwidth="2.4" if p.status == "match" else "1",
-                         style={"extra": "rounded,filled,dotted", "missed": "rounded,filled,dashed"}.get(p.status,
+                         style={"extra": "rounded,filled,dotted", "missed": "rounded,filled,dashed",
+                                "untested": "rounded,filled,dotted"}.get(p.status,
                                                                                                       "rounded,filled"))
         if i:
             dot.edge(f"rank_{i - 1}", f"rank_{i}", style="invis")
     for link in lay.links:
-        missed = link.status == "missed"
+        missed = link.status in ("missed", "untested")
         tip = link.name + ("" if link.effect is None else f": effect {link.effect:+.3f}")
         dot.edge(link.src, link.dst, label=edge_label(link), tooltip=tip, id=f"edge:{link.name}",
                  color=MISSED if missed else colour(link.effect), penwidth=f"{width(link.effect, lay.bound):.2f}",
                  arrowhead=ARROWHEAD[link.input], fontsize="9",
-                 style="dashed" if missed or link.effect is None else "solid")
+                 style="dotted" if link.status == "untested" else "dashed" if missed or link.effect is None else "solid")
+    if not circuit.nodes and not circuit.edges:
+        dot.attr(label=f"{lay.title}\\n{empty_note(circuit)}")
     return dot.source
 
 

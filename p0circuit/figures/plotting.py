@@ -6,6 +6,7 @@ from typing import Any, Optional, Union
 
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.types import Circuit, Edge, Kind, Node, effect_grid
+from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL
 
 import matplotlib.pyplot as plt  # the user's backend is left alone: inline in Jupyter, Agg without a display
 
@@ -115,9 +116,9 @@ def _heat(ax: Any, grid: Any, xlabels: list, ylabels: list, title: str, ylabel: 
     import numpy as np
 
     bound = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
-    im = ax.imshow(grid, aspect="auto", origin="lower", cmap="RdBu_r", vmin=-bound, vmax=bound)
+    im = ax.imshow(grid, aspect="auto", origin="lower", cmap=EFFECT_CMAP, vmin=-bound, vmax=bound)
     ax.set_xticks(range(len(xlabels)), xlabels, fontsize=7, rotation=90 if len(xlabels) > 12 else 0)
     ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.figure.colorbar(im, ax=ax, label="normalized effect")
+    ax.figure.colorbar(im, ax=ax, label=EFFECT_LABEL)

@@ -29,7 +29,7 @@ from p0circuit.measures.attention import (
 from p0circuit.measures.norms import direction_stability, first_layer_at_least, massive_activations, norm_ratio
 from p0circuit.measures.positions import SinkPosition, classify, sink_positions, token_text
 from p0circuit.models.tokens import bos_id, check_tokens
-from p0circuit.models.checks import check_devices, check_finite_weights
+from p0circuit.models.checks import check_model
 
 
 @dataclass
@@ -270,8 +270,7 @@ def sink_report(
             f"sink_report needs a transformer_lens HookedTransformer, got {type(model).__name__}; "
             "load checkpoints with p0circuit.models.load_checkpoint or build one with ModelSpec"
         )
-    check_devices(model)
-    check_finite_weights(model)
+    check_model(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     needed = _needed(model.cfg.n_layers)
     missing = [n for n in needed if n not in model.hook_dict]

@@ -3,7 +3,9 @@
 Token tensors are checked beside them in :mod:`p0circuit.models.tokens`; patching arguments (metrics,
 node and edge names) in :mod:`p0circuit.patching`."""
 
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import torch
 
@@ -12,8 +14,15 @@ from transformer_lens import HookedTransformer
 from p0circuit.core.errors import BadInputError, NonFiniteError
 
 
+_CHECKED: ContextVar[frozenset] = ContextVar("p0circuit_checked_models", default=frozenset())
+"""ids of the models a :func:`checked` block has checked (and whose weights nothing in it changes)."""
+
+
 def check_model(model: Any) -> None:
-    """Raise unless ``model`` is a ``HookedTransformer``."""
+    """Raise unless ``model`` is a ``HookedTransformer`` on one device, with one float dtype and finite
+    weights. Inside a :func:`checked` block for this model it returns at once: it was checked there."""
+    if id(model) in _CHECKED.get():
+        return
     if not isinstance(model, HookedTransformer):
         raise BadInputError(
             f"expected a transformer_lens HookedTransformer, got {type(model).__name__}; build one "
@@ -21,6 +30,19 @@ def check_model(model: Any) -> None:
         )
     check_devices(model)
     check_finite_weights(model)
+
+
+@contextmanager
+def checked(model: Any) -> Iterator[Any]:
+    """Check ``model`` once where it enters a study (``analyze``, a discovery, a sweep cell) and carry
+    it through the block as checked: every :func:`check_model` of it inside passes without checking
+    again. Only for code that changes no weight of the model inside the block."""
+    check_model(model)
+    token = _CHECKED.set(_CHECKED.get() | {id(model)})
+    try:
+        yield model
+    finally:
+        _CHECKED.reset(token)
 
 
 def check_finite_weights(model: Any) -> None:

@@ -328,7 +328,17 @@ def gemma3_path() -> Path:
                               "package and its four chunk packages ship the GGUF file)") from None
     target = cache_root() / "models" / package.MODEL_NAME
     try:
-        return Path(package.assemble(target))
+        if target.exists():
+            return Path(package.assemble(target))  # checks the SHA-256 of what an earlier load assembled
+        # assembled under a name of this process's own and renamed in one step, so another process (a sweep
+        # worker, a notebook kernel) loading at the same time never reads a half-written file
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            package.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target
     except (FileNotFoundError, FileExistsError, ValueError) as e:  # a missing chunk, a damaged earlier assembly
         raise CheckpointError(f"could not assemble Gemma 3 270M at {target} ({type(e).__name__}: {str(e)[:200]}); "
                               "reinstall the chunk packages, or delete that file to assemble it again") from None

@@ -3,7 +3,7 @@
 Each model is analysed with :func:`p0circuit.analyze` into ``RUNS/<entry>`` (resumable: a finished
 analysis is read back, not run again), and the page puts, per model and BOS setting, the sink rate,
 the onset layers, the massive dimensions, where the sinks sit, the circuit's strongest nodes and
-edges, its faithfulness and the verdict on the paper's claim, as measured.
+edges, the faithful circuit and the verdict on the paper's claim in its three parts, as measured.
 """
 
 from pathlib import Path
@@ -35,6 +35,15 @@ def _top(effects: dict[str, float], k: int) -> str:
     return ", ".join(f"{n} {v:+.2f}" for n, v in list(effects.items())[:k]) or "none"
 
 
+def _circuit_cell(c: dict[str, Any]) -> str:
+    """The first onset's faithful circuit in a few words (or the best one found, said as such)."""
+    if "nodes" not in c:
+        return c.get("note", "not measured")
+    denoise = "" if c["denoising"] is None else f", denoising {c['denoising']:.2f}"
+    head = f"{c['size']} nodes" if c["faithful"] else f"**not faithful** ({c['why']}); best: {c['size']} nodes"
+    return f"{head} ({', '.join(c['nodes'][:5])}{'...' if c['size'] > 5 else ''}): faithfulness {c['faithfulness']:.2f}{denoise}"
+
+
 def rows(d: dict[str, Any]) -> list[list[str]]:
     """The atlas rows of one analysis (one per BOS setting)."""
     out = []
@@ -60,7 +69,7 @@ def rows(d: dict[str, Any]) -> list[list[str]]:
         else:
             circuit = f"`{first['corruption']}`, layer {first['layer']}: {_top(first['nodes'], 4)}"
             edges = _top(first["edges"], 3)
-            faith = ", ".join(f"{k}: {v:.2f}" for k, v in first["faithfulness"].items() if k in ("3", "5", "8"))
+            faith = _circuit_cell(first.get("circuit") or {})
         dims = ", ".join(str(m["dim"]) for m in s["massive_dims"][:3]) or "none"
         out.append([d["model"], title, f"{s['sink_rate']:.2f}",
                     ", ".join(str(l) for k, l, _ in s["norm_stages"] if k == "onset") or "none", dims,
@@ -71,24 +80,43 @@ def rows(d: dict[str, Any]) -> list[list[str]]:
 def page(analyses: Sequence[dict[str, Any]]) -> str:
     """The atlas as Markdown."""
     head = ["model", "BOS", "Sink_0^0.3", "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
-            "edges", "faithfulness (k nodes)"]
+            "edges", "faithful circuit at the first onset"]
     lines = ["# The P0-sink atlas", "",
              "Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY`, 16 English prompts x 24 "
              "tokens; random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
              "the clean-to-corrupted change of the P0 norm ratio at the onset one component carries alone; + raises "
              "it). The corruption is `shift` without BOS and, with BOS, whichever of `swap` (the BOS token replaced "
-             "in place) and `shift` lowers the sink more. Faithfulness: share of the change kept with the top k "
-             "nodes clean and every other candidate corrupted.", "",
+             "in place) and `shift` lowers the sink more. The faithful circuit is found by ACDC-style pruning "
+             "(Conmy et al., 2023) of the onset's candidate nodes: kept clean with every other candidate corrupted it "
+             "keeps at least 0.9 of the change (faithfulness), and set clean in the corrupted run it restores at "
+             "least 0.9 (denoising; not defined for an ablation).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in analyses:
         for row in rows(d):
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    lines += ["", "## BOS in training and the paper's claim", "",
-              "| model | position 0 in training | the claim (without BOS, P0 becomes a sink), as measured |",
-              "|---|---|---|"]
+    lines += ["", "## BOS in training and the paper's claim, in three parts", "",
+              "(a) position 0 becomes a sink; (b) the first onset's faithful circuit lies in layer-0 attention and the "
+              "layer-0/1 MLPs; (c) those MLPs' neurons write the onset's massive dimension. Each: holds, holds at "
+              "other layers, or fails; the evidence is in each model's analysis.md.", "",
+              "| model | position 0 in training | BOS | (a) sink | (b) circuit | (c) amplification |",
+              "|---|---|---|---|---|---|"]
     for d in analyses:
-        cells = [d["model"], TRAINED_WITH.get(d["model"], "unknown"), d["verdict"]["claim"]]
-        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+        for tag, title in _SETTINGS:
+            part = (d["verdict"].get("parts") or {}).get(tag)
+            if part is None:
+                continue
+            cells = [d["model"], TRAINED_WITH.get(d["model"], "unknown"), title,
+                     *(f"**{part[k]['status']}**: {part[k]['evidence']}" for k in ("sink", "circuit", "amplification"))]
+            lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    lines += ["", "## What each analysis cost", "",
+              "Seconds of the analysis' own steps (model loading left out), in forwards of its prompt batch timed "
+              "in the same run, and the share the faithful-circuit search took.", "",
+              "| model | steps | forwards of the batch | circuit search |", "|---|---|---|---|"]
+    for d in analyses:
+        t = d["timing"]
+        search = sum(o.get("circuit", {}).get("seconds", 0.0) for ons in d["onsets"].values() for o in ons)
+        lines.append(f"| {d['model']} | {t['seconds']:.0f} s | {t['forwards']} | {search:.0f} s "
+                     f"({search / max(t['seconds'], 1e-9):.0%}) |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
               "directory; the command prints where.", ""]
     return "\n".join(lines)

@@ -28,12 +28,14 @@ from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD, SINK_EPS
 from p0circuit.studies.analysis import steps
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
+from p0circuit.core.types import Kind, Node
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.patching import NormRatio
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.measures.positions import find_positions
 from p0circuit.models.resolve import load_model
+from p0circuit.models.checks import checked
 from p0circuit.models.planted import PlantedModel
 from p0circuit.core.progress import tqdm
 from p0circuit.models.tokens import BOS_ATTR, english_prompts, prepend_id, probe_tokens, set_bos
@@ -102,6 +104,13 @@ class Analysis:
 
     def __str__(self) -> str:
         return markdown(self.data)
+
+
+def prompt_label(model: Any, n: int, length: int, bos: bool) -> str:
+    """What :func:`prompts` makes, in words (every row of the record names its prompts)."""
+    source = ("passages of natural English" if getattr(model, "tokenizer", None) is not None
+              else "regular random-id prompts")
+    return f"{n} {source} x {length} tokens" + (", a BOS token first" if bos else ", no BOS")
 
 
 def prompts(model: Any, n: int, length: int, bos: bool, seed: int) -> Tensor:
@@ -244,7 +253,9 @@ def analyze(
         out_dir.mkdir(parents=True, exist_ok=True)
     no_bos_reason, previous = _start_token(model, bos_token) if True in settings.bos else (None, None)
     try:
-        with torch.no_grad():  # the caller's grad mode is left as it was (the screen enables grad itself)
+        # the model is checked once here and carried as checked through every step (none changes a weight);
+        # the caller's grad mode is left as it was (the neuron screen enables grad itself)
+        with torch.no_grad(), checked(model):
             return _analyze(model, label, settings, out_dir, resume, progress, no_bos_reason, truth)
     finally:
         if previous is None and hasattr(model, BOS_ATTR) and bos_token is not None:
@@ -256,13 +267,18 @@ def analyze(
 def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], resume: bool, progress: bool,
              no_bos_reason: Optional[str], truth: Any) -> Analysis:
     tags = [b for b in s.bos if not (b and no_bos_reason)]
+    if not tags:
+        raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}; "
+                            "pass bos_token= (--bos-token) to choose one, or measure without BOS too")
     tokens = {b: prompts(model, s.n_prompts, s.length, b, s.seed) for b in tags}
     header = {"model": label, "settings": json.loads(json.dumps(asdict(s))),
+              "prompt_source": prompt_label(model, s.n_prompts, s.length, False).split(" x ")[0],
               "prompts": {SETTINGS[b]: fingerprint(t) for b, t in tokens.items()}}
     state = _State(out, header, resume)
     first = tokens[tags[0]]
+    model(first)  # a first forward pays one-off costs (allocations, lazy set-up) that would inflate the unit
     t = time.perf_counter()
-    model(first)  # one forward of the batch, timed in the same run as the analysis
+    model(first)  # one forward of the batch, timed in the same run as the analysis: the unit of its cost
     forward_s = time.perf_counter() - t
     started = time.perf_counter()
     bar = tqdm(total=len(tags), desc="analyze", unit="step", disable=not progress, mininterval=0.5)
@@ -284,15 +300,17 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         bar.refresh()
         for b in tags:
             onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
-            p0_onsets = [o for o in plans[b] if o["where"] == "P0"]
+            p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
             if p0_onsets:
-                variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0]["layer"], s, state, bar)
+                chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
+                variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0]["layer"], chosen, s, state, bar)
     finally:
         bar.close()
     data = {
-        "model": label, "settings": header["settings"], "n_layers": int(model.cfg.n_layers),
+        "model": label, "settings": header["settings"], "prompt_source": header["prompt_source"],
+        "n_layers": int(model.cfg.n_layers),
         "n_heads": int(model.cfg.n_heads), "sinks": sinks, "onsets": onsets, "variations": variations,
-        "verdict": verdict(sinks, onsets),
+        "verdict": verdict(sinks, onsets, s.threshold),
         "timing": {"seconds": round(sum(v["seconds"] for v in state.done.values()), 1),
                    "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
                    "forwards": round(sum(v["seconds"] for v in state.done.values()) / forward_s),
@@ -310,7 +328,8 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
            s: AnalysisSettings, state: _State, bar: Any) -> dict[str, Any]:
     layer, where = onset["layer"], onset["where"]
     key = f"{SETTINGS[bos]}/{where}@L{layer}"
-    entry: dict[str, Any] = {"layer": layer, "where": where}
+    entry: dict[str, Any] = {"layer": layer, "where": where, "prompt_set": prompt_label(model, tokens.shape[0],
+                                                                                          s.length, bos)}
     choice: dict[str, Any] = {}
     if where == "P0":
         metric = NormRatio(layer)
@@ -332,11 +351,13 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
                 bar.update(1)
             return entry
         entry["prompts"] = len(keep)
+        entry["prompt_set"] = prompt_label(model, len(keep), s.length, bos) + f" (those holding {where})"
 
     def node_step() -> dict[str, Any]:
         res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold)
         out["corruption_choice"] = choice
         out["faithfulness"] = steps.faithfulness(model, toks, res, corruption, metric)
+        out["circuit"] = steps.circuit(model, toks, bos, res, corruption, metric)
         return out
 
     entry.update(state.run(key + "/nodes", node_step, bar))
@@ -376,10 +397,13 @@ def _has(model: Any, row: Tensor, spec: str) -> bool:
     return True
 
 
-def _variations(model: Any, bos: bool, layer: int, s: AnalysisSettings, state: _State, bar: Any) -> dict[str, Any]:
+def _variations(model: Any, bos: bool, layer: int, chosen: str, s: AnalysisSettings, state: _State,
+                bar: Any) -> dict[str, Any]:
+    """Every corruption side by side at the first P0 onset, and other prompt lengths patched with
+    ``chosen``: the corruption the analysis chose for this BOS setting at that onset."""
     tag = SETTINGS[bos]
     toks = prompts(model, s.n_prompts, s.length, bos, s.seed)
-    out: dict[str, Any] = {"layer": layer}
+    out: dict[str, Any] = {"layer": layer, "chosen_corruption": chosen}
     out["corruption"] = state.run(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
         model, toks, bos, layer, steps.corruption_variants(bos), s.threshold), bar)
     out["length"] = {}
@@ -388,10 +412,12 @@ def _variations(model: Any, bos: bool, layer: int, s: AnalysisSettings, state: _
             t = prompts(model, s.n_prompts, n, bos, s.seed)
             _, summary = steps.sinks(model, t, bos, s.norm_threshold)
             row: dict[str, Any] = {k: summary[k] for k in ("sink_rate", "norm_stages")}
+            row["prompts"] = prompt_label(model, s.n_prompts, n, bos)
             if layer < model.cfg.n_layers:
-                corruption = get_corruption("swap" if bos else "shift", seed=s.seed)
-                _, nodes = steps.nodes(model, t, bos, corruption, NormRatio(layer), layer, s.threshold)
-                row.update(signal=nodes["signal"], nodes=dict(list(nodes["nodes"].items())[:8]))
+                _, nodes = steps.nodes(model, t, bos, get_corruption(chosen, seed=s.seed), NormRatio(layer), layer,
+                                       s.threshold)
+                row.update({k: nodes[k] for k in ("corruption", "metric", "clean", "corrupted", "signal",
+                                                  "normalization")}, nodes=dict(list(nodes["nodes"].items())[:8]))
             return row
         out["length"][str(n)] = state.run(f"{tag}/length{n}", length_step, bar)
     return out
@@ -403,24 +429,98 @@ def sink_label(p: dict[str, Any]) -> str:
     return f"other ({tokens[0][0]!r})" if p["where"] == "other" and tokens else p["where"]
 
 
-def verdict(sinks: dict[str, Any], onsets: dict[str, Any]) -> dict[str, Any]:
-    """The paper's claim, as measured: without BOS, does position 0 become a sink? It holds when the
-    P0 norm ratio reaches the threshold and, from that layer on, some head gives P0 a mean attention
-    (alpha_0) above 0.5."""
-    no = sinks.get(SETTINGS[False])
-    if not no or "skipped" in no:
-        return {"claim": "not measured (no run without BOS)"}
-    onset = [l for k, l, _ in no["norm_stages"] if k == "onset"]
-    strongest = max((max(row) for row in no["alpha"][onset[0]:]), default=0.0) if onset else \
-        max(max(row) for row in no["alpha"])
+HOLDS, ELSEWHERE, FAILS = "holds", "holds at other layers", "fails"
+"""The three answers of each part of the verdict."""
+PAPER_BLOCKS = {"attention": {0}, "mlp": {0, 1}}
+"""Where the paper puts the mechanism: layer-0 attention finds position 0, the layer-0/1 MLPs amplify it."""
+
+
+def _sink_part(summary: dict[str, Any]) -> dict[str, Any]:
+    """(a) Position 0 becomes a sink: the P0 norm ratio reaches the threshold and, from that layer on,
+    some head gives P0 a mean attention (alpha_0) above 0.5."""
+    onset = [l for k, l, _ in summary["norm_stages"] if k == "onset"]
+    strongest = max((max(row) for row in summary["alpha"][onset[0]:]), default=0.0) if onset else \
+        max(max(row) for row in summary["alpha"])
     holds = bool(onset) and strongest > 0.5
-    elsewhere = sorted({sink_label(p) for p in no["sink_positions"] if not p["where"].startswith("P0")})
-    text = (f"{'holds' if holds else 'fails'}: without BOS the P0 norm ratio "
-            + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the threshold")
-            + f", the strongest head's alpha_0 is {strongest:.2f} and Sink_0^0.3 = {no['sink_rate']:.3f}")
+    text = ("the P0 norm ratio " + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the "
+            "threshold") + f", the strongest head's alpha_0 is {strongest:.2f} and Sink_0^0.3 = {summary['sink_rate']:.3f}")
+    elsewhere = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
     if elsewhere:
         text += "; other sink states sit at " + ", ".join(elsewhere)
-    out = {"claim": text, "holds": holds, "strongest_alpha0": strongest}
+    return {"status": HOLDS if holds else FAILS, "evidence": text, "strongest_alpha0": strongest}
+
+
+def _outside(names: list[str]) -> list[str]:
+    """The blocks of ``names`` outside the paper's account (layer-0 attention, layer-0/1 MLPs)."""
+    out = []
+    for name in names:
+        n = Node.parse(name)
+        if n.kind in (Kind.HEAD, Kind.KV_HEAD) and n.layer not in PAPER_BLOCKS["attention"]:
+            out.append(f"attention of block {n.layer}")
+        elif n.kind in (Kind.MLP, Kind.NEURON, Kind.EXPERT) and n.layer not in PAPER_BLOCKS["mlp"]:
+            out.append(f"MLP of block {n.layer}")
+    return sorted(set(out), key=lambda t: (int(t.rsplit(" ", 1)[1]), t))
+
+
+def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """(b) Where the faithful circuit of the first P0 onset sits."""
+    if onset is None:
+        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio, so no circuit to place"}
+    c = onset.get("circuit") or {}
+    if "nodes" not in c:
+        return {"status": FAILS, "evidence": f"no circuit at the layer-{onset['layer']} onset: {c.get('note', 'not measured')}"}
+    where = f"the layer-{onset['layer']} onset's circuit ({c['size']} nodes: {', '.join(c['nodes'][:8])}" + \
+        ("..." if c["size"] > 8 else "") + f"; faithfulness {c['faithfulness']:.2f}" + \
+        ("" if c["denoising"] is None else f", denoising {c['denoising']:.2f}") + ")"
+    if not c["faithful"]:
+        return {"status": FAILS, "evidence": f"no faithful circuit: {c['why']}; best found: {where}"}
+    outside = _outside(c["nodes"])
+    if not outside:
+        return {"status": HOLDS, "evidence": f"{where} lies in layer-0 attention and the layer-0/1 MLPs"}
+    return {"status": ELSEWHERE, "evidence": f"{where} uses " + ", ".join(outside) + ", outside the paper's blocks"}
+
+
+def _amplification_part(onset: Optional[dict[str, Any]], threshold: float) -> dict[str, Any]:
+    """(c) Which MLPs and neurons write the onset's massive dimension at P0."""
+    if onset is None:
+        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio"}
+    npass = onset.get("neuron_pass") or {}
+    if "metric" not in npass:
+        return {"status": FAILS, "evidence": f"at the layer-{onset['layer']} onset: {npass.get('note', 'not measured')}"}
+    strong = [n for n, v in (onset.get("neurons") or {}).items() if abs(v) >= threshold]
+    if not npass.get("signal") or not strong:
+        return {"status": FAILS, "evidence": f"no neuron carries {threshold} of the change of {npass['metric']} "
+                f"({npass.get('message') or 'screened: ' + npass.get('screen', '')})"}
+    mlps = sorted({Node.parse(n).layer for n in strong})
+    text = (f"{npass['metric']} is written by {len(strong)} neuron(s) of the MLPs of blocks "
+            f"{', '.join(map(str, mlps))} (strongest: " + ", ".join(f"{n} {onset['neurons'][n]:+.2f}" for n in strong[:3])
+            + ")")
+    outside = [m for m in mlps if m not in PAPER_BLOCKS["mlp"]]
+    if not outside:
+        return {"status": HOLDS, "evidence": text}
+    return {"status": ELSEWHERE, "evidence": text + f"; blocks {', '.join(map(str, outside))} lie outside the paper's "
+                                                   "layer-0/1 MLPs"}
+
+
+def verdict(sinks: dict[str, Any], onsets: dict[str, Any], threshold: float = CIRCUIT_THRESHOLD) -> dict[str, Any]:
+    """The paper's claim, judged in three parts per BOS setting (each holds / holds at other layers /
+    fails, with its evidence): (a) position 0 becomes a sink; (b) the faithful circuit of the first P0
+    onset sits in layer-0 attention and the layer-0/1 MLPs; (c) the MLPs and neurons that write the
+    onset's massive dimension are those. ``claim`` and ``holds`` are part (a) without BOS, the
+    paper's headline."""
+    parts: dict[str, Any] = {}
+    for tag, summary in sinks.items():
+        if not summary or "skipped" in summary:
+            continue
+        first = next((o for o in onsets.get(tag, []) if o["where"] == "P0" and "skipped" not in o), None)
+        parts[tag] = {"sink": _sink_part(summary), "circuit": _circuit_part(first),
+                      "amplification": _amplification_part(first, threshold)}
+    no = parts.get(SETTINGS[False])
+    if no is None:
+        return {"claim": "not measured (no run without BOS)", "parts": parts}
+    sink = no["sink"]
+    out = {"claim": f"{sink['status']}: without BOS {sink['evidence']}", "holds": sink["status"] == HOLDS,
+           "strongest_alpha0": sink["strongest_alpha0"], "parts": parts}
     with_bos = sinks.get(SETTINGS[True])
     if with_bos and "skipped" not in with_bos:
         out["with_bos_sink_rate"] = with_bos["sink_rate"]

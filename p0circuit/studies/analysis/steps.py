@@ -16,7 +16,7 @@ from p0circuit.core.errors import P0CircuitError
 from p0circuit.measures.sink_report import SinkReport, sink_report
 from p0circuit.patching import (
     AttnToP0, NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
-    candidate_nodes, faithfulness_curve, path_patch,
+    candidate_nodes, faithful_circuit, faithfulness_curve, path_patch,
 )
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
 from p0circuit.patching.edges import among
@@ -27,6 +27,35 @@ from p0circuit.core.types import Kind, Node
 
 FAITHFULNESS_K = (1, 2, 3, 5, 8, 12, 20)
 """Circuit sizes (top-k components kept clean) of the faithfulness curves."""
+WEAK_SIGNAL = 0.05
+"""Share of the metric (the larger of its clean and corrupted values) below which the clean-to-corrupted
+change is too small to divide by: a row's effects are then reported raw, and flagged."""
+UNSTABLE_EFFECT = 3.0
+"""|normalized effect| of one component above which the normalization does not carry (one node moving
+the metric three times the whole clean-to-corrupted change): the row's effects are reported raw, and flagged."""
+
+
+def normalization(result: PatchResult, k: int = 8) -> dict[str, Any]:
+    """Whether ``result``'s normalized effects can be read as shares of the change: ``signal_share``
+    (|clean - corrupted| over the metric's size), ``largest_effect``, ``stable``, ``why`` (when not),
+    and ``raw_changes``: the ``k`` largest changes of the metric itself, which hold either way."""
+    clean, corrupted = result.clean_metric, result.corrupted_metric
+    scale = max(abs(clean), abs(corrupted))
+    share = abs(clean - corrupted) / scale if scale > 0 and math.isfinite(scale) else 0.0
+    finite = [abs(v) for v in result.normalized.values() if math.isfinite(v)]
+    biggest = max(finite, default=0.0)
+    why = []
+    if share < WEAK_SIGNAL:
+        why.append(f"the clean-to-corrupted change ({clean:.4g} -> {corrupted:.4g}) is {share:.1%} of the metric, "
+                   f"below {WEAK_SIGNAL:.0%}")
+    if biggest > UNSTABLE_EFFECT:
+        why.append(f"one component's normalized effect reaches {biggest:.3g}, above {UNSTABLE_EFFECT:g}: the change it "
+                   "is divided by is small against what single components move")
+    base = clean if result.direction == "noise" else corrupted
+    changes = sorted(((n, result.raw[n] - base) for n in result.raw if math.isfinite(result.raw[n])),
+                     key=lambda kv: -abs(kv[1]))[:k]
+    return {"signal_share": round(share, 4), "largest_effect": round(biggest, 4), "stable": not why,
+            "why": "; ".join(why), "raw_changes": {n: round(float(v), 4) for n, v in changes}}
 
 
 def strong(result: PatchResult, threshold: float, k: Optional[int] = None) -> dict[str, float]:
@@ -69,7 +98,8 @@ def choose(model: Any, tokens: Tensor, bos: bool, names: Sequence[str], metric: 
     it changes), with each one's drop and the reason, for the record."""
     drops = {n: drop(model, tokens, bos, get_corruption(n, seed=seed), metric) for n in names}
     best = max(drops, key=lambda n: drops[n])
-    why = (f"'{best}' lowers {metric.name} most (" + ", ".join(f"{n}: {v:+.4g}" for n, v in drops.items()) + ")")
+    why = (f"'{best}' lowers {metric.name} most (the drop, clean minus corrupted: "
+           + ", ".join(f"{n} {v:+.4g}" + (" (it raises the metric)" if v < 0 else "") for n, v in drops.items()) + ")")
     if drops.get("swap", 0.0) <= 0 < drops.get("shift", 0.0):
         why += ("; replacing the BOS token does not remove the sink, so it is built on position 0, not on the "
                 "BOS token")
@@ -92,6 +122,7 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
     return res, {"corruption": res.corruption, "corruption_params": res.settings.get("corruption_params", {}),
                  "metric": res.metric, "clean": res.clean_metric, "corrupted": res.corrupted_metric,
                  "signal": res.signal, "message": res.message, "candidates": len(res.raw),
+                 "normalization": normalization(res),
                  "nodes": strong(res, threshold), "effects": strong(res, 0.0) if res.signal else {},
                  "seconds": round(time.perf_counter() - t, 2)}
 
@@ -180,6 +211,18 @@ def faithfulness(model: Any, tokens: Tensor, result: PatchResult, corruption: Co
     return {str(int(kept)): round(f, 4) for _, kept, f in curve}
 
 
+def circuit(model: Any, tokens: Tensor, bos: bool, result: PatchResult, corruption: Corruption,
+            metric: PatchMetric) -> dict[str, Any]:
+    """The onset's faithful circuit (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), or why
+    there is none; the top-k faithfulness curve stays beside it as a screen."""
+    if not result.signal:
+        return {"note": f"no signal: {result.message}"}
+    t = time.perf_counter()
+    found = faithful_circuit(model, tokens, result=result, corruption=corruption, metric=metric, bos=bos).to_dict()
+    found["seconds"] = round(time.perf_counter() - t, 2)
+    return found
+
+
 def corruption_variants(bos_at_p0: bool) -> list[str]:
     """Corruptions compared at the first onset: every registered one (a plugin's included), those
     that can see the run's P0 mechanism first (:func:`p0circuit.patching.corruptions.fitting`)."""
@@ -197,7 +240,7 @@ def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequ
         except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
             out[name] = {"error": f"{type(err).__name__}: {err}"}
             continue
-        out[name] = {k: summary[k] for k in ("signal", "clean", "corrupted", "message")}
+        out[name] = {k: summary[k] for k in ("metric", "signal", "clean", "corrupted", "message", "normalization")}
         out[name]["nodes"] = dict(list(summary["nodes"].items())[:8])
         if summary["signal"] and summary["corrupted"] > summary["clean"]:
             out[name]["note"] = (f"the corrupted run has the stronger sink ({summary['clean']:.4g} clean, "

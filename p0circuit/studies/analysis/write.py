@@ -7,10 +7,12 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from p0circuit.core.io import strict, write_atomic
-from p0circuit.core.types import Kind, Node
+from p0circuit.core.types import Circuit, Edge, Kind, Node
+from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
+from p0circuit.figures.drawing import draw, to_html
 
 _TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
 
@@ -18,6 +20,21 @@ _TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
 def _fmt(effects: dict[str, float], k: int = 8) -> str:
     items = list(effects.items())[:k]
     return ", ".join(f"{n} {v:+.3g}" for n, v in items) or "none"
+
+
+def _signal(row: dict[str, Any]) -> str:
+    """``metric: clean -> corrupted`` of a row."""
+    return f"`{row['metric']}` {row['clean']:.4g} clean -> {row['corrupted']:.4g} corrupted"
+
+
+def _effects(row: dict[str, Any], k: int = 6) -> str:
+    """A row's normalized effects, or, where its normalization does not carry (steps.normalization),
+    the raw changes of the metric, flagged, never bare normalized numbers."""
+    norm = row.get("normalization") or {}
+    if norm and not norm["stable"]:
+        return (f"**normalized effects not shown**: {norm['why']}; the largest raw changes of the metric: "
+                + _fmt(norm["raw_changes"], k))
+    return _fmt(row.get("nodes", {}), k)
 
 
 def _stages(stages: list[Any]) -> str:
@@ -28,16 +45,40 @@ def _curve(curve: dict[str, float]) -> str:
     return ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()) or "n/a"
 
 
+def _circuit_line(c: dict[str, Any]) -> str:
+    """The onset's faithful circuit (or why there is none), with its three measures."""
+    if "nodes" not in c:
+        return f"- Faithful circuit: {c.get('note', 'not measured')}."
+    st = c["settings"]
+    head = (f"- Faithful circuit (ACDC-style pruning of {c['candidates']} candidates, target {st['target']}): "
+            if c["faithful"] else f"- **No faithful circuit** ({c['why']}); the best found "
+                                  f"(ACDC-style pruning of {c['candidates']} candidates): ")
+    denoise = "n/a for an ablation" if c["denoising"] is None else f"{c['denoising']:.3f}"
+    return (head + f"{c['size']} nodes, {', '.join(c['nodes'][:12])}{'...' if c['size'] > 12 else ''}; faithfulness "
+            f"(every other candidate corrupted) {c['faithfulness']:.3f}, denoising (the circuit restored into the "
+            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {c['completeness']:.3f}.")
+
+
 def markdown(d: dict[str, Any]) -> str:
     """The analysis as Markdown."""
     s = d["settings"]
     lines = [f"# P0-sink analysis of {d['model']}", "",
-             f"{s['n_prompts']} prompts x {s['length']} tokens of text (a BOS token adds one); effects are normalized "
+             f"{s['n_prompts']} {d.get('prompt_source', 'prompts')} x {s['length']} tokens (a BOS token adds one); "
+             "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
              f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. Measured in "
              f"{d['timing']['seconds']:.0f} s of steps, {d['timing']['forwards']} times one forward of the batch "
              f"({d['timing']['forward_s'] * 1000:.0f} ms) timed in the same run.", "",
              f"**The paper's claim** (without BOS, position 0 becomes a sink): {d['verdict']['claim']}.", ""]
+    parts = d["verdict"].get("parts") or {}
+    if parts:
+        lines += ["**The claim in three parts** (a: position 0 becomes a sink; b: the first onset's faithful circuit "
+                  "lies in layer-0 attention and the layer-0/1 MLPs; c: those MLPs' neurons write the massive "
+                  "dimension):", ""]
+        for tag, p in parts.items():
+            for key, label in (("sink", "a"), ("circuit", "b"), ("amplification", "c")):
+                lines.append(f"- {_TITLES[tag]}, ({label}) **{p[key]['status']}**: {p[key]['evidence']}.")
+        lines.append("")
     for tag, title in _TITLES.items():
         sk = d["sinks"].get(tag)
         if sk is None:
@@ -46,7 +87,8 @@ def markdown(d: dict[str, Any]) -> str:
         if "skipped" in sk:
             lines += [f"Not measured: {sk['skipped']}", ""]
             continue
-        lines += [f"- Sink_0^0.3 = {sk['sink_rate']:.3f}; P0 norm stages: {_stages(sk['norm_stages'])}.",
+        lines += [f"- Sink_0^0.3 = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
+                  f"||h_t|| of the other positions): {_stages(sk['norm_stages'])}.",
                   "- Massive dimensions at P0 (dimension: layers, peak): " + ("; ".join(
                       f"{m['dim']}: {m['first_layer']}-{m['last_layer']}, {m['peak_value']:.4g} at layer "
                       f"{m['peak_layer']} ({m['peak_ratio']:.0f}x)" for m in sk["massive_dims"][:4]) or "none") + "."]
@@ -66,15 +108,18 @@ def markdown(d: dict[str, Any]) -> str:
             if "skipped" in o:
                 lines += [f"Not measured: {o['skipped']}", ""]
                 continue
-            lines.append(f"Corruption `{o['corruption']}`, metric `{o['metric']}`: {o['clean']:.4g} clean -> "
-                         f"{o['corrupted']:.4g} corrupted; {o['candidates']} candidate nodes ({o['seconds']:.1f} s).")
+            lines.append(f"Prompts: {o.get('prompt_set', 'as above')}. Corruption `{o['corruption']}`, metric "
+                         f"`{o['metric']}`: {o['clean']:.4g} clean -> {o['corrupted']:.4g} corrupted; "
+                         f"{o['candidates']} candidate nodes ({o['seconds']:.1f} s).")
             if o.get("corruption_choice"):
                 lines[-1] += f" Corruption chosen: {o['corruption_choice']['why']}."
             if not o["signal"]:
                 lines += ["", f"No signal: {o['message']}", ""]
                 continue
-            lines += ["", f"- Nodes: {_fmt(o['nodes'], 12)}.",
-                      f"- Faithfulness (k nodes kept: share of the change kept): {_curve(o['faithfulness'])}."]
+            lines += ["", f"- Nodes: {_effects(o, 12)}.",
+                      f"- Faithfulness of the top k single nodes, a screen (k: share of the change kept with every "
+                      f"other candidate corrupted): {_curve(o['faithfulness'])}.",
+                      _circuit_line(o.get("circuit") or {})]
             ep = o.get("edge_pass", {})
             if ep:
                 lines.append(f"- Edges ({ep.get('candidates', 0)} candidates): {_fmt(o['edges'], 10)}.")
@@ -96,14 +141,24 @@ def markdown(d: dict[str, Any]) -> str:
             lines.append("")
         v = d["variations"].get(tag)
         if v:
-            lines += [f"### What changes at layer {v['layer']}", ""]
+            lines += [f"### What changes at layer {v['layer']}", "",
+                      "Every corruption on the same prompts (metric `NormRatio` at this layer):", ""]
             for name, c in v["corruption"].items():
-                text = c.get("error") or c.get("note") or (_fmt(c["nodes"], 6) if c["signal"] else
-                                                          "no signal: " + c["message"])
+                if "error" in c:
+                    text = c["error"]
+                else:
+                    text = _signal(c) + "; " + (c.get("note") or (_effects(c) if c["signal"] else
+                                                                  "no signal: " + c["message"]))
                 lines.append(f"- corruption `{name}`: {text}")
+            chosen = v.get("chosen_corruption")
+            lines += ["", f"Other prompt lengths, each patched with the corruption chosen above (`{chosen}`):", ""]
             for n, row in v["length"].items():
-                lines.append(f"- {n} tokens: Sink_0^0.3 = {row['sink_rate']:.3f}; stages {_stages(row['norm_stages'])}"
-                             + (f"; nodes {_fmt(row.get('nodes', {}), 6)}" if row.get("signal") else "; no signal"))
+                text = f"- {row.get('prompts', f'{n} tokens')}: Sink_0^0.3 = {row['sink_rate']:.3f}; stages " \
+                       f"{_stages(row['norm_stages'])}"
+                if "metric" in row:
+                    text += f"; corruption `{row['corruption']}`, {_signal(row)}; " + (
+                        f"nodes {_effects(row)}" if row.get("signal") else "no signal")
+                lines.append(text)
             lines.append("")
     if "truth" in d:
         lines += ["## Planted ground truth", "", "Nodes: " + ", ".join(d["truth"]["nodes"]),
@@ -120,12 +175,70 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _figures(d: dict[str, Any]) -> dict[str, str]:
-    """Per BOS setting: the P0 norm ratio and the strongest head's attention per layer, the alpha_0
-    heatmap, and per onset the node effects as a layer x head (+ MLP) heatmap at P0."""
+def _img(src: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="{src}">'
+
+
+def _truth(d: dict[str, Any]) -> Optional[Circuit]:
+    if "truth" not in d:
+        return None
+    return Circuit(nodes=tuple(Node.parse(n) for n in d["truth"]["nodes"]),
+                   edges=tuple(Edge.parse(e) for e in d["truth"]["edges"]))
+
+
+def _onset_panels(d: dict[str, Any], o: dict[str, Any]) -> Any:
+    """The node effects at P0 and at the other positions (@rest) as layer x head (+ MLP) maps, and
+    the faithfulness of the top-k screen beside the faithful circuit's own point."""
     import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
-    figs: dict[str, str] = {}
+    heads = d["n_heads"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 1.9 + 0.35 * (o["layer"] + 1)),
+                             gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    grids = {}
+    for pos in ("0", "rest"):
+        grid = [[float("nan")] * (heads + 1) for _ in range(o["layer"] + 1)]
+        for name, v in o["effects"].items():
+            n = Node.parse(name)
+            if str(n.pos) != pos or n.layer > o["layer"]:
+                continue
+            if n.kind == Kind.HEAD:
+                grid[n.layer][n.head] = v
+            elif n.kind == Kind.MLP:
+                grid[n.layer][heads] = v
+        grids[pos] = grid
+    finite = [abs(v) for g in grids.values() for row in g for v in row if math.isfinite(v)]
+    bound = max(finite + [1e-9])
+    for ax, pos in zip(axes[:2], ("0", "rest")):
+        im = ax.imshow(grids[pos], aspect="auto", cmap=EFFECT_CMAP, vmin=-bound, vmax=bound, origin="lower")
+        ax.set_xticks(range(heads + 1), [f"H{h}" for h in range(heads)] + ["MLP"], fontsize=7,
+                      rotation=90 if heads > 12 else 0)
+        ax.set(ylabel="layer", title=f"effects @{pos}" + (" (position 0)" if pos == "0" else " (positions t > 0)"))
+        fig.colorbar(im, ax=ax, label=EFFECT_LABEL.replace(" (", "\n("))
+    ax = axes[2]
+    curve = o.get("faithfulness") or {}
+    if curve:
+        ax.plot([int(k) for k in curve], list(curve.values()), marker="o", color="#555555", label="top-k single nodes")
+    c = o.get("circuit") or {}
+    if "nodes" in c:
+        ax.plot([c["size"]], [c["faithfulness"]], marker="*", markersize=13, color=RAISES, ls="",
+                label=f"faithful circuit ({c['size']} nodes)" if c["faithful"] else f"best circuit found ({c['size']})")
+    ax.axhline(0.9, color="grey", ls=":", lw=1)
+    ax.set(xscale="log", xlabel="nodes kept clean", ylabel="share of the change kept", title="faithfulness")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"onset at layer {o['layer']} ({o['where']}), corruption {o['corruption']}, metric {o['metric']}",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
+    """HTML snippets per BOS setting (the P0 norm ratio and the strongest head's attention per layer,
+    the alpha_0 heatmap) and per onset (its effect maps @0 and @rest with the faithfulness curve, and
+    its faithful circuit, static and interactive)."""
+    import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
+
+    figs: dict[str, list[str]] = {}
+    truth = _truth(d)
     for tag, title in _TITLES.items():
         sk = d["sinks"].get(tag)
         if not sk or "skipped" in sk:
@@ -134,7 +247,7 @@ def _figures(d: dict[str, Any]) -> dict[str, str]:
         layers = range(len(sk["norm_ratio"]))
         axes[0].plot(layers, [x if x and math.isfinite(x) else float("nan") for x in sk["norm_ratio"]], marker="o")
         axes[0].axhline(d["settings"]["norm_threshold"], color="grey", ls=":")
-        axes[0].set(yscale="log", xlabel="layer", ylabel="||h_0|| / mean ||h_t||", title=f"P0 norm ratio, {title}")
+        axes[0].set(yscale="log", xlabel="layer", ylabel="||h_0|| / mean over t>0 of ||h_t||", title=f"P0 norm ratio, {title}")
         axes[1].plot(layers, [max(a) for a in sk["alpha"]], marker="o", label="strongest head")
         axes[1].plot(layers, sk["sink_rate_per_layer"], marker="s", label="share of heads > 0.3")
         axes[1].set(xlabel="layer", ylim=(0, 1.05), title="attention to P0")
@@ -142,28 +255,24 @@ def _figures(d: dict[str, Any]) -> dict[str, str]:
         im = axes[2].imshow([list(r) for r in sk["alpha"]], aspect="auto", vmin=0, vmax=1, cmap="viridis",
                             origin="lower")
         axes[2].set(xlabel="head", ylabel="layer", title="alpha_0 per head")
-        fig.colorbar(im, ax=axes[2])
+        fig.colorbar(im, ax=axes[2], label="alpha_0: mean attention to P0")
         fig.tight_layout()
-        figs[tag] = _png(fig)
+        figs[tag] = [_img(_png(fig), "norm ratio and attention to P0 per layer")]
         for o in d["onsets"].get(tag, []):
             if not o.get("effects"):
                 continue
-            grid = [[float("nan")] * (d["n_heads"] + 1) for _ in range(o["layer"] + 1)]
-            for name, v in o["effects"].items():
-                n = Node.parse(name)
-                if n.pos != 0 or n.layer > o["layer"]:
-                    continue
-                if n.kind == Kind.HEAD:
-                    grid[n.layer][n.head] = v
-                elif n.kind == Kind.MLP:
-                    grid[n.layer][d["n_heads"]] = v
-            fig, ax = plt.subplots(figsize=(min(12, 2 + 0.5 * d["n_heads"]), 1.2 + 0.35 * (o["layer"] + 1)))
-            im = ax.imshow(grid, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower")
-            ax.set_xticks(range(d["n_heads"] + 1), [f"H{h}" for h in range(d["n_heads"])] + ["MLP"], fontsize=7)
-            ax.set(ylabel="layer", title=f"effects at P0, onset layer {o['layer']} ({o['where']}, {o['corruption']})")
-            fig.colorbar(im, ax=ax)
-            fig.tight_layout()
-            figs[f"{tag}/{o['where']}@L{o['layer']}"] = _png(fig)
+            key = f"{tag}/{o['where']}@L{o['layer']}"
+            figs[key] = [_img(_png(_onset_panels(d, o)), "node effects at P0 and elsewhere, and faithfulness")]
+            c = o.get("circuit") or {}
+            if c.get("nodes"):
+                circuit = Circuit(nodes=tuple(Node.parse(n) for n in c["nodes"]), node_effects=dict(o["effects"]),
+                                  settings={"method": "faithful circuit", "corruption": o["corruption"],
+                                            "metric": o["metric"], "threshold": d["settings"]["threshold"],
+                                            "signal": True})
+                name = f"{'faithful' if c['faithful'] else 'best (not faithful)'} circuit, layer-{o['layer']} onset"
+                figs[key].append(_img(_png(draw(circuit, truth, name)), name))
+                figs[key].append(f"<details><summary>interactive circuit (hover, click a node)</summary>"
+                                 f"{to_html(circuit, truth, name)}</details>")
     return figs
 
 
@@ -173,24 +282,16 @@ def report_html(d: dict[str, Any]) -> str:
     body = []
     current = ""
     for line in markdown(d).split("\n"):
-        text = html.escape(line)
-        text = _inline(text)
+        text = _inline(html.escape(line))
         if line.startswith("### "):
             body.append(f"<h3>{text[4:]}</h3>")
-            key = None
-            for k in figs:
-                if "/" in k and line.startswith("### Onset at layer "):
-                    where = line.split(", ", 1)[1]
-                    layer = line.split("layer ")[1].split(",")[0]
-                    if k.endswith(f"{where}@L{layer}") and k.startswith(current):
-                        key = k
-            if key:
-                body.append(f'<img alt="node effects" src="{figs[key]}">')
+            if line.startswith("### Onset at layer "):
+                layer, where = line[len("### Onset at layer "):].split(", ", 1)
+                body += figs.get(f"{current}/{where}@L{layer}", [])
         elif line.startswith("## "):
             current = {"Without BOS": "without_bos", "With BOS": "with_bos"}.get(line[3:], "")
             body.append(f"<h2>{text[3:]}</h2>")
-            if current in figs:
-                body.append(f'<img alt="norm ratio and attention to P0 per layer" src="{figs[current]}">')
+            body += figs.get(current, [])
         elif line.startswith("# "):
             body.append(f"<h1>{text[2:]}</h1>")
         elif line.startswith("- "):
@@ -198,9 +299,11 @@ def report_html(d: dict[str, Any]) -> str:
         elif line:
             body.append(f"<p>{text}</p>")
     style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.4}"
-             "img{max-width:100%;display:block;margin:0.5em 0}code{background:#eee;padding:0 3px}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>P0-sink analysis of {html.escape(d['model'])}"
-            f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>")
+             "img,svg{max-width:100%;height:auto;display:block;margin:0.5em 0}code{background:#eee;padding:0 3px;"
+             "overflow-wrap:anywhere}li,p{overflow-wrap:anywhere}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+            f"<title>P0-sink analysis of {html.escape(d['model'])}</title><style>{style}</style></head><body>"
+            f"{''.join(body)}</body></html>")
 
 
 def _inline(text: str) -> str:

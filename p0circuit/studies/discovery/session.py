@@ -22,6 +22,7 @@ from p0circuit.patching.engine import reaches, stop_layer
 from p0circuit.patching.sites import site_of
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.core.types import Circuit, Edge, Node
+from p0circuit.models.checks import checked
 
 
 @dataclass
@@ -103,6 +104,14 @@ def run_discovery(
     An edge-level method whose candidates would exceed ``edge_budget`` runs on the edges whose senders
     an activation pass keeps (run first if not among ``methods``); the circuit's settings say so.
     """
+    with checked(resolved.model):  # checked here once; the sink report and every method below rely on it
+        return _run_discovery(resolved, tokens, methods, corruption, metric, threshold, bos, nodes, edge_budget,
+                              node_budget, progress, options)
+
+
+def _run_discovery(resolved: Resolved, tokens: Tensor, methods: Sequence[str], corruption: Union[str, Corruption],
+                   metric: Optional[PatchMetric], threshold: float, bos: Optional[bool], nodes: Optional[Sequence[Node]],
+                   edge_budget: int, node_budget: int, progress: bool, options: dict[str, Any]) -> Discovery:
     model = resolved.model
     report = sink_report(model, tokens, bos=bos)
     reason = "given"

@@ -1,0 +1,186 @@
+"""Faithful circuits: a node set that, kept clean with every other candidate corrupted, reproduces the
+clean behaviour, found by pruning in the manner of ACDC (Conmy et al., 2023, "Towards Automated
+Circuit Discovery for Mechanistic Interpretability").
+
+A list of single-node effects is a screen, not a circuit: nodes that matter only together (a
+detector and the amplifier that reads it) or that cancel each other are invisible to it. The search
+starts from every candidate kept (faithfulness 1 by definition) and visits the candidates from the
+last layer back to the first (within a layer, the weakest single effect first), as ACDC does: a node
+is dropped (corrupted from then on) when dropping it moves the faithfulness by at most ``tolerance``
+and leaves it within ``1 - target`` of 1. The candidates are tried :data:`CHUNK` at a time first
+(a run of nodes that together move nothing is dropped in one evaluation), and a group that moves too
+much is split in halves down to single nodes, so every node that matters is still judged alone. What remains is measured three ways, each a share of the
+clean-to-corrupted change ``M_clean - M_corrupted`` of the metric:
+
+* ``faithfulness`` (noising the complement): the clean run with every candidate outside the circuit
+  corrupted, ``(M - M_corrupted) / (M_clean - M_corrupted)``;
+* ``denoising`` (denoising the circuit): the corrupted run with the circuit's nodes set to their clean
+  values, the same share; not defined for an ablation (``zero``, ``pos_mean``: no corrupted run
+  to restore into);
+* ``completeness``: the share of the change that corrupting the circuit alone removes,
+  ``(M_clean - M) / (M_clean - M_corrupted)`` with only the circuit corrupted.
+
+``faithful`` is true when the circuit is within ``max_size`` nodes and ``faithfulness`` (and
+``denoising``, where defined) reach ``target``; otherwise the record says which fell short.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from p0circuit.core.args import entry_point
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.types import Node
+from p0circuit.patching.corruptions import Corruption
+from p0circuit.patching.engine import run_groups
+from p0circuit.patching.job import PatchJob
+from p0circuit.patching.metrics import MetricSpec
+from p0circuit.patching.ops import node_op
+from p0circuit.patching.options import PatchOptions
+from p0circuit.patching.result import PatchResult
+from p0circuit.patching.sites import named_positions, site_of
+
+TARGET = 0.9
+"""Share of the clean-to-corrupted change a faithful circuit keeps (MIB and ACDC report 0.9 and above)."""
+TOLERANCE = 0.05
+"""Largest change of the faithfulness one dropped node may cause (ACDC's threshold tau, as a share of the change;
+the total drift is bounded apart, by ``1 - target``)."""
+CHUNK = 16
+"""Candidates tried together first (then in halves, down to one): see ``prune`` in :func:`faithful_circuit`."""
+MAX_SIZE = 20
+"""Nodes a reported circuit may hold and still count as found."""
+
+
+@dataclass
+class FaithfulCircuit:
+    """What :func:`faithful_circuit` found (``to_dict`` is its JSON record)."""
+
+    nodes: list[str]
+    """The circuit's nodes, strongest single effect first."""
+    candidates: int
+    """Candidates searched (those that can reach the metric)."""
+    faithfulness: float
+    """Share of the change kept with every other candidate corrupted on the clean run."""
+    denoising: Optional[float]
+    """Share of the change restored by setting the circuit clean in the corrupted run (None: an ablation)."""
+    completeness: float
+    """Share of the change removed by corrupting the circuit alone."""
+    faithful: bool
+    """Within ``max_size`` nodes and at ``target`` in every direction measured."""
+    why: str = ""
+    """What fell short, when not ``faithful``."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """target, tolerance, max_size, corruption, metric, clean and corrupted metric, evaluations."""
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["size"] = self.size
+        return out
+
+
+def _share(value: float, clean: float, corrupted: float) -> float:
+    return (value - corrupted) / (clean - corrupted)
+
+
+@entry_point
+def faithful_circuit(
+    model: HookedTransformer,
+    tokens: Tensor,
+    *,
+    result: PatchResult,
+    corruption: Union[str, Corruption],
+    metric: Optional[MetricSpec],
+    bos: Optional[bool] = None,
+    target: float = TARGET,
+    tolerance: float = TOLERANCE,
+    max_size: int = MAX_SIZE,
+) -> FaithfulCircuit:
+    """The node circuit of an activation-patching ``result`` (made with the same ``corruption``,
+    ``metric`` and ``bos``), pruned as the module docstring says."""
+    if not isinstance(result, PatchResult) or result.level != "node":
+        raise BadInputError("faithful_circuit needs a node-level PatchResult (from activation_patch), got "
+                            f"{type(result).__name__}{'' if not isinstance(result, PatchResult) else ' of edges'}")
+    if not result.signal:
+        raise BadInputError(f"this result has no signal ({result.message}): there is no change for a circuit to keep")
+    for name, value, low, high in (("target", target, 0.0, 1.0), ("tolerance", tolerance, 0.0, 1.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+            raise BadInputError(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
+    if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+        raise BadInputError(f"max_size must be an int >= 1, got {max_size!r}")
+    noise = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
+    if noise.prep.name != result.corruption or noise.metric.name != result.metric:
+        raise BadInputError(f"the result was computed with corruption {result.corruption!r} and metric "
+                            f"{result.metric!r}; pass those (got {noise.prep.name!r}, {noise.metric.name!r})")
+    effects = {n: v for n, v in result.normalized.items() if math.isfinite(v)}
+    items = [Node.parse(n) for n in effects]
+    live = [n for n in items if noise.reaches(site_of(n, model).hook)]
+    named = named_positions(items)
+    noise.cache({site_of(n, model).read.name for n in live})
+    clean, corrupted = result.clean_metric, result.corrupted_metric
+    rows = noise.rows_per_forward
+    evaluations = 0
+
+    def noised(dropped: Sequence[Node]) -> float:
+        """The metric of the clean run with ``dropped`` corrupted."""
+        nonlocal evaluations
+        evaluations += 1
+        if not dropped:
+            return clean
+        with torch.no_grad():
+            return run_groups(noise.clean_base(), [[node_op(noise, n, "noise", named) for n in dropped]], rows)[0]
+
+    order = sorted(live, key=lambda n: (-n.layer, abs(effects[n.name])))  # last layer first, weakest first
+    kept = set(live)
+    current = 1.0
+
+    def prune(group: list[Node]) -> None:
+        """Drop ``group`` at once if that keeps the faithfulness within ``tolerance`` (and the bound);
+        else its halves, in order, down to single nodes: a run of nodes that change nothing costs one
+        evaluation instead of one each, and a node that matters is still tried alone."""
+        nonlocal kept, current
+        trial = kept - set(group)
+        value = _share(noised([n for n in live if n not in trial]), clean, corrupted)
+        if abs(value - current) <= tolerance and abs(value - 1.0) <= 1.0 - target:
+            kept, current = trial, value
+        elif len(group) > 1:
+            prune(group[:len(group) // 2])
+            prune(group[len(group) // 2:])
+
+    for start in range(0, len(order), CHUNK):
+        prune(order[start:start + CHUNK])
+    circuit = sorted(kept, key=lambda n: -abs(effects[n.name]))
+    faithfulness = current
+    completeness = 1.0 - _share(noised(circuit), clean, corrupted)
+    denoising = None
+    if not noise.prep.is_ablation:
+        restore = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos,
+                                                       direction="denoise"))
+        restore.cache({site_of(n, model).read.name for n in live})
+        evaluations += 1
+        with torch.no_grad():
+            value = (run_groups(restore.base(), [[node_op(restore, n, "denoise", named) for n in circuit]], rows)[0]
+                     if circuit else corrupted)
+        denoising = _share(value, clean, corrupted)
+    short = []
+    if len(circuit) > max_size:
+        short.append(f"{len(circuit)} nodes, more than the budget of {max_size}")
+    if faithfulness < target:
+        short.append(f"faithfulness {faithfulness:.3f} < {target}")
+    if denoising is not None and denoising < target:
+        short.append(f"denoising the circuit restores {denoising:.3f} < {target} of the change")
+    return FaithfulCircuit(
+        nodes=[n.name for n in circuit], candidates=len(live), faithfulness=round(faithfulness, 4),
+        denoising=None if denoising is None else round(denoising, 4), completeness=round(completeness, 4),
+        faithful=not short, why="; ".join(short),
+        settings={"target": target, "tolerance": tolerance, "max_size": max_size, "corruption": result.corruption,
+                  "metric": result.metric, "clean": clean, "corrupted": corrupted, "evaluations": evaluations,
+                  "search": f"ACDC-style pruning over nodes: last layer first, weakest single effect first, "
+                                                        f"groups of {CHUNK} split in halves when they move too much"})
