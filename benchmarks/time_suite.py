@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import docblocks  # noqa: E402  (record puts tests/ on the path)
-from record import Conditions  # noqa: E402
+from record import Conditions  # noqa: E402  (record puts tests/ on the path)
+import docblocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = {"fast": ({"P0_FAST": "1"}, "P0_FAST=1 python -m pytest -n 2"),

@@ -298,3 +298,43 @@ def test_a_normalization_that_does_not_carry_is_flagged_with_the_raw_changes():
     fine = made(8.0, 1.0, {"M1@0": 0.9}, {"M1@0": 1.7})
     assert steps.normalization(fine)["stable"] and _effects({"nodes": {"M1@0": 0.9},
                                                              "normalization": steps.normalization(fine)}) == "M1@0 +0.9"
+
+
+CHROMIUM = __import__("shutil").which("chromium")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+@pytest.mark.parametrize("width", [1280, 420])
+def test_the_analysis_report_in_a_headless_browser(rope_run, tmp_path, width):
+    """report.html as a reader sees it: each onset's effect maps @0 and @rest with the faithfulness curve,
+    its faithful circuit drawn (red where it carries the change) and interactive (hover names a node),
+    nothing wider than a phone's window."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from browser import Browser
+
+    _, _, out = rope_run
+    with Browser(tmp_path / "profile") as b:
+        b.open((out / "report.html").resolve().as_uri(), width, 900)
+        assert not b.errors, b.errors
+        alts = b.js("[...document.images].map(i => i.alt)")
+        assert "node effects at P0 and elsewhere, and faithfulness" in alts
+        assert any(a.startswith("faithful circuit, layer-1 onset") for a in alts), alts
+        inner = b.js("innerWidth")
+        assert b.js("document.documentElement.scrollWidth") <= inner
+        assert max(b.js("[...document.images].map(i => i.getBoundingClientRect().right)")) <= inner
+        box = b.js("(() => { const i = [...document.images].find(i => i.alt.startsWith('faithful circuit')); "
+                   "const r = i.getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()")
+        shot = b.screenshot(tuple(box))
+        red = sum(1 for p in shot.getdata() if p[0] > p[1] + 60 and p[0] > p[2] + 60)
+        assert red > 30  # the planted nodes carry the change: drawn red
+        b.js("document.querySelector('details').open = true")
+        figure = "document.querySelector('details .p0-circuit')"
+        node = f"{figure}.querySelector('[id=\"node:M1@0\"]')"
+        b.js(f"(() => {{ const r = {node}.getBoundingClientRect(); {node}.dispatchEvent(new MouseEvent('mousemove', "
+             "{bubbles: true, clientX: r.left + r.width / 2, clientY: r.top + r.height / 2})); })()")
+        assert b.js(f"{figure}.querySelector('.tip').textContent").startswith("M1@0")
+        text = b.js("document.body.innerText")
+        assert "(b) holds" in text and "Faithful circuit (ACDC-style pruning" in text

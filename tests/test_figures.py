@@ -14,7 +14,8 @@ from p0circuit.figures import drawing as p0_drawing
 from p0circuit import Circuit, Edge, Node
 from p0circuit.figures.drawing import LOWERS, MISSED, RAISES, layout, rank_of, to_html, to_svg
 
-EDGES = {"A0.H0@0->M0@0.mlp_in": 0.9, "M0@0->M1@0.mlp_in": 0.45, "M1@0->A2.H0@0.k": -0.3, "E@0->A1.H1@0.v": 0.02}
+EDGES = {"A0.H0@0->M0@0.mlp_in": 0.9, "M0@0->M1@0.mlp_in": 0.45, "M1@0->A2.H0@0.k": -0.3, "E@0->A1.H1@0.v": 0.02,
+         "M1@0->A3.H0@0.k": 0.05}  # a truth edge scored below the threshold: missed
 CIRCUIT = Circuit(nodes=(), edges=tuple(Edge.parse(n) for n in EDGES if abs(EDGES[n]) > 0.1), edge_effects=EDGES,
                   settings={"method": "path", "corruption": "shift", "metric": "sink_heads", "level": "edge"})
 TRUTH = Circuit(nodes=(), edges=tuple(Edge.parse(n) for n in ("A0.H0@0->M0@0.mlp_in", "M0@0->M1@0.mlp_in",
