@@ -378,6 +378,56 @@ def path(model, tokens, edges, corr: Corr, metric: Metric, direction="noise") ->
     return out
 
 
+def _contribution(model, kind: str, layer: int, index, act):
+    """What a sender adds to the residual stream, from its hook's activation ``act`` (whole positions):
+    a head's slice of ``hook_result`` (``use_attn_result``), a neuron's ``hook_post`` times its ``W_out``
+    row, an MLP's ``hook_mlp_out``, an embedding's hook."""
+    if kind == "head":
+        return act[:, :, index]
+    if kind == "neuron":
+        return act[:, :, index, None] * model.blocks[layer].mlp.W_out[index]
+    return act
+
+
+def _contribution_hook(kind: str, layer: int) -> str:
+    return {"head": f"blocks.{layer}.attn.hook_result", "neuron": f"blocks.{layer}.mlp.hook_post",
+            "mlp": f"blocks.{layer}.hook_mlp_out", "embed": "hook_embed", "pos_embed": "hook_pos_embed"}[kind]
+
+
+def edges_together(model, tokens, nodes, edges, corr: Corr, metric: Metric, named) -> float:
+    """The metric of the clean run with every node of ``nodes`` patched (noise) and every edge of
+    ``edges`` corrupted as an edge, as ACDC does: the receiver's input minus (what the sender writes in
+    this very forward - what it writes in the corrupted run)."""
+    flags = model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in, model.cfg.use_attn_result
+    model.cfg.use_split_qkv_input, model.cfg.use_attn_result = True, True
+    model.cfg.use_hook_mlp_in = not model.cfg.attn_only
+    try:
+        runs = Runs(model, tokens, corr)
+        fwd = [h for n in nodes for h in node_hooks(runs, n, "noise", named)]
+        current = {}
+        for edge in edges:
+            src, dst = edge.split("->")
+            kind, layer, index = _component(src)
+            hook = _contribution_hook(kind, layer)
+            pos = positions(src, runs.seq_len, named)
+            corrupted = _contribution(model, kind, layer, index, runs.other_value(hook, pos, "noise"))
+
+            def grab(act, hook, src=src, kind=kind, layer=layer, index=index):
+                current[src] = _contribution(model, kind, layer, index, act.detach().clone())
+
+            def subtract(act, hook, src=src, pos=pos, corrupted=corrupted, at=_receiver(dst)[1]):
+                diff = current[src][:, pos] - corrupted
+                if at is None:
+                    act[:, pos] = act[:, pos] - diff.to(act.dtype)
+                else:
+                    act[:, pos, at] = act[:, pos, at] - diff.to(act.dtype)
+                return act
+            fwd += [(hook, grab), (_receiver(dst)[0], subtract)]
+        return measure(model, tokens, metric, 0, fwd)
+    finally:
+        model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in, model.cfg.use_attn_result = flags
+
+
 def attribution(model, tokens, nodes, corr: Corr, metric: Metric) -> dict:
     """{node: clean metric + (corrupted - clean activation) . d metric / d activation}, by plain
     autograd on one full forward (noise direction)."""

@@ -54,6 +54,18 @@ def test_sink_holds_at_every_length(planted_models, variant):
         assert (att >= 0.8).all(), (variant, length, att.min())
 
 
+def test_bos_plant_sink_holds_with_its_bos_token_first(planted_models):
+    """The BOS-keyed plant, prompts starting with its BOS token: the norm ratio and the sink heads'
+    attention hold as for the position plants (its calibration probe starts with that token; a probe
+    without it left the sink heads scaled for a P0 that is not a sink, at 0.16 of their attention)."""
+    pm = planted_models("bos")
+    for length in (2, 16, pm.spec.n_ctx):
+        toks = p0.probe_tokens(pm.model, 16, length, seed=length, regular=True, bos=True)
+        ratio, att = sink_facts(pm, toks)
+        assert (ratio >= pm.spec.norm_ratio).all(), (length, ratio.min())
+        assert (att >= 0.8).all(), (length, att.min())
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     variant=st.sampled_from(["rope", "nope", "learned"]),

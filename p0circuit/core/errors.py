@@ -37,6 +37,21 @@ class NonFiniteError(P0CircuitError, FloatingPointError):
     """NaN or inf found in activations or weights."""
 
 
+FLOAT16_MAX = 65504.0
+"""float16's largest finite value: massive activations at P0 pass it (Gemma 3's reach about 1e5)."""
+
+
+def non_finite_fix(dtype: object, found: str) -> str:
+    """A :class:`NonFiniteError`'s message: what was ``found`` and what to do. Under float16 an inf is an
+    overflow (the fix: bfloat16 or float32); otherwise the weights (or the metric) are to be checked."""
+    if str(dtype) == "torch.float16":
+        return (f"float16 overflow: {found}; float16 holds values up to {FLOAT16_MAX:,.0f}, and the residual stream at "
+                "position 0 (massive activations) can pass that: load the model in bfloat16 or float32 "
+                "(load_checkpoint(path, dtype=torch.bfloat16), or model.to(torch.float32))")
+    return (f"{found}: check that block's weights (torch.isfinite(p).all() for its parameters) and the metric (a "
+            "division by zero?)")
+
+
 class CheckpointError(P0CircuitError, OSError):
     """A local checkpoint directory that cannot be loaded."""
 

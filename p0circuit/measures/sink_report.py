@@ -18,7 +18,7 @@ from transformer_lens import ActivationCache, HookedTransformer
 
 from p0circuit.core.defaults import MASSIVE_RATIO, NORM_THRESHOLD, SINK_EPS
 from p0circuit.core import hooks
-from p0circuit.core.errors import BadInputError, MissingHookError, NonFiniteError
+from p0circuit.core.errors import BadInputError, MissingHookError, NonFiniteError, non_finite_fix
 from p0circuit.core.args import entry_point
 from p0circuit.measures.attention import (
     argmax_sink_position,
@@ -187,11 +187,8 @@ def check_finite(cache: ActivationCache, n_layers: int) -> None:
     """Raise :class:`NonFiniteError` naming the first hook (in forward order) with NaN or inf."""
     for name in _needed(n_layers):
         if name in cache.cache_dict and not torch.isfinite(cache[name]).all():
-            raise NonFiniteError(
-                f"NaN or inf first appears at {name!r}; the activations before it are finite. "
-                "Check that block's weights (e.g. torch.isfinite(p).all() for its parameters) and "
-                "the dtype (float16 overflows on large P0 norms: use float32)"
-            )
+            raise NonFiniteError(non_finite_fix(cache[name].dtype, f"NaN or inf first appears at {name!r}; the "
+                                                                   "activations before it are finite"))
 
 
 def report_from_cache(

@@ -94,6 +94,9 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     attach_tokenizer(model, tokenizer)
     model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
+    for param in model.parameters():  # the dtype asked for, end to end (Apertus' activation parameters come as float32)
+        if param.is_floating_point() and param.dtype != cfg.dtype:
+            param.data = param.data.to(cfg.dtype)
     linear_layout(model)  # values unchanged; no weight copy per forward
     model.to(device, print_details=False)  # no "Moving model to device" line
     model.eval()

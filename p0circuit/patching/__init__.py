@@ -12,8 +12,8 @@ whose only job is to know "this is position 0", and the corruptions that can. Th
   TransformerLens flags a method sets while it runs;
 * ``job``, ``ops``: one call's cached runs, and the patch ops every method builds from them;
 * ``methods/``, ``registry``: one file per method, registered in ``registry.METHODS``;
-* ``result``, ``check``, ``faithfulness``, ``circuit_search``: reading, checking and testing what was
-  found, and the faithful circuit (ACDC-style pruning).
+* ``result``, ``check``, ``faithfulness``, ``circuit_search``, ``circuit_edges``: reading, checking and testing
+  what was found, and the faithful circuit, its nodes and then its edges (ACDC-style pruning).
 
 Layer 4: the patching engine and its methods.
 
@@ -29,6 +29,7 @@ from p0circuit.patching.registry import METHODS, Method, get_method, register
 from p0circuit.patching.check import AttributionCheck, check_attribution
 from p0circuit.patching.faithfulness import faithfulness_curve
 from p0circuit.patching.circuit_search import FaithfulCircuit, faithful_circuit
+from p0circuit.patching.circuit_edges import EdgeCircuit, faithful_edges
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_neurons, candidate_nodes
 from p0circuit.patching.experts import candidate_experts, expert_routing
@@ -36,6 +37,6 @@ from p0circuit.patching.experts import candidate_experts, expert_routing
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
     "NormRatio", "PatchMetric", "PatchOptions", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
-    "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "faithful_circuit", "faithfulness_curve", "FaithfulCircuit",
+    "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "EdgeCircuit", "faithful_circuit", "faithful_edges", "faithfulness_curve", "FaithfulCircuit",
     "expert_routing", "get_corruption", "get_method", "path_patch", "register", "takes_options",
 ]

@@ -4,12 +4,15 @@ Circuit Discovery for Mechanistic Interpretability").
 
 A list of single-node effects is a screen, not a circuit: nodes that matter only together (a
 detector and the amplifier that reads it) or that cancel each other are invisible to it. The search
-starts from every candidate kept (faithfulness 1 by definition) and visits the candidates from the
-last layer back to the first (within a layer, the weakest single effect first), as ACDC does: a node
-is dropped (corrupted from then on) when dropping it moves the faithfulness by at most ``tolerance``
-and leaves it within ``1 - target`` of 1. The candidates are tried :data:`CHUNK` at a time first
-(a run of nodes that together move nothing is dropped in one evaluation), and a group that moves too
-much is split in halves down to single nodes, so every node that matters is still judged alone. What remains is measured three ways, each a share of the
+starts from every candidate kept (faithfulness 1 by definition). First the weakest candidates (by
+single effect) are dropped together: as many as keep the faithfulness within ``tolerance`` of 1,
+found by a binary search over how many (about log2(candidates) evaluations; a real model's hundreds of
+candidates are mostly near zero). The rest are visited from the last layer back to the first (within a
+layer, the weakest single effect first), as ACDC does: a node is dropped (corrupted from then on) when
+dropping it moves the faithfulness by at most ``tolerance`` and leaves it within ``1 - target`` of 1.
+They are tried :data:`CHUNK` at a time first (a run of nodes that together move nothing is dropped in
+one evaluation), and a group that moves too much is split in halves down to single nodes, so every
+node that matters is still judged alone. What remains is measured three ways, each a share of the
 clean-to-corrupted change ``M_clean - M_corrupted`` of the metric:
 
 * ``faithfulness`` (noising the complement): the clean run with every candidate outside the circuit
@@ -26,7 +29,7 @@ clean-to-corrupted change ``M_clean - M_corrupted`` of the metric:
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -36,7 +39,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.types import Node
 from p0circuit.patching.corruptions import Corruption
-from p0circuit.patching.engine import run_groups
+from p0circuit.patching.engine import run_groups, start_layer
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import MetricSpec
 from p0circuit.patching.ops import node_op
@@ -49,8 +52,9 @@ TARGET = 0.9
 TOLERANCE = 0.05
 """Largest change of the faithfulness one dropped node may cause (ACDC's threshold tau, as a share of the change;
 the total drift is bounded apart, by ``1 - target``)."""
-CHUNK = 16
-"""Candidates tried together first (then in halves, down to one): see ``prune`` in :func:`faithful_circuit`."""
+CHUNK = 4
+"""Candidates tried together after the bulk drop (then in halves, down to one): see ``prune`` in
+:func:`faithful_circuit`."""
 MAX_SIZE = 20
 """Nodes a reported circuit may hold and still count as found."""
 
@@ -88,6 +92,56 @@ class FaithfulCircuit:
 
 def _share(value: float, clean: float, corrupted: float) -> float:
     return (value - corrupted) / (clean - corrupted)
+
+
+def prune(live: Sequence[Any], strength: Callable[[Any], float], layer: Callable[[Any], int],
+          share: Callable[[list[Any]], float], target: float, tolerance: float,
+          on_bulk: Optional[Callable[[list[Any]], None]] = None) -> tuple[list[Any], float, int]:
+    """ACDC-style pruning of the candidates ``live`` (nodes or edges), as the module docstring says:
+    ``share(dropped)`` is the faithfulness with ``dropped`` corrupted, ``strength`` a candidate's
+    single effect (weakest go first), ``layer`` where it sits (the last layer is visited first).
+    ``on_bulk(dropped)`` is told what the bulk drop took (every later ``dropped`` holds it).
+    Returns (what is kept, in ``live``'s order; its faithfulness; how many the bulk drop took)."""
+    kept = set(live)
+    current = first = share([])  # every candidate kept: 1 for nodes; for edges, the node circuit's faithfulness
+
+    def fits(value: float, before: float) -> bool:
+        """ACDC's rule: the drop moves the faithfulness by at most ``tolerance``, and it stays within ``1 - target`` of 1."""
+        return abs(value - before) <= tolerance and abs(value - 1.0) <= 1.0 - target
+
+    # the bulk drop: the largest count m of the weakest candidates that can go at once (binary search;
+    # m = 0 always can, and only an m that was evaluated is taken)
+    weakest = sorted(live, key=strength)
+    low, high, bulk = 0, len(weakest) + 1, first
+    while high - low > 1:
+        mid = (low + high) // 2
+        value = share(weakest[:mid])
+        if fits(value, first):
+            low, bulk = mid, value
+        else:
+            high = mid
+    if low:
+        kept, current = set(weakest[low:]), bulk
+        if on_bulk is not None:
+            on_bulk(weakest[:low])
+    order = sorted(kept, key=lambda x: (-layer(x), strength(x)))  # last layer first, weakest first
+
+    def visit(group: list[Any]) -> None:
+        """Drop ``group`` at once if that keeps the faithfulness within ``tolerance`` (and the bound);
+        else its halves, in order, down to single candidates: a run that changes nothing costs one
+        evaluation instead of one each, and a candidate that matters is still tried alone."""
+        nonlocal kept, current
+        trial = kept - set(group)
+        value = share([x for x in live if x not in trial])
+        if fits(value, current):
+            kept, current = trial, value
+        elif len(group) > 1:
+            visit(group[:len(group) // 2])
+            visit(group[len(group) // 2:])
+
+    for start in range(0, len(order), CHUNK):
+        visit(order[start:start + CHUNK])
+    return [x for x in live if x in kept], current, low
 
 
 @entry_point
@@ -128,36 +182,38 @@ def faithful_circuit(
     rows = noise.rows_per_forward
     evaluations = 0
 
+    fixed: set[Node] = set()
+    based = noise.clean_base()
+
+    def rebase(bulk: list[Node]) -> None:
+        """The nodes dropped in bulk stay dropped: a clean run with them corrupted becomes the base, so an
+        evaluation runs from its own group's first block (the last layers are visited first)."""
+        nonlocal fixed, based
+        fixed, based = set(bulk), noise.clean_base([node_op(noise, n, "noise", named) for n in bulk])
+
     def noised(dropped: Sequence[Node]) -> float:
         """The metric of the clean run with ``dropped`` corrupted."""
         nonlocal evaluations
         evaluations += 1
         if not dropped:
             return clean
+        if not fixed or not fixed <= set(dropped):
+            with torch.no_grad():
+                return run_groups(noise.clean_base(), [[node_op(noise, n, "noise", named) for n in dropped]], rows)[0]
+        ops = [node_op(noise, n, "noise", named) for n in dropped if n not in fixed]
+        if not ops:
+            return based.value()
+        # the forward runs from the group's first block: the bulk's nodes in that block and after are
+        # patched again there (the blocks before it come from the base run, which holds the rest of them)
+        start = start_layer(ops)
+        ops += [op for n in fixed for op in [node_op(noise, n, "noise", named)] if op.hook.layer >= start]
         with torch.no_grad():
-            return run_groups(noise.clean_base(), [[node_op(noise, n, "noise", named) for n in dropped]], rows)[0]
+            return run_groups(based, [ops], rows)[0]
 
-    order = sorted(live, key=lambda n: (-n.layer, abs(effects[n.name])))  # last layer first, weakest first
-    kept = set(live)
-    current = 1.0
-
-    def prune(group: list[Node]) -> None:
-        """Drop ``group`` at once if that keeps the faithfulness within ``tolerance`` (and the bound);
-        else its halves, in order, down to single nodes: a run of nodes that change nothing costs one
-        evaluation instead of one each, and a node that matters is still tried alone."""
-        nonlocal kept, current
-        trial = kept - set(group)
-        value = _share(noised([n for n in live if n not in trial]), clean, corrupted)
-        if abs(value - current) <= tolerance and abs(value - 1.0) <= 1.0 - target:
-            kept, current = trial, value
-        elif len(group) > 1:
-            prune(group[:len(group) // 2])
-            prune(group[len(group) // 2:])
-
-    for start in range(0, len(order), CHUNK):
-        prune(order[start:start + CHUNK])
+    kept, faithfulness, bulk = prune(live, lambda n: abs(effects[n.name]), lambda n: n.layer,
+                                     lambda dropped: _share(noised(dropped), clean, corrupted), target, tolerance,
+                                     rebase)
     circuit = sorted(kept, key=lambda n: -abs(effects[n.name]))
-    faithfulness = current
     completeness = 1.0 - _share(noised(circuit), clean, corrupted)
     denoising = None
     if not noise.prep.is_ablation:
@@ -177,10 +233,12 @@ def faithful_circuit(
     if denoising is not None and denoising < target:
         short.append(f"denoising the circuit restores {denoising:.3f} < {target} of the change")
     return FaithfulCircuit(
-        nodes=[n.name for n in circuit], candidates=len(live), faithfulness=round(faithfulness, 4),
-        denoising=None if denoising is None else round(denoising, 4), completeness=round(completeness, 4),
+        nodes=[n.name for n in circuit], candidates=len(live), faithfulness=faithfulness, denoising=denoising,
+        completeness=completeness,
         faithful=not short, why="; ".join(short),
         settings={"target": target, "tolerance": tolerance, "max_size": max_size, "corruption": result.corruption,
                   "metric": result.metric, "clean": clean, "corrupted": corrupted, "evaluations": evaluations,
-                  "search": f"ACDC-style pruning over nodes: last layer first, weakest single effect first, "
-                                                        f"groups of {CHUNK} split in halves when they move too much"})
+                  "bulk_dropped": bulk,
+                  "search": f"the {bulk} weakest candidates dropped at once (binary search), then ACDC-style pruning of "
+                            f"the rest: last layer first, weakest single effect first, groups of {CHUNK} split in "
+                            "halves when they move too much"})

@@ -471,7 +471,7 @@ def _with_positions(act: Tensor, positions: Sequence[int], values: Tensor) -> Te
     return out
 
 
-def _apply_ops(ops: Sequence[tuple[slice, PatchOp]], act: Tensor, hook: Any) -> Tensor:
+def apply_ops(ops: Sequence[tuple[slice, PatchOp]], act: Tensor, hook: Any) -> Tensor:
     """A forward hook (bound with ``partial``, not a closure made per call): each op on its rows."""
     for rows, op in ops:
         op.apply(act, rows)
@@ -519,7 +519,7 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
     captured: dict[str, Tensor] = {}
     fwd_hooks: list[tuple[str, Callable]] = []
     for name, ops in by_hook.items():
-        fwd_hooks.append((name, partial(_apply_ops, ops)))
+        fwd_hooks.append((name, partial(apply_ops, ops)))
     for h in metric.needs(model.cfg.n_layers):
         if h.layer >= start:
             fwd_hooks.append((h.name, partial(_keep, captured, h.name)))
@@ -635,7 +635,7 @@ def run_groups_reference(
         captured: dict[str, Tensor] = {}
         fwd_hooks: list[tuple[str, Callable]] = []
         for op in group:
-            fwd_hooks.append((op.hook.name, partial(_apply_ops, [(slice(None), op)])))
+            fwd_hooks.append((op.hook.name, partial(apply_ops, [(slice(None), op)])))
         for name in names:
             fwd_hooks.append((name, partial(_keep, captured, name)))
         logits = model.run_with_hooks(base_tokens, fwd_hooks=fwd_hooks)

@@ -9,6 +9,7 @@ during the forward pass, so senders changed upstream are accounted for.
 """
 
 import math
+from functools import partial
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -20,7 +21,7 @@ from p0circuit.core.io import strict
 from p0circuit.core.args import entry_point
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
-from p0circuit.patching.engine import run_groups
+from p0circuit.patching.engine import PatchOp, apply_ops, run_groups, stop_layer
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions
@@ -40,19 +41,31 @@ def _ranked(result: PatchResult) -> list[str]:
     return sorted(eff, key=lambda k: -abs(eff[k]))
 
 
-@torch.no_grad()
-def _edges_ablated(job: PatchJob, ablated: Sequence[Edge], named: Sequence[int]) -> float:
-    model = job.model
-    normed = sorted({str(e.src) for e in ablated if post_norm(model, e.src) is not None})
+def refuse_post_norm_senders(model: Any, edges: Sequence[Edge]) -> None:
+    """Many edges are ablated at once by subtracting each sender's output from its receivers' inputs,
+    which is not additive where a norm follows the sender: refused there, before any forward."""
+    normed = sorted({str(e.src) for e in edges if post_norm(model, e.src) is not None})
     if normed:
         raise BadInputError(f"edge faithfulness ablates many edges at once by subtracting each sender's output, which "
                             f"is not additive where a norm follows the sender ({', '.join(normed[:4])} on this "
                             f"{model.cfg.original_architecture} model); use node-level faithfulness there")
+
+
+@torch.no_grad()
+def edges_ablated(job: PatchJob, ablated: Sequence[Edge], named: Sequence[int],
+                  node_ops: Sequence[PatchOp] = ()) -> float:
+    """The metric of the clean run with the edges ``ablated`` corrupted as edges (each receiver input
+    gets ``input - (current sender output - corrupted sender output)``) and ``node_ops`` applied (nodes
+    set to their corrupted values, before any sender output is read). One forward over the whole
+    prompts, up to the block after the last one the metric reads; the receiver hooks must be on
+    (:func:`~p0circuit.patching.hooking.receiver_hooks`)."""
+    model = job.model
+    refuse_post_norm_senders(model, ablated)
+    fwd: list[tuple[str, Callable]] = [(op.hook.name, partial(apply_ops, [(slice(None), op)])) for op in node_ops]
     current: dict[Node, Tensor] = {}
     by_sender: dict[str, list[Node]] = {}
     for e in ablated:
         by_sender.setdefault(sender_hook(e.src), []).append(e.src)
-    fwd: list[tuple[str, Callable]] = []
     for name, nodes in by_sender.items():
         def grab(act: Tensor, hook: Any, nodes: list = nodes, name: str = name) -> None:
             for n in set(nodes):
@@ -80,8 +93,9 @@ def _edges_ablated(job: PatchJob, ablated: Sequence[Edge], named: Sequence[int])
         def keep(act: Tensor, hook: Any, name: str = name) -> None:
             captured[name] = act
         fwd.append((name, keep))
-    logits = model.run_with_hooks(job.prep.clean_tokens, fwd_hooks=fwd)
-    return float(job.metric(RunView(captured, logits, 0)))
+    stop = stop_layer(model, job.metric)
+    logits = model.run_with_hooks(job.prep.clean_tokens, fwd_hooks=fwd, stop_at_layer=stop)
+    return float(job.metric(RunView(captured, logits if stop is None else None, 0)))
 
 
 @entry_point
@@ -131,7 +145,7 @@ def faithfulness_curve(
     values: dict[int, float] = {}
     with receiver_hooks(model, split_qkv=is_edge):
         if is_edge:
-            values = {i: _edges_ablated(job, d, named) for i, d in enumerate(dropped) if d}
+            values = {i: edges_ablated(job, d, named) for i, d in enumerate(dropped) if d}
         else:  # every point in one pass of the engine, which runs only the blocks up to the metric
             todo = [i for i, d in enumerate(dropped) if d]
             groups = [[node_op(job, n, "noise", named) for n in dropped[i]] for i in todo]

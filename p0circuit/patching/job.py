@@ -17,16 +17,20 @@ path (``reference=True``) runs every patch, so the tests can check that this is 
 
 import math
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
 from p0circuit.core.progress import tqdm
 
-from p0circuit.core.errors import NonFiniteError
+from p0circuit.core.errors import NonFiniteError, non_finite_fix
 from p0circuit.core.hooks import HookRef
 from p0circuit.patching.inputs import PatchInputs
-from p0circuit.patching.engine import BaseRun, PatchOp, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer
+from p0circuit.patching.engine import (
+    BaseRun, PatchOp, apply_ops, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer,
+)
+from p0circuit.patching.hooking import attached
 from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.metrics import RunView
 from p0circuit.patching.result import PatchResult, make_result
@@ -39,10 +43,8 @@ def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:
     names = sorted(cache, key=lambda n: order.get(n, len(order)))
     for name in names:
         if cache[name].is_floating_point() and not bool(torch.isfinite(cache[name]).all()):
-            raise NonFiniteError(
-                f"NaN or inf first appears at {name!r} in the {run} run (the hooks before it are finite): check "
-                "that block's weights (torch.isfinite(p).all() for its parameters) and the dtype (float16 overflows "
-                "on large P0 norms: use float32)")
+            raise NonFiniteError(non_finite_fix(model.cfg.dtype, f"NaN or inf first appears at {name!r} in the {run} "
+                                                                 "run (the hooks before it are finite)"))
 
 
 class PatchJob:
@@ -135,10 +137,21 @@ class PatchJob:
         return BaseRun(self.model, self.corr, self.metric, self.offset, self.corr_logits,  # type: ignore[arg-type]
                        self.prep.corrupt_tokens)
 
-    def clean_base(self) -> BaseRun:
+    def clean_base(self, patched: Sequence[PatchOp] = ()) -> BaseRun:
         """The clean run as a base for ablations applied all at once (the fully corrupted reference of
-        an ablation, faithfulness curves); without logits, so every forward runs whole prompts."""
-        return BaseRun(self.model, self.clean, self.metric, 0, None, self.prep.clean_tokens)
+        an ablation, faithfulness curves); without logits, so every forward runs whole prompts.
+
+        With ``patched`` ops, the base is a new clean run with those applied (cached like the clean
+        run, keys and values included): a later group then runs only from its own first block, the
+        blocks before it taken from this run (the circuit search fixes the nodes it dropped in bulk)."""
+        if not patched:
+            return BaseRun(self.model, self.clean, self.metric, 0, None, self.prep.clean_tokens)
+        by_hook: dict[str, list[tuple[slice, PatchOp]]] = {}
+        for op in patched:
+            by_hook.setdefault(op.hook.name, []).append((slice(None), op))
+        with torch.no_grad(), attached(self.model, [(name, partial(apply_ops, ops)) for name, ops in by_hook.items()]):
+            cache, _ = cache_run(self.model, self.prep.clean_tokens, set(self._cached), self.stop, kv=True)
+        return BaseRun(self.model, cache, self.metric, 0, None, self.prep.clean_tokens)
 
     @contextmanager
     def tracking(self, total: int, what: str) -> Iterator[None]:

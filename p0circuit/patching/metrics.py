@@ -219,7 +219,7 @@ class AttnToP0(PatchMetric):
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         vals = []
         for layer, head in self._resolved:
-            pat = view.acts[hooks.pattern(layer)][:, head]  # (B, Q, K)
+            pat = view.acts[hooks.pattern(layer)][:, head].float()  # (B, Q, K), in float32 whatever the model's dtype
             if pat.shape[-1] <= view.p0 + 1:
                 raise BadInputError("AttnToP0 needs at least one query after P0; use longer prompts")
             vals.append(pat[:, view.p0 + 1:, view.p0].mean(-1))
@@ -229,7 +229,8 @@ class AttnToP0(PatchMetric):
 @entry_point
 @dataclass
 class LogitMetric(PatchMetric):
-    """Any callable ``logits [batch, pos, vocab] -> scalar tensor`` (e.g. a logit difference)."""
+    """Any callable ``logits [batch, pos, vocab] -> scalar tensor`` (e.g. a logit difference); the logits
+    arrive in float32 whatever the model's dtype."""
 
     fn: Callable[[Tensor], Tensor]
     """The user's metric on logits."""
@@ -243,13 +244,14 @@ class LogitMetric(PatchMetric):
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         assert view.logits is not None
-        return _scalar(self.fn(view.logits), self.label)
+        return _scalar(self.fn(view.logits.float()), self.label)  # float32 whatever the model's dtype
 
 
 @entry_point
 @dataclass
 class CacheMetric(PatchMetric):
-    """Any callable on activations: ``fn(acts: dict[hook name, Tensor], p0: int) -> scalar``.
+    """Any callable on activations: ``fn(acts: dict[hook name, Tensor], p0: int) -> scalar``; float
+    activations arrive in float32 whatever the model's dtype.
 
     ``hooks_needed`` lists ``(layer, hook name)`` pairs, e.g.
     ``[(2, p0circuit.core.hooks.resid_post(2))]``.
@@ -271,7 +273,7 @@ class CacheMetric(PatchMetric):
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         try:
-            value = self.fn(view.acts, view.p0)
+            value = self.fn({k: v.float() if v.is_floating_point() else v for k, v in view.acts.items()}, view.p0)
         except KeyError as err:
             if err.args and err.args[0] in view.acts or not (err.args and isinstance(err.args[0], str)):
                 raise

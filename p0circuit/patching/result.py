@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD
-from p0circuit.core.errors import BadInputError, NonFiniteError
+from p0circuit.core.errors import BadInputError, NonFiniteError, non_finite_fix
 from p0circuit.core.types import REST, Circuit, Edge, Kind, Node, effect_grid
 from p0circuit.models.tokens import bos_id
 from p0circuit.patching.corruptions import advice
@@ -169,9 +169,8 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     bad = [n for n, v in raw.items() if not math.isfinite(v)]
     if bad or not math.isfinite(corrupted):
         where = f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)" if bad else "the fully corrupted run"
-        raise NonFiniteError(f"the metric {inputs.metric.name} is NaN or inf after {where}: a patched value overflows "
-                             "or the metric divides by zero there; check the metric and the model's dtype "
-                             "(float16 overflows on large P0 norms: use float32)")
+        raise NonFiniteError(non_finite_fix(inputs.model.cfg.dtype,
+                                            f"the metric {inputs.metric.name} is NaN or inf after {where}"))
     unreachable = [n for n in names if n not in raw]
     raw = {n: raw.get(n, base_metric) for n in names}
     settings = {**settings, "unreachable": len(unreachable)}

@@ -171,7 +171,8 @@ def _analyze(args: argparse.Namespace) -> int:
 
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
     settings = AnalysisSettings(n_prompts=args.n_prompts, length=args.length, bos=bos, seed=args.seed,
-                                max_onsets=args.max_onsets, neurons_keep=args.neurons_keep)
+                                max_onsets=args.max_onsets, neurons_keep=args.neurons_keep,
+                                **({} if args.max_edges is None else {"max_edges": args.max_edges}))
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
     bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
@@ -372,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--length", type=int, default=24, help="tokens of text per prompt (a BOS token adds one)")
     a.add_argument("--max-onsets", type=int, default=3, help="onsets analysed per BOS setting")
     a.add_argument("--neurons-keep", type=int, default=32, help="neurons confirmed by exact patching per onset")
+    a.add_argument("--max-edges", type=int, default=None,
+                   help="candidate edges of a faithful circuit up to which they are pruned as a set (default 128)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")
     a.add_argument("--quiet", action="store_true", help="no progress bar")

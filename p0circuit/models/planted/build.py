@@ -250,17 +250,17 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
     model = HookedTransformer(_config(spec, lay), move_to_device=False)
     model.eval()
     b = _Build(spec, model, lay, roles, content, torch.Generator().manual_seed(spec.seed))
+    if spec.key == "bos":  # before the probe: the calibration prompts start with the BOS token, as the sink needs
+        setattr(model, BOS_ATTR, spec.bos_id)
     with torch.no_grad():
         _write_embed(b)
-        b.probe = probe_tokens(model, 64, spec.n_ctx, seed=b.gen, regular=True)
+        b.probe = probe_tokens(model, 64, spec.n_ctx, seed=b.gen, regular=True, bos=spec.key == "bos")
         for layer in range(spec.n_layers):
             _write_heads(b, layer)
             _write_mlp(b, layer)
         _write_unembed(b)
     sink_heads = tuple(lh for lh, r in roles.items() if r == "sink")
     setattr(model, SINK_HEADS_ATTR, sink_heads)  # so metric="sink_heads" works wherever the model goes
-    if spec.key == "bos":
-        setattr(model, BOS_ATTR, spec.bos_id)
     return PlantedModel(model, _ground_truth(spec, sink_heads), spec, lay, sink_heads, tuple(content), b.neurons)
 
 

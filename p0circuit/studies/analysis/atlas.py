@@ -41,7 +41,11 @@ def _circuit_cell(c: dict[str, Any]) -> str:
         return c.get("note", "not measured")
     denoise = "" if c["denoising"] is None else f", denoising {c['denoising']:.2f}"
     head = f"{c['size']} nodes" if c["faithful"] else f"**not faithful** ({c['why']}); best: {c['size']} nodes"
-    return f"{head} ({', '.join(c['nodes'][:5])}{'...' if c['size'] > 5 else ''}): faithfulness {c['faithfulness']:.2f}{denoise}"
+    e = c.get("edge_circuit") or {}
+    edges = "" if "edges" not in e else (f"; {e['size']} of {e['candidates']} edges between them keep "
+                                         f"{e['faithfulness']:.2f}" + ("" if e["faithful"] else " (**not faithful**)"))
+    return (f"{head} ({', '.join(c['nodes'][:5])}{'...' if c['size'] > 5 else ''}): faithfulness {c['faithfulness']:.2f}"
+            f"{denoise}{edges}")
 
 
 def rows(d: dict[str, Any]) -> list[list[str]]:

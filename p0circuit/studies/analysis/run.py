@@ -66,13 +66,16 @@ class AnalysisSettings:
     """Neurons confirmed by exact patching per onset (the strongest integrated-gradient estimates)."""
     ig_steps: int = 4
     """Integrated-gradient points per MLP in the neuron screen."""
+    max_edges: int = 128
+    """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
+    forward up to the onset); above it they are measured one by one only, and the record says so."""
     lengths: tuple[int, ...] = (12, 48)
     """Other prompt lengths compared at the first onset."""
     seed: int = 0
     """Seed of the prompts and of the random corruptions."""
 
     def __post_init__(self) -> None:
-        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "seed"):
+        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "max_edges", "seed"):
             value, low = getattr(self, name), 0 if name == "seed" else (2 if name in ("n_prompts", "length") else 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"analysis setting {name} must be an int >= {low}, got {value!r}")
@@ -303,7 +306,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
             p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
             if p0_onsets:
                 chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
-                variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0]["layer"], chosen, s, state, bar)
+                variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
     finally:
         bar.close()
     data = {
@@ -357,7 +360,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold)
         out["corruption_choice"] = choice
         out["faithfulness"] = steps.faithfulness(model, toks, res, corruption, metric)
-        out["circuit"] = steps.circuit(model, toks, bos, res, corruption, metric)
+        out["circuit"] = steps.circuit(model, toks, bos, res, corruption, metric, s.max_edges)
         return out
 
     entry.update(state.run(key + "/nodes", node_step, bar))
@@ -366,7 +369,8 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
     entry["into_sinks"] = {}
     if entry["signal"] and entry["nodes"]:
         def edge_step() -> dict[str, Any]:
-            out = steps.edges(model, toks, bos, corruption, metric, layer, entry["nodes"], s.threshold)
+            out = steps.circuit_edges(model, toks, bos, corruption, metric, layer, entry.get("circuit") or {},
+                                      entry["nodes"], s.threshold)
             if where == "P0":
                 out["into_sinks"] = steps.into_sinks(model, toks, bos, corruption, layer, entry["nodes"],
                                                      summary["alpha"], SINK_EPS, s.threshold)
@@ -397,15 +401,17 @@ def _has(model: Any, row: Tensor, spec: str) -> bool:
     return True
 
 
-def _variations(model: Any, bos: bool, layer: int, chosen: str, s: AnalysisSettings, state: _State,
+def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: AnalysisSettings, state: _State,
                 bar: Any) -> dict[str, Any]:
-    """Every corruption side by side at the first P0 onset, and other prompt lengths patched with
-    ``chosen``: the corruption the analysis chose for this BOS setting at that onset."""
-    tag = SETTINGS[bos]
+    """Every corruption side by side at the first P0 ``onset`` (its own pass is reused for ``chosen``),
+    and other prompt lengths patched with ``chosen``: the corruption the analysis chose for this BOS
+    setting at that onset."""
+    tag, layer = SETTINGS[bos], onset["layer"]
+    known = {chosen: onset} if "skipped" not in onset and onset.get("corruption") == chosen else {}
     toks = prompts(model, s.n_prompts, s.length, bos, s.seed)
     out: dict[str, Any] = {"layer": layer, "chosen_corruption": chosen}
     out["corruption"] = state.run(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
-        model, toks, bos, layer, steps.corruption_variants(bos), s.threshold), bar)
+        model, toks, bos, layer, steps.corruption_variants(bos), s.threshold, s.seed, known), bar)
     out["length"] = {}
     for n in s.lengths:
         def length_step(n: int = n) -> dict[str, Any]:
@@ -471,13 +477,22 @@ def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
         return {"status": FAILS, "evidence": f"no circuit at the layer-{onset['layer']} onset: {c.get('note', 'not measured')}"}
     where = f"the layer-{onset['layer']} onset's circuit ({c['size']} nodes: {', '.join(c['nodes'][:8])}" + \
         ("..." if c["size"] > 8 else "") + f"; faithfulness {c['faithfulness']:.2f}" + \
-        ("" if c["denoising"] is None else f", denoising {c['denoising']:.2f}") + ")"
+        ("" if c["denoising"] is None else f", denoising {c['denoising']:.2f}") + _edges_said(c) + ")"
     if not c["faithful"]:
         return {"status": FAILS, "evidence": f"no faithful circuit: {c['why']}; best found: {where}"}
     outside = _outside(c["nodes"])
     if not outside:
         return {"status": HOLDS, "evidence": f"{where} lies in layer-0 attention and the layer-0/1 MLPs"}
     return {"status": ELSEWHERE, "evidence": f"{where} uses " + ", ".join(outside) + ", outside the paper's blocks"}
+
+
+def _edges_said(c: dict[str, Any]) -> str:
+    """The circuit's edges in a few words, for the verdict's evidence."""
+    e = c.get("edge_circuit") or {}
+    if "edges" not in e:
+        return ""
+    return (f"; {e['size']} edges ({', '.join(e['edges'][:4])}{'...' if e['size'] > 4 else ''}) keep "
+            f"{e['faithfulness']:.2f}")
 
 
 def _amplification_part(onset: Optional[dict[str, Any]], threshold: float) -> dict[str, Any]:

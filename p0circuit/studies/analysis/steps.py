@@ -6,6 +6,7 @@ Effects are *normalized*: the share of the clean-to-corrupted change of the metr
 component (edge, neuron) carries when it alone is patched; positive raises the metric.
 """
 
+import inspect
 import math
 import time
 from typing import Any, Optional, Sequence
@@ -16,7 +17,7 @@ from p0circuit.core.errors import P0CircuitError
 from p0circuit.measures.sink_report import SinkReport, sink_report
 from p0circuit.patching import (
     AttnToP0, NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
-    candidate_nodes, faithful_circuit, faithfulness_curve, path_patch,
+    candidate_nodes, faithful_circuit, faithful_edges, faithfulness_curve, path_patch,
 )
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
 from p0circuit.patching.edges import among
@@ -127,6 +128,23 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
                  "seconds": round(time.perf_counter() - t, 2)}
 
 
+def circuit_edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
+                  found: dict[str, Any], node_effects: dict[str, float], threshold: float) -> dict[str, Any]:
+    """The onset's edges: those of its faithful circuit ``found`` (searched with it, by :func:`circuit`: each
+    edge alone by path patching, then pruned as a set) at or above ``threshold``; where there is no such
+    search (the node circuit is not faithful, or its edges cannot be ablated together), path patching
+    between the strongest single nodes as a screen, said so."""
+    ec = found.get("edge_circuit") or {}
+    if ec.get("effects"):
+        return {"edges": {k: v for k, v in sorted(ec["effects"].items(), key=lambda kv: -abs(kv[1])) if abs(v) >= threshold},
+                "candidates": ec["candidates"], "signal": True,
+                "of": "the edges between the faithful circuit's nodes and into the metric, each alone"}
+    out = edges(model, tokens, bos, corruption, metric, layer, node_effects, threshold)
+    out["of"] = "the edges between the 8 strongest single nodes, each alone (a screen: " + \
+        (ec.get("note") or ec.get("why") or "no faithful circuit") + ")"
+    return out
+
+
 def edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
           node_effects: dict[str, float], threshold: float, max_nodes: int = 8) -> dict[str, Any]:
     """Path patching of the edges between the strongest nodes (senders) into the kept nodes' inputs
@@ -212,14 +230,25 @@ def faithfulness(model: Any, tokens: Tensor, result: PatchResult, corruption: Co
 
 
 def circuit(model: Any, tokens: Tensor, bos: bool, result: PatchResult, corruption: Corruption,
-            metric: PatchMetric) -> dict[str, Any]:
+            metric: PatchMetric, max_edges: Optional[int] = None) -> dict[str, Any]:
     """The onset's faithful circuit (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), or why
     there is none; the top-k faithfulness curve stays beside it as a screen."""
     if not result.signal:
         return {"note": f"no signal: {result.message}"}
     t = time.perf_counter()
-    found = faithful_circuit(model, tokens, result=result, corruption=corruption, metric=metric, bos=bos).to_dict()
+    circuit_ = faithful_circuit(model, tokens, result=result, corruption=corruption, metric=metric, bos=bos)
+    found = circuit_.to_dict()
     found["seconds"] = round(time.perf_counter() - t, 2)
+    if not circuit_.faithful:
+        found["edge_circuit"] = {"note": "the node circuit is not faithful, so its edges were not searched"}
+        return found
+    t = time.perf_counter()
+    try:
+        found["edge_circuit"] = faithful_edges(model, tokens, circuit=circuit_, result=result, corruption=corruption,
+                                               metric=metric, bos=bos, max_candidates=max_edges).to_dict()
+    except P0CircuitError as err:  # heads before a post-attention norm: not additive, refused with the reason
+        found["edge_circuit"] = {"note": f"edges not searched: {err}"}
+    found["edge_circuit"]["seconds"] = round(time.perf_counter() - t, 2)
     return found
 
 
@@ -230,16 +259,27 @@ def corruption_variants(bos_at_p0: bool) -> list[str]:
     return first + [n for n in CORRUPTIONS if n not in first]
 
 
-def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequence[str],
-                  threshold: float) -> dict[str, Any]:
-    """The onset's nodes under each corruption in ``names``: signal, top effects, or why not."""
+def seeded(name: str, seed: int) -> Corruption:
+    """The registered corruption ``name``, made with ``seed`` when it takes one (the random ones)."""
+    cls = CORRUPTIONS[name] if name in CORRUPTIONS else None
+    takes = cls is not None and "seed" in inspect.signature(cls.__init__).parameters
+    return get_corruption(name, seed=seed) if takes else get_corruption(name)
+
+
+def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequence[str], threshold: float,
+                  seed: int = 0, known: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, Any]:
+    """The onset's nodes under each corruption in ``names`` (made with ``seed``): signal, top effects, or
+    why not. ``known``: corruption name -> the :func:`nodes` summary already measured on these prompts at
+    this onset with that corruption and seed (the onset's own pass), used instead of measuring it again."""
     out: dict[str, Any] = {}
     for name in names:
-        try:
-            _, summary = nodes(model, tokens, bos, get_corruption(name), NormRatio(layer), layer, threshold)
-        except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
-            out[name] = {"error": f"{type(err).__name__}: {err}"}
-            continue
+        summary = (known or {}).get(name)
+        if summary is None:
+            try:
+                _, summary = nodes(model, tokens, bos, seeded(name, seed), NormRatio(layer), layer, threshold)
+            except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
+                out[name] = {"error": f"{type(err).__name__}: {err}"}
+                continue
         out[name] = {k: summary[k] for k in ("metric", "signal", "clean", "corrupted", "message", "normalization")}
         out[name]["nodes"] = dict(list(summary["nodes"].items())[:8])
         if summary["signal"] and summary["corrupted"] > summary["clean"]:

@@ -56,7 +56,21 @@ def _circuit_line(c: dict[str, Any]) -> str:
     denoise = "n/a for an ablation" if c["denoising"] is None else f"{c['denoising']:.3f}"
     return (head + f"{c['size']} nodes, {', '.join(c['nodes'][:12])}{'...' if c['size'] > 12 else ''}; faithfulness "
             f"(every other candidate corrupted) {c['faithfulness']:.3f}, denoising (the circuit restored into the "
-            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {c['completeness']:.3f}.")
+            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {c['completeness']:.3f}."
+            + _edge_line(c.get("edge_circuit") or {}))
+
+
+def _edge_line(e: dict[str, Any]) -> str:
+    """The node circuit's edges (ACDC-style pruning of the edges between its nodes), or why not."""
+    if "edges" not in e:
+        return f" Its edges: {e['note']}." if "note" in e else ""
+    if not e["edges"]:
+        return f" Its edges: {e['why']}."
+    shown = ", ".join(f"{n} {e['effects'][n]:+.2f}" for n in e["edges"][:10]) + ("..." if e["size"] > 10 else "")
+    verdict = "" if e["faithful"] else f" (**not faithful**: {e['why']})"
+    return (f" Its edges{verdict} (ACDC-style pruning of the {e['candidates']} edges between its nodes and into the "
+            f"metric): {e['size']} kept, {shown} (each alone, path patching); with every other edge and node corrupted "
+            f"they keep {e['faithfulness']:.3f} of the change, and corrupting them alone removes {e['completeness']:.3f}.")
 
 
 def markdown(d: dict[str, Any]) -> str:
@@ -122,7 +136,8 @@ def markdown(d: dict[str, Any]) -> str:
                       _circuit_line(o.get("circuit") or {})]
             ep = o.get("edge_pass", {})
             if ep:
-                lines.append(f"- Edges ({ep.get('candidates', 0)} candidates): {_fmt(o['edges'], 10)}.")
+                of = f"; {ep['of']}" if ep.get("of") else ""
+                lines.append(f"- Edges ({ep.get('candidates', 0)} candidates{of}): {_fmt(o['edges'], 10)}.")
             sk_e = o.get("into_sinks") or {}
             if sk_e.get("candidates"):
                 lines.append(f"- Edges into the sink heads' keys and values (metric `{sk_e['metric']}`, "
@@ -265,13 +280,17 @@ def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
             figs[key] = [_img(_png(_onset_panels(d, o)), "node effects at P0 and elsewhere, and faithfulness")]
             c = o.get("circuit") or {}
             if c.get("nodes"):
-                circuit = Circuit(nodes=tuple(Node.parse(n) for n in c["nodes"]), node_effects=dict(o["effects"]),
+                ec = c.get("edge_circuit") or {}
+                circuit = Circuit(nodes=tuple(Node.parse(n) for n in c["nodes"]),
+                                  edges=tuple(Edge.parse(n) for n in ec.get("edges", [])),
+                                  node_effects=dict(o["effects"]), edge_effects=dict(ec.get("effects", {})),
                                   settings={"method": "faithful circuit", "corruption": o["corruption"],
                                             "metric": o["metric"], "threshold": d["settings"]["threshold"],
-                                            "signal": True})
-                name = f"{'faithful' if c['faithful'] else 'best (not faithful)'} circuit, layer-{o['layer']} onset"
+                                            "signal": True, "level": "edge" if ec.get("edges") else "node"})
+                name = (f"{'faithful' if c['faithful'] else 'best (not faithful)'} circuit, layer-{o['layer']} onset"
+                        + (f", {len(ec['edges'])} edges" if ec.get("edges") else ""))
                 figs[key].append(_img(_png(draw(circuit, truth, name)), name))
-                figs[key].append(f"<details><summary>interactive circuit (hover, click a node)</summary>"
+                figs[key].append(f"<details open><summary>interactive circuit (hover, click a node)</summary>"
                                  f"{to_html(circuit, truth, name)}</details>")
     return figs
 
