@@ -23,7 +23,7 @@ REAL_MODULES = {"test_real.py", "test_gemma3.py"}
 """Modules whose tests load a real model (marker ``real``)."""
 REAL_NOTEBOOKS = ("05_", "06_")
 """Notebooks that load a real model."""
-PROCESS_TESTS = {"test_reliability.py", "test_determinism.py", "test_sweep.py::test_killed_sweep_resumes",
+PROCESS_TESTS = {"test_reliability.py", "test_determinism.py", "test_load_memory.py", "test_sweep.py::test_killed_sweep_resumes",
                  "test_hostile_inputs.py::test_a_failing_cell_with_two_workers_keeps_the_others"}
 """Tests that kill, spawn or pool processes (marker ``processes``)."""
 

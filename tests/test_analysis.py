@@ -122,10 +122,12 @@ def test_interrupted_analysis_resumes_without_redoing_steps(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         analyze(pm, out=tmp_path, progress=False, bos=(False,), **SMALL)
     state = strict_load(tmp_path / analysis_run.STATE)
-    assert list(state["steps"]) == ["without_bos/sinks", "without_bos/P0@L1/nodes"]
+    assert list(state["steps"]) == [analysis_run.UNIT, "without_bos/sinks", "without_bos/P0@L1/nodes"]
+    unit = state["steps"][analysis_run.UNIT]["seconds"]  # the cost unit the finished steps were timed against
     assert calls["faithfulness"] == 1 and not (tmp_path / "analysis.json").exists()
     monkeypatch.setattr(steps, "circuit_edges", real_edges)
     resumed = analyze(pm, out=tmp_path, progress=False, bos=(False,), **SMALL)
+    assert resumed["timing"]["forward_s"] == round(unit, 4)  # kept, not timed again
     assert calls["faithfulness"] == 1  # the finished node step was read back, not run again
     fresh = analyze(pm, progress=False, bos=(False,), **SMALL)
     assert untimed(resumed["onsets"]) == untimed(fresh["onsets"]) and resumed["sinks"] == fresh["sinks"]

@@ -107,6 +107,10 @@ def test_meta_tokens_and_split_or_mismatched_models_are_rejected():
         with pytest.raises(BadInputError, match=r"weights are on several devices \['cpu', 'meta'\]"):
             call()
     m = ModelSpec(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=20, n_ctx=12).build()
+    m.cfg.n_devices = 2  # TransformerLens' split over devices: refused, never moved silently
+    with pytest.raises(BadInputError, match=r"split over 2 devices \(TransformerLens' n_devices=2\).*n_devices=1"):
+        p0.sink_report(m, tokens)
+    m = ModelSpec(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=20, n_ctx=12).build()
     m.blocks[0].half()
     with pytest.raises(BadInputError, match="weights mix dtypes"):
         p0.sink_report(m, tokens)

@@ -90,10 +90,14 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
         # unused (ALiBi, rotary), but TransformerLens would fill it with torch.empty: arbitrary memory, at
         # times NaN, which the finite-weight check then (rightly) refuses
         state_dict["pos_embed.W_pos"] = torch.zeros(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype)
-    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)  # init_weights=False: untouched memory
     attach_tokenizer(model, tokenizer)
-    model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    # TransformerLens' load_and_process_state_dict with every processing off, without its copies: the
+    # converted tensors (mostly views of the Hugging Face weights) become the parameters (assign=True),
+    # so the hooked model shares the loaded weights' memory instead of holding a second copy (its own
+    # processing step would also pass every half-precision tensor through float32 and back)
+    filled = model.fill_missing_keys(state_dict)
+    model.load_state_dict({k: v.detach() for k, v in filled.items()}, strict=False, assign=True)
     for param in model.parameters():  # the dtype asked for, end to end (Apertus' activation parameters come as float32)
         if param.is_floating_point() and param.dtype != cfg.dtype:
             param.data = param.data.to(cfg.dtype)

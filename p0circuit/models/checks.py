@@ -72,6 +72,12 @@ def check_devices(model: Any) -> None:
     """Raise when the model's weights are split over devices, have no data (``meta``), mix float
     dtypes, or sit elsewhere than ``model.cfg.device`` says (so hooks would build tensors on the
     wrong device)."""
+    n_devices = int(getattr(model.cfg, "n_devices", 1) or 1)
+    if n_devices > 1:
+        raise BadInputError(
+            f"this model is split over {n_devices} devices (TransformerLens' n_devices={n_devices}); p0circuit "
+            "patches a model on one device, and moving it silently would change where the work runs: load it "
+            "with n_devices=1 on one device that holds it (bfloat16 halves its size), or on the CPU")
     devices = {p.device for p in model.parameters()}
     if len(devices) > 1:
         raise BadInputError(

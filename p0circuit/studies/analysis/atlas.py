@@ -114,11 +114,12 @@ def page(analyses: Sequence[dict[str, Any]]) -> str:
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     lines += ["", "## What each analysis cost", "",
               "Seconds of the analysis' own steps (model loading left out), in forwards of its prompt batch timed "
-              "in the same run, and the share the faithful-circuit search took.", "",
+              "in the same run, and the share the faithful-circuit search (nodes, then edges) took.", "",
               "| model | steps | forwards of the batch | circuit search |", "|---|---|---|---|"]
     for d in analyses:
         t = d["timing"]
-        search = sum(o.get("circuit", {}).get("seconds", 0.0) for ons in d["onsets"].values() for o in ons)
+        search = sum(c.get("seconds", 0.0) + (c.get("edge_circuit") or {}).get("seconds", 0.0)
+                     for ons in d["onsets"].values() for o in ons for c in [o.get("circuit") or {}])
         lines.append(f"| {d['model']} | {t['seconds']:.0f} s | {t['forwards']} | {search:.0f} s "
                      f"({search / max(t['seconds'], 1e-9):.0%}) |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "

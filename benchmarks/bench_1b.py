@@ -1,0 +1,139 @@
+"""The 1B class on one machine: a random-weight checkpoint shaped like Llama-3.2-1B, made here with
+transformers' own config class, loaded, measured and patched, each figure beside a forward of the
+same batch timed in the same run.
+
+    python benchmarks/bench_1b.py                       # 1.24B parameters, float32 (about 5 GB on disk)
+    python benchmarks/bench_1b.py --shape small         # the same code path at 42M parameters (a minute)
+    python benchmarks/bench_1b.py --device cuda --dtype bfloat16    # the GPU check (not for CI)
+    python benchmarks/bench_1b.py --analyze             # also p0circuit.analyze, its time and its ETA
+
+What it measures: peak resident memory while loading (a fresh process, ``benchmarks/load_memory.py``)
+against the model's own size; the load time; one forward of 8 x 24 tokens; ``sink_report``; one
+activation patch of every head and MLP at P0 and elsewhere up to block 2 (``NormRatio(2)``, shift); and
+with ``--analyze`` the whole analysis (``n_prompts=8``), with how far its progress bar's estimate was
+from the time it took. Random weights have no trained sink: the analysis' steps then depend on what
+the sink report finds, which the output says.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # Llama-3.2-1B's shape: 16 layers, d_model 2048, 32 query heads sharing 8 key/value heads, d_mlp 8192,
+    # a vocabulary of 128,256, tied embeddings (1.24B parameters)
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=2048,
+               rope_theta=500000.0),
+    "small": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=2048),
+    # 124M parameters: large enough that the weights dominate what a load allocates besides them
+    # (TransformerLens' causal masks, the logit check's activations: about 70 MB here)
+    "medium": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=6, num_attention_heads=16,
+                   num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=2048),
+}
+HERE = Path(__file__).resolve().parent
+
+
+def make_checkpoint(out: Path, shape: str, seed: int = 0, dtype: str = "float32") -> Path:
+    """A random-weight Llama checkpoint of ``shape`` in ``out`` (config.json and safetensors shards, one
+    per block, stored in ``dtype``), written tensor by tensor: the names and shapes come from
+    transformers' own model built on the meta device, so making it never holds more than one block's
+    weights."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], architectures=["LlamaForCausalLM"], dtype=dtype)
+    with torch.device("meta"):
+        names = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight", None)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        key = name.split(".")[2] if name.startswith("model.layers.") else "rest"
+        groups.setdefault(key, []).append(name)
+    weight_map, total = {}, 0
+    for i, (key, group) in enumerate(groups.items()):
+        shard = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {n: (torch.ones(names[n]) if n.endswith("norm.weight") else
+                       torch.randn(names[n], generator=gen) * 0.02).to(getattr(torch, dtype)) for n in group}
+        save_file(tensors, str(out / shard), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map.update({n: shard for n in group})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                  "weight_map": weight_map}))
+    config.save_pretrained(out)
+    return out
+
+
+def load_memory(path: Path, dtype: str) -> dict:
+    """``benchmarks/load_memory.py`` in a fresh process: its JSON line."""
+    out = subprocess.run([sys.executable, str(HERE / "load_memory.py"), str(path), "--dtype", dtype],
+                         capture_output=True, text=True, check=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def timed(fn, repeat: int = 1) -> tuple[float, object]:
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    parser.add_argument("--dir", type=Path, help="where the checkpoint is (made there when missing)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--analyze", action="store_true", help="also run p0circuit.analyze (minutes at 1B)")
+    args = parser.parse_args()
+
+    import p0circuit as p0
+
+    directory = args.dir or Path(tempfile.gettempdir()) / f"p0circuit-llama-{args.shape}"
+    if not (directory / "config.json").is_file():
+        t = time.perf_counter()
+        make_checkpoint(directory, args.shape)
+        print(f"made the {args.shape} checkpoint in {directory} ({time.perf_counter() - t:.0f} s)")
+    mem = load_memory(directory, args.dtype)
+    print(f"load: {mem['seconds']} s; peak resident memory {mem['peak'] / 2**30:.2f} GiB, {mem['before'] / 2**30:.2f} "
+          f"GiB before; the model's own size {mem['model_bytes'] / 2**30:.2f} GiB ({mem['dtype']}): the load held "
+          f"{mem['ratio']:.2f}x it at peak")
+    model = p0.load_checkpoint(directory, dtype=getattr(torch, args.dtype), device=args.device)
+    toks = p0.probe_tokens(model, 8, 24, seed=0)
+    with torch.no_grad():
+        model(toks)
+        forward, _ = timed(lambda: model(toks), repeat=2)
+    print(f"one forward of 8 x 24 tokens: {forward:.2f} s")
+    report_s, rep = timed(lambda: p0.sink_report(model, toks, bos=False))
+    print(f"sink_report: {report_s:.2f} s = {report_s / forward:.1f} forwards; P0 norm ratio per layer "
+          f"{[round(x, 2) for x in rep.norm_ratio_resid]}")
+    patch_s, res = timed(lambda: p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(2),
+                                                     min_signal=0))
+    print(f"activation_patch, {len(res.raw)} nodes up to block 2 (NormRatio(2), shift): {patch_s:.2f} s = "
+          f"{patch_s / forward:.1f} forwards")
+    if args.analyze:
+        start = time.perf_counter()
+        result = p0.analyze(model, n_prompts=8, progress=True)
+        wall = time.perf_counter() - start
+        t = result["timing"]
+        print(f"analyze (8 prompts x 24 tokens): {wall:.0f} s = {wall / forward:.0f} forwards; its own unit "
+              f"{t['forward_s']:.2f} s; onsets {[o['layer'] for v in result['onsets'].values() for o in v]}")
+
+
+if __name__ == "__main__":
+    main()
