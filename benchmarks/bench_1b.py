@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Conditions, publish  # noqa: E402
+
 SHAPES = {
     # Llama-3.2-1B's shape: 16 layers, d_model 2048, 32 query heads sharing 8 key/value heads, d_mlp 8192,
     # a vocabulary of 128,256, tied embeddings (1.24B parameters)
@@ -40,6 +43,8 @@ SHAPES = {
                    num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=2048),
 }
 HERE = Path(__file__).resolve().parent
+BLOCKS = ("1b-cpu-float32", "1b-cuda-bfloat16")
+"""The docs blocks this benchmark writes (docs/performance.md): ``1b-<device>-<dtype>``."""
 
 
 def make_checkpoint(out: Path, shape: str, seed: int = 0, dtype: str = "float32") -> Path:
@@ -100,39 +105,52 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--analyze", action="store_true", help="also run p0circuit.analyze (minutes at 1B)")
+    parser.add_argument("--write-docs", action="store_true", help="write the figures into docs/performance.md")
     args = parser.parse_args()
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text)
+        lines.append(f"- {text}")
 
     import p0circuit as p0
 
-    directory = args.dir or Path(tempfile.gettempdir()) / f"p0circuit-llama-{args.shape}"
+    directory = args.dir or Path(tempfile.gettempdir()) / f"p0circuit-llama-{args.shape}-{args.dtype}"
     if not (directory / "config.json").is_file():
         t = time.perf_counter()
-        make_checkpoint(directory, args.shape)
+        make_checkpoint(directory, args.shape, dtype=args.dtype)
         print(f"made the {args.shape} checkpoint in {directory} ({time.perf_counter() - t:.0f} s)")
-    mem = load_memory(directory, args.dtype)
-    print(f"load: {mem['seconds']} s; peak resident memory {mem['peak'] / 2**30:.2f} GiB, {mem['before'] / 2**30:.2f} "
-          f"GiB before; the model's own size {mem['model_bytes'] / 2**30:.2f} GiB ({mem['dtype']}): the load held "
-          f"{mem['ratio']:.2f}x it at peak")
-    model = p0.load_checkpoint(directory, dtype=getattr(torch, args.dtype), device=args.device)
-    toks = p0.probe_tokens(model, 8, 24, seed=0)
-    with torch.no_grad():
-        model(toks)
-        forward, _ = timed(lambda: model(toks), repeat=2)
-    print(f"one forward of 8 x 24 tokens: {forward:.2f} s")
-    report_s, rep = timed(lambda: p0.sink_report(model, toks, bos=False))
-    print(f"sink_report: {report_s:.2f} s = {report_s / forward:.1f} forwards; P0 norm ratio per layer "
-          f"{[round(x, 2) for x in rep.norm_ratio_resid]}")
-    patch_s, res = timed(lambda: p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(2),
-                                                     min_signal=0))
-    print(f"activation_patch, {len(res.raw)} nodes up to block 2 (NormRatio(2), shift): {patch_s:.2f} s = "
-          f"{patch_s / forward:.1f} forwards")
-    if args.analyze:
-        start = time.perf_counter()
-        result = p0.analyze(model, n_prompts=8, progress=True)
-        wall = time.perf_counter() - start
-        t = result["timing"]
-        print(f"analyze (8 prompts x 24 tokens): {wall:.0f} s = {wall / forward:.0f} forwards; its own unit "
-              f"{t['forward_s']:.2f} s; onsets {[o['layer'] for v in result['onsets'].values() for o in v]}")
+    with Conditions() as run:
+        mem = load_memory(directory, args.dtype)
+        say(f"load (`load_checkpoint`, logits checked against transformers): {mem['seconds']} s; peak resident "
+            f"memory {(mem['peak'] - mem['before']) / 2**30:.2f} GiB above the {mem['before'] / 2**30:.2f} GiB before it, "
+            f"for a model of {mem['model_bytes'] / 2**30:.2f} GiB ({mem['dtype']}): **{mem['ratio']:.2f}x** its size")
+        model = p0.load_checkpoint(directory, dtype=getattr(torch, args.dtype), device=args.device)
+        toks = p0.probe_tokens(model, 8, 24, seed=0)
+        with torch.no_grad():
+            model(toks)
+            forward, _ = timed(lambda: model(toks), repeat=2)
+        say(f"one forward of 8 x 24 tokens: {forward:.2f} s (the unit below)")
+        report_s, rep = timed(lambda: p0.sink_report(model, toks, bos=False))
+        say(f"`sink_report`: {report_s:.2f} s = {report_s / forward:.1f} forwards (random weights: P0 norm ratio "
+            f"{min(rep.norm_ratio_resid):.2f}-{max(rep.norm_ratio_resid):.2f} per layer, no sink)")
+        patch_s, res = timed(lambda: p0.activation_patch(model, toks, corruption="shift", metric=p0.NormRatio(2),
+                                                         min_signal=0))
+        say(f"`activation_patch` of {len(res.raw)} nodes (every head and MLP at P0 and elsewhere up to block 2; "
+            f"`NormRatio(2)`, shift): {patch_s:.1f} s = {patch_s / forward:.1f} forwards")
+        if args.analyze:
+            start = time.perf_counter()
+            result = p0.analyze(model, n_prompts=8, progress=True)
+            wall = time.perf_counter() - start
+            onsets = [o["layer"] for v in result["onsets"].values() for o in v]
+            say(f"`analyze` (8 prompts x 24 tokens): {wall:.0f} s = {wall / forward:.0f} forwards; onsets {onsets or 'none'}")
+    shape = SHAPES[args.shape]
+    head = (f"{run.header('bench_1b.py', args.device)} A random-weight Llama checkpoint ({shape['num_hidden_layers']} "
+            f"layers, d_model {shape['hidden_size']}, {shape['num_attention_heads']} heads sharing "
+            f"{shape['num_key_value_heads']} key/value heads, d_mlp {shape['intermediate_size']}, vocabulary "
+            f"{shape['vocab_size']:,}), stored and loaded in {args.dtype}:")
+    publish("docs/performance.md", f"1b-{args.device}-{args.dtype}" if args.shape == "1b" else f"{args.shape}-load",
+            head + "\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

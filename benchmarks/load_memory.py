@@ -5,7 +5,7 @@
 whole life) and prints one JSON line: the resident memory before loading (torch and p0circuit imported),
 the peak during it (``VmHWM``: anonymous memory and the checkpoint's memory-mapped pages alike), the
 model's own size (the bytes of its parameters' storages, each once) and their ratio
-``(peak - before) / size``. ``tests/test_checkpoints.py`` and ``benchmarks/bench_1b.py`` run it.
+``(peak - before) / size``. ``tests/test_load_memory.py`` and ``benchmarks/bench_1b.py`` run it.
 """
 
 import argparse

@@ -247,14 +247,14 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
     clean, corrupted = O.references(pm.model, toks, names, corr, metric)
     share = lambda v: (v - corrupted) / (clean - corrupted)  # noqa: E731
     rest = [n for n in names if n not in found.nodes]
-    assert close(share(O.together(pm.model, toks, rest, corr, metric, O.named_of(names))), found.faithfulness, 1e-3)
+    assert close(share(O.together(pm.model, toks, rest, corr, metric, O.named_of(names))), found.faithfulness, rel=1e-3)
     assert close(1 - share(O.together(pm.model, toks, found.nodes, corr, metric, O.named_of(names))),
-                 found.completeness, 1e-3)
+                 found.completeness, rel=1e-3)
     if found.denoising is not None:
         runs = O.Runs(pm.model, toks, corr)
         base, at, _ = runs.base("denoise")
         fwd = [h for n in found.nodes for h in O.node_hooks(runs, n, "denoise", O.named_of(names))]
-        assert close(share(O.measure(pm.model, base, metric, at, fwd)), found.denoising, 1e-3)
+        assert close(share(O.measure(pm.model, base, metric, at, fwd)), found.denoising, rel=1e-3)
 
     # then its edges: the plant's edges into the blocks up to the metric's, and the amplifier's direct
     # write into the residual stream the metric reads
@@ -270,14 +270,36 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
         assert want <= set(edges.edges), edges
     assert edges.faithful and edges.faithfulness >= 0.95 and edges.completeness >= 0.99, edges
     # the search's starting point (every edge kept) is the node circuit, measured by another path
-    assert close(edges.settings["nodes_only_faithfulness"], found.faithfulness, 1e-3)
+    assert close(edges.settings["nodes_only_faithfulness"], found.faithfulness, rel=1e-3)
     # faithfulness and completeness again with plain hooks: ACDC's edge corruption written out in oracle.py
     cands = list(edges.effects)
     dropped = [e for e in cands if e not in edges.edges]
     assert close(share(O.edges_together(pm.model, toks, rest, dropped, corr, metric, O.named_of(names))),
-                 edges.faithfulness, 1e-3)
+                 edges.faithfulness, rel=1e-3)
     assert close(1 - share(O.edges_together(pm.model, toks, [], edges.edges, corr, metric, O.named_of(names))),
-                 edges.completeness, 1e-3)
+                 edges.completeness, rel=1e-3)
+
+
+def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
+    """Bad bounds, a circuit from another result, other tokens: refused with the fix. Too many candidate
+    edges: nothing searched, and the record says so (no number it did not measure)."""
+    toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
+    metric = p0.NormRatio(1)
+    res = p0.activation_patch(planted.model, toks, corruption="shift", metric=metric, bos=False)
+    found = p0.faithful_circuit(planted.model, toks, result=res, corruption="shift", metric=metric, bos=False)
+    kw = dict(circuit=found, result=res, corruption="shift", metric=metric, bos=False)
+    for bad, msg in ((dict(target=5), "target must be a number in"), (dict(tolerance=-1), "tolerance must be"),
+                     (dict(max_candidates=0), "max_candidates must be")):
+        with pytest.raises(p0.BadInputError, match=msg):
+            p0.faithful_edges(planted.model, toks, **{**kw, **bad})
+    other = p0.activation_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(2), bos=False)
+    with pytest.raises(p0.BadInputError, match="pass the result the circuit was found on"):
+        p0.faithful_edges(planted.model, toks, **{**kw, "result": other, "metric": p0.NormRatio(2)})
+    with pytest.raises(p0.BadInputError, match="pass the tokens the result was computed on"):
+        p0.faithful_edges(planted.model, analysis_run.prompts(planted.model, 8, 16, False, 1), **kw)
+    capped = p0.faithful_edges(planted.model, toks, **kw, max_candidates=2)
+    assert not capped.searched and capped.faithfulness is None and capped.completeness is None
+    assert "more than max_candidates=2: not searched" in capped.why and capped.edges == []
 
 
 def test_a_circuit_that_cannot_be_faithful_says_so(planted):

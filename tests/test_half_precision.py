@@ -2,9 +2,10 @@
 
 * Every family's tiny checkpoint loaded in bfloat16: activation and path patching (fast path) equal
   the plain-hook oracle (``tests/oracle.py``) run on the same bfloat16 model, at a stated tolerance:
-  :data:`REL_BF16` of the metric's size. bfloat16 keeps 8 bits of mantissa (a rounding of 2**-8 of a
-  value's size), and the two computations add and multiply in different orders; the metrics
-  themselves are computed in float32 from the bfloat16 activations.
+  :data:`REL_BF16` of the metric's size, one bfloat16 rounding (bfloat16 keeps 8 bits of mantissa; the
+  two computations add and multiply in different orders). Measured: at most 0.69 of it (OPT), while the
+  median single-node effect is about 1e-2 of the metric, so the tolerance sits below most effects. The
+  metrics themselves are computed in float32 from the bfloat16 activations.
 * A float16 model whose residual stream overflows (float16 stops at 65,504; massive activations at
   P0 pass it) is refused with the reason and the fix, never a NaN effect.
 """
@@ -21,8 +22,8 @@ from family_configs import VOCAB, family_configs, make_checkpoint
 from tolerance import close
 from test_families import METRIC_LAYER, nodes_of, sample, senders_of
 
-REL_BF16 = 2**-8 * 8
-"""Tolerance of a bfloat16 comparison, relative to the metric's size: eight roundings of 2**-8."""
+REL_BF16 = 2**-8
+"""Tolerance of a bfloat16 comparison, relative to the metric's size: one rounding of 2**-8."""
 TOKENS = torch.randint(3, VOCAB, (3, 10), generator=torch.Generator().manual_seed(1))
 
 

@@ -85,7 +85,7 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     its logits and residual norms equal the Hugging Face model's)."""
     state_dict = dict(state_dict)  # TransformerLens pops the entries it loads: the caller's dict stays whole
     if "pos_embed.W_pos" in state_dict:  # learned positions: as many as the (capped) context
-        state_dict["pos_embed.W_pos"] = state_dict["pos_embed.W_pos"][:cfg.n_ctx]
+        state_dict["pos_embed.W_pos"] = state_dict["pos_embed.W_pos"][:cfg.n_ctx].clone()  # not the whole table
     elif cfg.positional_embedding_type not in ("standard", "shortformer"):
         # unused (ALiBi, rotary), but TransformerLens would fill it with torch.empty: arbitrary memory, at
         # times NaN, which the finite-weight check then (rightly) refuses
@@ -98,6 +98,7 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     # processing step would also pass every half-precision tensor through float32 and back)
     filled = model.fill_missing_keys(state_dict)
     model.load_state_dict({k: v.detach() for k, v in filled.items()}, strict=False, assign=True)
+    _untie(model)
     for param in model.parameters():  # the dtype asked for, end to end (Apertus' activation parameters come as float32)
         if param.is_floating_point() and param.dtype != cfg.dtype:
             param.data = param.data.to(cfg.dtype)
@@ -105,6 +106,22 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     model.to(device, print_details=False)  # no "Moving model to device" line
     model.eval()
     return model
+
+
+def _untie(model: HookedTransformer) -> None:
+    """Give every parameter memory of its own: tied weights (an unembedding that is the embedding's
+    transpose, parallel blocks' shared norms) came in as views of one tensor, and TransformerLens
+    edits parameters in place (``process_weights_``: centering the unembedding would move the
+    embedding too). A later parameter sharing memory with an earlier one is copied."""
+    seen: list[tuple[int, int]] = []
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            storage = param.untyped_storage()
+            span = (storage.data_ptr(), storage.data_ptr() + storage.nbytes())
+            if any(a < span[1] and span[0] < b for a, b in seen):
+                setattr(module, name, torch.nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad))
+            else:
+                seen.append(span)
 
 
 def from_hf(hf_config: Any, hf_model: Any, architecture: str, tokenizer: Any, *, where: str, device: str = "cpu",

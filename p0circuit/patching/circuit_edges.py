@@ -20,7 +20,9 @@ of the clean-to-corrupted change of the metric:
 
 Denoising is measured on the node circuit (restoring an edge set into the corrupted run is not
 defined here). Where a norm follows a sender (Gemma 2/3's post-attention norm, for a head; a neuron
-before a post-MLP norm) a sender's output is not additive and the search is refused, with the reason.
+before a post-MLP norm) the sender's output is not additive: its edges are held as they are (never
+corrupted as edges) and listed in ``settings["held"]`` with the reason, as are circuit nodes that send
+no edge of their own (experts).
 """
 
 import math
@@ -32,11 +34,11 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
-from p0circuit.core.types import Edge, Kind, Node
-from p0circuit.patching.circuit_search import TARGET, TOLERANCE, FaithfulCircuit, _share, prune
+from p0circuit.core.types import Edge, Input, Kind, Node
+from p0circuit.patching.circuit_search import TARGET, TOLERANCE, FaithfulCircuit, _share, check_bounds, prune
 from p0circuit.patching.corruptions import Corruption
-from p0circuit.patching.edges import among, candidate_edges, receiver_site, sender_hook
-from p0circuit.patching.faithfulness import edges_ablated, refuse_post_norm_senders
+from p0circuit.patching.edges import among, candidate_edges, post_norm, receiver_site, sender_hook
+from p0circuit.patching.faithfulness import edges_ablated
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import MetricSpec
@@ -55,18 +57,22 @@ class EdgeCircuit:
     """The kept edges, strongest single effect first."""
     candidates: int
     """Edges searched: between the node circuit's nodes, and from each into what the metric reads."""
-    faithfulness: float
-    """Share of the change kept with the other candidate edges and every node outside the circuit corrupted."""
-    completeness: float
-    """Share of the change removed by corrupting the kept edges alone."""
+    faithfulness: Optional[float]
+    """Share of the change kept with the other candidate edges and every node outside the circuit corrupted
+    (None: not searched)."""
+    completeness: Optional[float]
+    """Share of the change removed by corrupting the kept edges alone (None: not searched)."""
     faithful: bool
     """``faithfulness`` reaches ``target``."""
     effects: dict[str, float] = field(default_factory=dict)
     """Every candidate edge's normalized effect alone (path patching)."""
     why: str = ""
-    """What fell short, when not ``faithful``."""
+    """What fell short, when not ``faithful`` (or why nothing was searched)."""
+    searched: bool = True
+    """Whether the pruning ran (not with no candidate, or more than ``max_candidates``)."""
     settings: dict[str, Any] = field(default_factory=dict)
-    """target, tolerance, the node circuit's faithfulness in this forward, evaluations, how the search ran."""
+    """target, tolerance, ``held`` (edge or node name -> why it is held as it is, never corrupted as an
+    edge), the node circuit's faithfulness in this forward, evaluations, how the search ran."""
 
     @property
     def size(self) -> int:
@@ -76,6 +82,19 @@ class EdgeCircuit:
         out = asdict(self)
         out["size"] = self.size
         return out
+
+
+def _candidates(model: Any, job: PatchJob, senders: list[Node], inside: list[Node], positions: set[Any]) -> list[Edge]:
+    """The candidate edges: from a circuit node into an input of another (:func:`~p0circuit.patching.edges.among`),
+    or into what the metric reads; a circuit head's key and value inputs count at every position class
+    (a head's output at the other positions reads P0's key and value), and only receivers that can
+    change the metric."""
+    everything = candidate_edges(model, senders, metric=job.metric)
+    heads = [Node(Kind.HEAD, n.layer, n.head, p) for n in inside if n.kind == Kind.HEAD for p in positions]
+    narrow = set(among(model, everything, inside))
+    wide = set(among(model, everything, list(dict.fromkeys(inside + heads))))
+    return [e for e in everything if (e in narrow or (e in wide and e.input in (Input.K, Input.V)))
+            and job.reaches(receiver_site(e, model)[0])]
 
 
 @entry_point
@@ -99,33 +118,49 @@ def faithful_edges(
     if max_candidates is not None and (isinstance(max_candidates, bool) or not isinstance(max_candidates, int)
                                        or max_candidates < 1):
         raise BadInputError(f"max_candidates must be None or an int >= 1, got {max_candidates!r}")
+    check_bounds(target, tolerance)
     if not isinstance(circuit, FaithfulCircuit):
         raise BadInputError(f"circuit must be what faithful_circuit returned, got {type(circuit).__name__}")
     if not isinstance(result, PatchResult) or result.level != "node" or not result.signal:
         raise BadInputError("faithful_edges needs the node-level PatchResult with a signal that the circuit was found on")
     missing = [n for n in circuit.nodes if n not in result.raw]
-    if missing:
-        raise BadInputError(f"the circuit's nodes {missing[:4]} are not candidates of this result: pass the result "
-                            "the circuit was found on")
+    found_on = {k: circuit.settings.get(k) for k in ("corruption", "metric", "clean", "corrupted")}
+    given = {"corruption": result.corruption, "metric": result.metric, "clean": result.clean_metric,
+             "corrupted": result.corrupted_metric}
+    if missing or any(found_on[k] is not None and found_on[k] != given[k] for k in given):
+        raise BadInputError(f"the circuit was not found on this result (its nodes {missing[:4]} are not candidates, "
+                            f"or it was found with {found_on} against this result's {given}): pass the result the "
+                            "circuit was found on")
     job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
     if job.prep.name != result.corruption or job.metric.name != result.metric:
         raise BadInputError(f"the result was computed with corruption {result.corruption!r} and metric "
                             f"{result.metric!r}; pass those (got {job.prep.name!r}, {job.metric.name!r})")
+    job.cache(set())  # two forwards up to the metric: the clean metric, to check the tokens before any search
+    if abs(job.clean_metric - result.clean_metric) > 1e-4 * max(abs(result.clean_metric), abs(result.corrupted_metric)):
+        raise BadInputError(f"these tokens give a clean metric of {job.clean_metric:.6g}, the result's is "
+                            f"{result.clean_metric:.6g}: pass the tokens the result was computed on")
     items = [Node.parse(n) for n in result.raw]
     named = named_positions(items)
     inside = [Node.parse(n) for n in circuit.nodes]
-    senders = sorted(n for n in inside if n.kind not in (Kind.EXPERT, Kind.KV_HEAD))
-    cands = [e for e in among(model, candidate_edges(model, senders, metric=job.metric), inside)
-             if job.reaches(receiver_site(e, model)[0])] if senders else []
     settings: dict[str, Any] = {"target": target, "tolerance": tolerance, "corruption": result.corruption,
-                                "metric": result.metric}
-    if not cands:
-        return EdgeCircuit([], 0, circuit.faithfulness, 0.0, False, why="no edge between the circuit's nodes",
-                           settings=settings)
-    if max_candidates is not None and len(cands) > max_candidates:
-        return EdgeCircuit([], len(cands), circuit.faithfulness, 0.0, False, settings=settings,
-                           why=f"{len(cands)} candidate edges, more than max_candidates={max_candidates}: not searched")
-    refuse_post_norm_senders(model, cands)  # before any forward
+                                "metric": result.metric, "held": {}}
+    held: dict[str, str] = settings["held"]
+    for n in inside:  # nodes that send no edge of their own: said, not dropped silently
+        if n.kind == Kind.EXPERT:
+            held[n.name] = "an expert is not an edge sender (its MLP as a whole is): its edges stay as they are"
+        elif n.kind == Kind.RESID:
+            held[n.name] = "a residual-stream node is not an edge sender"
+    senders = sorted(n for n in inside if n.kind not in (Kind.EXPERT, Kind.KV_HEAD, Kind.RESID))
+    cands = _candidates(model, job, senders, inside, {n.pos for n in items}) if senders else []
+    for e in cands:  # a norm after the sender (Gemma 2/3's heads): its output is not additive; held, never corrupted
+        if post_norm(model, e.src) is not None:
+            held[e.name] = "a norm follows the sender, so its output is not additive: held as it is, never corrupted"
+    cands = [e for e in cands if e.name not in held]
+    if not cands or (max_candidates is not None and len(cands) > max_candidates):
+        why = (f"{len(cands)} candidate edges, more than max_candidates={max_candidates}: not searched" if cands else
+               "no edge between the circuit's nodes can be corrupted as an edge" if held else
+               "no edge between the circuit's nodes")
+        return EdgeCircuit([], len(cands), None, None, False, why=why, searched=False, settings=settings)
     single = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos, min_signal=0.0)
     effects = {e.name: float(single.normalized[e.name]) for e in cands}
     outside = [n for n in items if n not in set(inside) and job.reaches(site_of(n, model).hook)]

@@ -144,6 +144,48 @@ def prune(live: Sequence[Any], strength: Callable[[Any], float], layer: Callable
     return [x for x in live if x in kept], current, low
 
 
+class Noising:
+    """The metric of the clean run of ``job`` with a set of nodes corrupted (``noising(dropped)``).
+
+    After :meth:`fix` (the bulk drop), a clean run with those nodes corrupted is the base: an evaluation
+    whose set holds them runs only from its own other nodes' first block, and the fixed nodes in that
+    block and after are patched again there (the blocks before it come from the base run, which holds
+    the rest of them). Any other set runs from the clean run."""
+
+    def __init__(self, job: PatchJob, named: Sequence[int]) -> None:
+        self.job, self.named = job, named
+        self.fixed: set[Node] = set()
+        self.based = job.clean_base()
+
+    def fix(self, nodes: Sequence[Node]) -> None:
+        self.fixed = set(nodes)
+        self.based = self.job.clean_base([self._op(n) for n in nodes])
+
+    def _op(self, node: Node) -> Any:
+        return node_op(self.job, node, "noise", self.named)
+
+    def __call__(self, dropped: Sequence[Node]) -> float:
+        job, rows = self.job, self.job.rows_per_forward
+        if not dropped:
+            return job.clean_metric
+        with torch.no_grad():
+            if not self.fixed or not self.fixed <= set(dropped):
+                return run_groups(job.clean_base(), [[self._op(n) for n in dropped]], rows)[0]
+            ops = [self._op(n) for n in dropped if n not in self.fixed]
+            if not ops:
+                return self.based.value()
+            start = start_layer(ops)
+            ops += [op for n in self.fixed for op in [self._op(n)] if op.hook.layer >= start]
+            return run_groups(self.based, [ops], rows)[0]
+
+
+def check_bounds(target: float, tolerance: float) -> None:
+    """Refuse a ``target`` or ``tolerance`` outside (0, 1], before any work."""
+    for name, value in (("target", target), ("tolerance", tolerance)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+            raise BadInputError(f"{name} must be a number in (0, 1], got {value!r}")
+
+
 @entry_point
 def faithful_circuit(
     model: HookedTransformer,
@@ -164,9 +206,7 @@ def faithful_circuit(
                             f"{type(result).__name__}{'' if not isinstance(result, PatchResult) else ' of edges'}")
     if not result.signal:
         raise BadInputError(f"this result has no signal ({result.message}): there is no change for a circuit to keep")
-    for name, value, low, high in (("target", target, 0.0, 1.0), ("tolerance", tolerance, 0.0, 1.0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-            raise BadInputError(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
+    check_bounds(target, tolerance)
     if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
         raise BadInputError(f"max_size must be an int >= 1, got {max_size!r}")
     noise = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
@@ -179,40 +219,23 @@ def faithful_circuit(
     named = named_positions(items)
     noise.cache({site_of(n, model).read.name for n in live})
     clean, corrupted = result.clean_metric, result.corrupted_metric
+    if abs(noise.clean_metric - clean) > 1e-4 * max(abs(clean), abs(corrupted)):
+        raise BadInputError(f"these tokens give a clean metric of {noise.clean_metric:.6g}, the result's is {clean:.6g}: "
+                            "pass the tokens the result was computed on")
     rows = noise.rows_per_forward
     evaluations = 0
 
-    fixed: set[Node] = set()
-    based = noise.clean_base()
-
-    def rebase(bulk: list[Node]) -> None:
-        """The nodes dropped in bulk stay dropped: a clean run with them corrupted becomes the base, so an
-        evaluation runs from its own group's first block (the last layers are visited first)."""
-        nonlocal fixed, based
-        fixed, based = set(bulk), noise.clean_base([node_op(noise, n, "noise", named) for n in bulk])
+    noising = Noising(noise, named)
 
     def noised(dropped: Sequence[Node]) -> float:
         """The metric of the clean run with ``dropped`` corrupted."""
         nonlocal evaluations
         evaluations += 1
-        if not dropped:
-            return clean
-        if not fixed or not fixed <= set(dropped):
-            with torch.no_grad():
-                return run_groups(noise.clean_base(), [[node_op(noise, n, "noise", named) for n in dropped]], rows)[0]
-        ops = [node_op(noise, n, "noise", named) for n in dropped if n not in fixed]
-        if not ops:
-            return based.value()
-        # the forward runs from the group's first block: the bulk's nodes in that block and after are
-        # patched again there (the blocks before it come from the base run, which holds the rest of them)
-        start = start_layer(ops)
-        ops += [op for n in fixed for op in [node_op(noise, n, "noise", named)] if op.hook.layer >= start]
-        with torch.no_grad():
-            return run_groups(based, [ops], rows)[0]
+        return noising(dropped)
 
     kept, faithfulness, bulk = prune(live, lambda n: abs(effects[n.name]), lambda n: n.layer,
                                      lambda dropped: _share(noised(dropped), clean, corrupted), target, tolerance,
-                                     rebase)
+                                     noising.fix)
     circuit = sorted(kept, key=lambda n: -abs(effects[n.name]))
     completeness = 1.0 - _share(noised(circuit), clean, corrupted)
     denoising = None

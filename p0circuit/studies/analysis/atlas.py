@@ -42,8 +42,10 @@ def _circuit_cell(c: dict[str, Any]) -> str:
     denoise = "" if c["denoising"] is None else f", denoising {c['denoising']:.2f}"
     head = f"{c['size']} nodes" if c["faithful"] else f"**not faithful** ({c['why']}); best: {c['size']} nodes"
     e = c.get("edge_circuit") or {}
-    edges = "" if "edges" not in e else (f"; {e['size']} of {e['candidates']} edges between them keep "
-                                         f"{e['faithfulness']:.2f}" + ("" if e["faithful"] else " (**not faithful**)"))
+    held = len((e.get("settings") or {}).get("held") or {})
+    edges = ("" if "edges" not in e else f"; edges not searched ({e['why']})" if not e.get("searched", True) else
+             f"; {e['size']} of {e['candidates']} edges between them keep {e['faithfulness']:.2f}"
+             + ("" if e["faithful"] else " (**not faithful**)") + (f", {held} held as they are" if held else ""))
     return (f"{head} ({', '.join(c['nodes'][:5])}{'...' if c['size'] > 5 else ''}): faithfulness {c['faithfulness']:.2f}"
             f"{denoise}{edges}")
 

@@ -421,7 +421,8 @@ def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: An
     and other prompt lengths patched with ``chosen``: the corruption the analysis chose for this BOS
     setting at that onset."""
     tag, layer = SETTINGS[bos], onset["layer"]
-    known = {chosen: onset} if "skipped" not in onset and onset.get("corruption") == chosen else {}
+    same = onset.get("corruption") == chosen and onset.get("corruption_params") == strict(steps.seeded(chosen, s.seed).params())
+    known = {chosen: onset} if "skipped" not in onset and same else {}  # the onset's own pass: the same corruption
     toks = prompts(model, s.n_prompts, s.length, bos, s.seed)
     out: dict[str, Any] = {"layer": layer, "chosen_corruption": chosen}
     out["corruption"] = state.run(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
@@ -503,7 +504,7 @@ def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
 def _edges_said(c: dict[str, Any]) -> str:
     """The circuit's edges in a few words, for the verdict's evidence."""
     e = c.get("edge_circuit") or {}
-    if "edges" not in e:
+    if "edges" not in e or not e.get("searched", True):
         return ""
     return (f"; {e['size']} edges ({', '.join(e['edges'][:4])}{'...' if e['size'] > 4 else ''}) keep "
             f"{e['faithfulness']:.2f}")

@@ -132,11 +132,12 @@ def circuit_edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption,
                   found: dict[str, Any], node_effects: dict[str, float], threshold: float) -> dict[str, Any]:
     """The onset's edges: those of its faithful circuit ``found`` (searched with it, by :func:`circuit`: each
     edge alone by path patching, then pruned as a set) at or above ``threshold``; where there is no such
-    search (the node circuit is not faithful, or its edges cannot be ablated together), path patching
-    between the strongest single nodes as a screen, said so."""
+    search (the node circuit is not faithful, or it has too many candidate edges), path patching between
+    the strongest single nodes as a screen, said so."""
     ec = found.get("edge_circuit") or {}
     if ec.get("effects"):
-        return {"edges": {k: v for k, v in sorted(ec["effects"].items(), key=lambda kv: -abs(kv[1])) if abs(v) >= threshold},
+        return {"edges": {k: round(v, 4) for k, v in sorted(ec["effects"].items(), key=lambda kv: -abs(kv[1]))
+                          if abs(v) >= threshold},
                 "candidates": ec["candidates"], "signal": True,
                 "of": "the edges between the faithful circuit's nodes and into the metric, each alone"}
     out = edges(model, tokens, bos, corruption, metric, layer, node_effects, threshold)
@@ -243,11 +244,8 @@ def circuit(model: Any, tokens: Tensor, bos: bool, result: PatchResult, corrupti
         found["edge_circuit"] = {"note": "the node circuit is not faithful, so its edges were not searched"}
         return found
     t = time.perf_counter()
-    try:
-        found["edge_circuit"] = faithful_edges(model, tokens, circuit=circuit_, result=result, corruption=corruption,
-                                               metric=metric, bos=bos, max_candidates=max_edges).to_dict()
-    except P0CircuitError as err:  # heads before a post-attention norm: not additive, refused with the reason
-        found["edge_circuit"] = {"note": f"edges not searched: {err}"}
+    found["edge_circuit"] = faithful_edges(model, tokens, circuit=circuit_, result=result, corruption=corruption,
+                                           metric=metric, bos=bos, max_candidates=max_edges).to_dict()
     found["edge_circuit"]["seconds"] = round(time.perf_counter() - t, 2)
     return found
 

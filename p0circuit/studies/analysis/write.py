@@ -64,13 +64,17 @@ def _edge_line(e: dict[str, Any]) -> str:
     """The node circuit's edges (ACDC-style pruning of the edges between its nodes), or why not."""
     if "edges" not in e:
         return f" Its edges: {e['note']}." if "note" in e else ""
-    if not e["edges"]:
-        return f" Its edges: {e['why']}."
+    held = (e.get("settings") or {}).get("held") or {}
+    held_said = (f" Held as they are, never corrupted as edges: {', '.join(list(held)[:6])}"
+                 f"{'...' if len(held) > 6 else ''} ({next(iter(held.values()))})." if held else "")
+    if not e.get("searched", True):
+        return f" Its edges were not searched: {e['why']}.{held_said}"
     shown = ", ".join(f"{n} {e['effects'][n]:+.2f}" for n in e["edges"][:10]) + ("..." if e["size"] > 10 else "")
     verdict = "" if e["faithful"] else f" (**not faithful**: {e['why']})"
     return (f" Its edges{verdict} (ACDC-style pruning of the {e['candidates']} edges between its nodes and into the "
-            f"metric): {e['size']} kept, {shown} (each alone, path patching); with every other edge and node corrupted "
-            f"they keep {e['faithfulness']:.3f} of the change, and corrupting them alone removes {e['completeness']:.3f}.")
+            f"metric): {e['size']} kept{': ' + shown + ' (each alone, path patching)' if shown else ''}; with every "
+            f"other edge and node corrupted they keep {e['faithfulness']:.3f} of the change, and corrupting them alone "
+            f"removes {e['completeness']:.3f}.{held_said}")
 
 
 def markdown(d: dict[str, Any]) -> str:
@@ -281,8 +285,9 @@ def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
             c = o.get("circuit") or {}
             if c.get("nodes"):
                 ec = c.get("edge_circuit") or {}
+                held = [n for n in ((ec.get("settings") or {}).get("held") or {}) if "->" in n]  # kept as they are
                 circuit = Circuit(nodes=tuple(Node.parse(n) for n in c["nodes"]),
-                                  edges=tuple(Edge.parse(n) for n in ec.get("edges", [])),
+                                  edges=tuple(Edge.parse(n) for n in [*ec.get("edges", []), *held]),
                                   node_effects=dict(o["effects"]), edge_effects=dict(ec.get("effects", {})),
                                   settings={"method": "faithful circuit", "corruption": o["corruption"],
                                             "metric": o["metric"], "threshold": d["settings"]["threshold"],
