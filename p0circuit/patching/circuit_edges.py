@@ -35,7 +35,9 @@ from transformer_lens import HookedTransformer
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.types import Edge, Input, Kind, Node
-from p0circuit.patching.circuit_search import TARGET, TOLERANCE, FaithfulCircuit, _share, check_bounds, prune
+from p0circuit.patching.circuit_search import (
+    TARGET, TOLERANCE, FaithfulCircuit, _share, check_bounds, prune, result_job,
+)
 from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import among, candidate_edges, post_norm, receiver_site, sender_hook
 from p0circuit.patching.faithfulness import edges_ablated
@@ -44,7 +46,6 @@ from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import MetricSpec
 from p0circuit.patching.methods import path_patch
 from p0circuit.patching.ops import node_op
-from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import named_positions, site_of
 
@@ -131,14 +132,7 @@ def faithful_edges(
         raise BadInputError(f"the circuit was not found on this result (its nodes {missing[:4]} are not candidates, "
                             f"or it was found with {found_on} against this result's {given}): pass the result the "
                             "circuit was found on")
-    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
-    if job.prep.name != result.corruption or job.metric.name != result.metric:
-        raise BadInputError(f"the result was computed with corruption {result.corruption!r} and metric "
-                            f"{result.metric!r}; pass those (got {job.prep.name!r}, {job.metric.name!r})")
-    job.cache(set())  # two forwards up to the metric: the clean metric, to check the tokens before any search
-    if abs(job.clean_metric - result.clean_metric) > 1e-4 * max(abs(result.clean_metric), abs(result.corrupted_metric)):
-        raise BadInputError(f"these tokens give a clean metric of {job.clean_metric:.6g}, the result's is "
-                            f"{result.clean_metric:.6g}: pass the tokens the result was computed on")
+    job = result_job(model, tokens, result, corruption, metric, bos)
     items = [Node.parse(n) for n in result.raw]
     named = named_positions(items)
     inside = [Node.parse(n) for n in circuit.nodes]

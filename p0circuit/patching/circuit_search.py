@@ -186,6 +186,22 @@ def check_bounds(target: float, tolerance: float) -> None:
             raise BadInputError(f"{name} must be a number in (0, 1], got {value!r}")
 
 
+def result_job(model: Any, tokens: Tensor, result: PatchResult, corruption: Union[str, Corruption],
+               metric: Optional[MetricSpec], bos: Optional[bool]) -> PatchJob:
+    """The noising job of a search on ``result``, refused before any search when its corruption, metric
+    or tokens are not the ones the result was computed with (the clean metric is compared)."""
+    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
+    if job.prep.name != result.corruption or job.metric.name != result.metric:
+        raise BadInputError(f"the result was computed with corruption {result.corruption!r} and metric "
+                            f"{result.metric!r}; pass those (got {job.prep.name!r}, {job.metric.name!r})")
+    job.cache(set())  # two forwards up to the metric
+    clean = result.clean_metric
+    if abs(job.clean_metric - clean) > 1e-4 * max(abs(clean), abs(result.corrupted_metric)):
+        raise BadInputError(f"these tokens give a clean metric of {job.clean_metric:.6g}, the result's is {clean:.6g}: "
+                            "pass the tokens the result was computed on")
+    return job
+
+
 @entry_point
 def faithful_circuit(
     model: HookedTransformer,
@@ -209,19 +225,13 @@ def faithful_circuit(
     check_bounds(target, tolerance)
     if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
         raise BadInputError(f"max_size must be an int >= 1, got {max_size!r}")
-    noise = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
-    if noise.prep.name != result.corruption or noise.metric.name != result.metric:
-        raise BadInputError(f"the result was computed with corruption {result.corruption!r} and metric "
-                            f"{result.metric!r}; pass those (got {noise.prep.name!r}, {noise.metric.name!r})")
+    noise = result_job(model, tokens, result, corruption, metric, bos)
     effects = {n: v for n, v in result.normalized.items() if math.isfinite(v)}
     items = [Node.parse(n) for n in effects]
     live = [n for n in items if noise.reaches(site_of(n, model).hook)]
     named = named_positions(items)
     noise.cache({site_of(n, model).read.name for n in live})
     clean, corrupted = result.clean_metric, result.corrupted_metric
-    if abs(noise.clean_metric - clean) > 1e-4 * max(abs(clean), abs(corrupted)):
-        raise BadInputError(f"these tokens give a clean metric of {noise.clean_metric:.6g}, the result's is {clean:.6g}: "
-                            "pass the tokens the result was computed on")
     rows = noise.rows_per_forward
     evaluations = 0
 
