@@ -129,9 +129,10 @@ def faithful_edges(
     given = {"corruption": result.corruption, "metric": result.metric, "clean": result.clean_metric,
              "corrupted": result.corrupted_metric}
     if missing or any(found_on[k] is not None and found_on[k] != given[k] for k in given):
-        raise BadInputError(f"the circuit was not found on this result (its nodes {missing[:4]} are not candidates, "
-                            f"or it was found with {found_on} against this result's {given}): pass the result the "
-                            "circuit was found on")
+        why = (f"its nodes {missing[:4]} are not candidates of this result" if missing else
+               f"it was found with {found_on}, this result has {given}")
+        raise BadInputError(f"the circuit was not found on this result ({why}): pass the result the circuit was "
+                            "found on")
     job = result_job(model, tokens, result, corruption, metric, bos)
     items = [Node.parse(n) for n in result.raw]
     named = named_positions(items)

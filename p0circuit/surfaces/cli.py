@@ -374,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-onsets", type=int, default=3, help="onsets analysed per BOS setting")
     a.add_argument("--neurons-keep", type=int, default=32, help="neurons confirmed by exact patching per onset")
     a.add_argument("--max-edges", type=int, default=None,
-                   help="candidate edges of a faithful circuit up to which they are pruned as a set (default 128)")
+                   help="candidate edges of a faithful circuit up to which they are pruned as a set (default 128); "
+                        "above it they are only measured one by one (path patching), and the record says so")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")
     a.add_argument("--quiet", action="store_true", help="no progress bar")

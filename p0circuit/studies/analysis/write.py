@@ -81,7 +81,7 @@ def markdown(d: dict[str, Any]) -> str:
     """The analysis as Markdown."""
     s = d["settings"]
     lines = [f"# P0-sink analysis of {d['model']}", "",
-             f"{s['n_prompts']} {d.get('prompt_source', 'prompts')} x {s['length']} tokens (a BOS token adds one); "
+             f"{d.get('prompt_source', str(s['n_prompts']) + ' prompts')} x {s['length']} tokens (a BOS token adds one); "
              "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
              f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. Measured in "
