@@ -156,13 +156,17 @@ class Noising:
         self.job, self.named = job, named
         self.fixed: set[Node] = set()
         self.based = job.clean_base()
+        self._ops: dict[Node, Any] = {}
 
     def fix(self, nodes: Sequence[Node]) -> None:
         self.fixed = set(nodes)
         self.based = self.job.clean_base([self._op(n) for n in nodes])
 
     def _op(self, node: Node) -> Any:
-        return node_op(self.job, node, "noise", self.named)
+        """A node's patch op, built once: every evaluation of the search reuses it (ops are not changed)."""
+        if node not in self._ops:
+            self._ops[node] = node_op(self.job, node, "noise", self.named)
+        return self._ops[node]
 
     def __call__(self, dropped: Sequence[Node]) -> float:
         job, rows = self.job, self.job.rows_per_forward
