@@ -408,3 +408,50 @@ def test_the_analysis_report_in_a_headless_browser(rope_run, tmp_path, width):
         assert b.js(f"{figure}.querySelector('.tip').textContent").startswith("M1@0")
         text = b.js("document.body.innerText")
         assert "(b) holds" in text and "Faithful circuit (ACDC-style pruning" in text
+
+
+def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_every_candidate(planted):
+    """``exact_nodes`` below an onset's candidates: attribution ranks them, the top and a sample are patched
+    exactly, the rest report nothing; the circuit search is over every candidate, its faithfulness held to
+    plain hooks that corrupt every candidate outside the circuit."""
+    model, layer = planted.model, 1
+    toks = analysis_run.prompts(model, 8, 16, False, 0)
+    corruption = p0.Shift(filler=(O.FILLER,))
+    res, out = steps.nodes(model, toks, False, corruption, p0.NormRatio(layer), layer, 0.1, exact_nodes=3, seed=0)
+    cands = [n.name for n in steps.onset_nodes(model, layer, corruption)]
+    assert out["screen"]["exact_top"] == 3 and out["screen"]["unexamined"] == len(cands) - 3 - out["screen"]["sampled"]
+    assert set(out["effects"]) <= {n for n, v in res.normalized.items() if v == v}
+    found = steps.circuit(model, toks, False, res, corruption, p0.NormRatio(layer))
+    assert found["candidates"] == len(cands)
+    rest = [n for n in cands if n not in found["nodes"]]
+    gap = res.clean_metric - res.corrupted_metric
+    plain = O.together(model, toks, rest, O.Corr("shift"), O.Metric("norm_ratio", layer=layer), O.named_of(cands))
+    assert close(plain, res.corrupted_metric + found["faithfulness"] * gap, res.clean_metric)
+
+
+def test_the_progress_bar_counts_each_planned_step_once(planted, monkeypatch):
+    """The bar's units are the cost model's forwards: it ends at its total (every planned step counted once,
+    a skipped one too), and the total is the sum of the plan (:mod:`.cost`)."""
+    bars = []
+
+    class Recorder:
+        def __init__(self, total=0, **kw):
+            self.total, self.n = total, 0.0
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix_str(self, s):
+            pass
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(analysis_run, "tqdm", Recorder)
+    analyze(planted, progress=True, bos=(False, True), bos_token=0, **SMALL)
+    (bar,) = bars
+    assert bar.total > 0 and bar.n == pytest.approx(bar.total, abs=0.5)

@@ -101,3 +101,16 @@ def test_the_command_line_offers_what_the_registries_hold():
 
     # read from the defining modules' source (no list of names to keep in step), equal to the registries
     assert list(choices.builtin("METHODS")) == sorted(METHODS) and list(choices.builtin("CORRUPTIONS")) == sorted(CORRUPTIONS)
+
+
+def test_the_analyze_options_are_the_settings_fields():
+    """``p0circuit analyze``'s number options, defaults and help are read from ``AnalysisSettings``' source."""
+    from dataclasses import fields
+
+    from p0circuit.core import choices
+    from p0circuit.studies.analysis.run import AnalysisSettings
+
+    numbers = {f.name: f.default for f in fields(AnalysisSettings) if type(f.default) in (int, float)
+               and f.name not in ("threshold", "norm_threshold")}  # (named constants, not offered)
+    assert {k: d for k, (d, _) in choices.analysis_fields().items()} == numbers
+    assert all(doc for _, doc in choices.analysis_fields().values())

@@ -18,7 +18,7 @@ import torch
 
 import p0circuit as p0
 import oracle as O
-from p0circuit.core.types import Node
+from p0circuit.core.types import Kind, Node
 from family_configs import VOCAB, family_configs, make_checkpoint
 from tolerance import close, tolerance
 
@@ -284,6 +284,18 @@ def test_attribution_equals_plain_gradient(family):
     result = p0.attribution_patch(model, TOKENS, nodes=nodes, corruption=p0.Shift(filler=(O.FILLER,)),
                                   metric=p0.NormRatio(METRIC_LAYER), min_signal=0)
     plain = O.attribution(model, TOKENS, nodes, O.Corr("shift"), O.Metric("norm_ratio", layer=METRIC_LAYER))
+    bad = [(n, result.raw[n], plain[n]) for n in nodes if not close(result.raw[n], plain[n], result.clean_metric)]
+    assert not bad, f"{name}: {bad[:4]}"
+
+
+def test_integrated_gradients_equal_plain_gradients(family):
+    """The neuron screen's integrated gradients (each forward from the hook's own block, the blocks before it
+    taken from the cached clean run) against plain autograd on whole forwards from the tokens."""
+    name, _, model = family
+    nodes = [n for n in nodes_of(name, model) if Node.parse(n).kind != Kind.EXPERT]
+    result = p0.attribution_patch(model, TOKENS, nodes=nodes, corruption=p0.Shift(filler=(O.FILLER,)),
+                                  metric=p0.NormRatio(METRIC_LAYER), min_signal=0, steps=2)
+    plain = O.integrated(model, TOKENS, nodes, O.Corr("shift"), O.Metric("norm_ratio", layer=METRIC_LAYER), 2)
     bad = [(n, result.raw[n], plain[n]) for n in nodes if not close(result.raw[n], plain[n], result.clean_metric)]
     assert not bad, f"{name}: {bad[:4]}"
 

@@ -339,3 +339,31 @@ def test_metrics_of_one_line_that_capture_other_values_are_told_apart():
 
     assert logit_of(3).params() != logit_of(4).params()
     assert logit_of(3).params() == logit_of(3).params()
+
+
+def test_a_search_on_a_triage_result_corrupts_the_nodes_it_left_unexamined():
+    """Bug: triage leaves every node outside its top and sample NaN, and the circuit search and the
+    faithfulness curve dropped NaN nodes from their candidates, so those stayed clean in every evaluation
+    and the circuit's faithfulness counted their work. Held to plain hooks that corrupt every candidate
+    outside the circuit."""
+    from p0circuit.patching.methods.triage import triage_patch
+
+    model, metric, corr = tiny(), p0.NormRatio(2), p0.Shift(filler=(O.FILLER,))
+    nodes = [n.name for n in p0.candidate_nodes(model) if n.layer <= 2]
+    tri = triage_patch(model, TOKENS, nodes=nodes, corruption=corr, metric=metric, top=4, sample=2, min_signal=0)
+    unexamined = [n for n, v in tri.normalized.items() if v != v]
+    assert len(unexamined) > len(nodes) // 2 and set(tri.settings["estimates"]) >= set(unexamined)
+    om, named = O.Metric("norm_ratio", layer=2), O.named_of(nodes)
+    gap = tri.clean_metric - tri.corrupted_metric
+    found = p0.faithful_circuit(model, TOKENS, result=tri, corruption=corr, metric=metric, target=0.6, tolerance=0.3)
+    rest = [n for n in nodes if n not in found.nodes]
+    assert set(rest) & set(unexamined), "some unexamined node is outside the circuit"
+    assert close(O.together(model, TOKENS, rest, O.Corr("shift"), om, named),
+                 tri.corrupted_metric + found.faithfulness * gap, tri.clean_metric), found
+    strength = tri.strengths()
+    top = sorted(nodes, key=lambda n: -strength[n])[:3]
+    (_, kept, share), = p0.faithfulness_curve(model, TOKENS, result=tri, corruption=corr, metric=metric,
+                                             fractions=[3 / len(nodes)])
+    assert kept == 3
+    plain = O.together(model, TOKENS, [n for n in nodes if n not in top], O.Corr("shift"), om, named)
+    assert close(plain, tri.corrupted_metric + share * gap, tri.clean_metric)

@@ -56,3 +56,20 @@ def offered(what: str) -> list[str]:
     if registry is not None:
         names |= set(getattr(registry, what))
     return sorted(names)
+
+
+@functools.lru_cache(maxsize=None)
+def analysis_fields() -> dict[str, tuple[object, str]]:
+    """``name -> (default, first sentence of its docstring)`` of each number field of ``AnalysisSettings``
+    (``studies/analysis/run.py``), read from its source: ``p0circuit analyze``'s options and their help."""
+    tree = ast.parse((PATCHING.parent / "studies" / "analysis" / "run.py").read_text(encoding="utf-8"))
+    cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "AnalysisSettings")
+    out: dict[str, tuple[object, str]] = {}
+    for stmt, after in zip(cls.body, cls.body[1:] + [None]):
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(stmt.value, ast.Constant) and type(stmt.value.value) in (int, float)):
+            continue
+        doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
+        first = " ".join(str(doc).split()).split(". ")[0].rstrip(".")
+        out[stmt.target.id] = (stmt.value.value, first)
+    return out

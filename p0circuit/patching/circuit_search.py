@@ -64,7 +64,7 @@ class FaithfulCircuit:
     """What :func:`faithful_circuit` found (``to_dict`` is its JSON record)."""
 
     nodes: list[str]
-    """The circuit's nodes, strongest single effect first."""
+    """The circuit's nodes, strongest single effect first (a node a screen left unexamined: by its estimate)."""
     candidates: int
     """Candidates searched (those that can reach the metric)."""
     faithfulness: float
@@ -230,7 +230,7 @@ def faithful_circuit(
     if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
         raise BadInputError(f"max_size must be an int >= 1, got {max_size!r}")
     noise = result_job(model, tokens, result, corruption, metric, bos)
-    effects = {n: v for n, v in result.normalized.items() if math.isfinite(v)}
+    effects = result.strengths()  # a node a screen left unexamined is a candidate too (ranked by its estimate)
     items = [Node.parse(n) for n in effects]
     live = [n for n in items if noise.reaches(site_of(n, model).hook)]
     named = named_positions(items)
@@ -247,10 +247,10 @@ def faithful_circuit(
         evaluations += 1
         return noising(dropped)
 
-    kept, faithfulness, bulk = prune(live, lambda n: abs(effects[n.name]), lambda n: n.layer,
+    kept, faithfulness, bulk = prune(live, lambda n: effects[n.name], lambda n: n.layer,
                                      lambda dropped: _share(noised(dropped), clean, corrupted), target, tolerance,
                                      noising.fix)
-    circuit = sorted(kept, key=lambda n: -abs(effects[n.name]))
+    circuit = sorted(kept, key=lambda n: -effects[n.name])
     completeness = 1.0 - _share(noised(circuit), clean, corrupted)
     denoising = None
     if not noise.prep.is_ablation:

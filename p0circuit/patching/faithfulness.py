@@ -35,10 +35,12 @@ DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def _ranked(result: PatchResult) -> list[str]:
-    eff = {k: v for k, v in result.normalized.items() if not math.isnan(v)}
+    """Every name, strongest first (:meth:`PatchResult.strengths`: an unexamined one is still corrupted
+    outside the kept top)."""
+    eff = result.strengths()
     if not eff:
-        raise BadInputError("this result has no finite effects (no signal?): a faithfulness curve needs them")
-    return sorted(eff, key=lambda k: -abs(eff[k]))
+        raise BadInputError("this result has no signal: a faithfulness curve needs effects to rank")
+    return sorted(eff, key=lambda k: -eff[k])
 
 
 def refuse_post_norm_senders(model: Any, edges: Sequence[Edge]) -> None:

@@ -65,6 +65,25 @@ class PatchResult:
         """Names whose |normalized effect| >= ``threshold`` (NaN effects never pass)."""
         return [n for n, v in self.normalized.items() if not math.isnan(v) and abs(v) >= threshold]
 
+    def strengths(self) -> dict[str, float]:
+        """|effect| of every name, for ranking a search that must corrupt all of them (a circuit's
+        complement, a faithfulness curve). A name left unexamined (NaN with a signal, as ``triage`` leaves
+        all but its top and sampled nodes) ranks below every measured one (the screen judged it weaker than
+        its top), in the order of the screen's estimates when the result carries them
+        (``settings["estimates"]``); it stays a candidate either way, so whatever keeps a circuit's
+        complement corrupted corrupts it too. Empty without a signal."""
+        if not self.signal:
+            return {}
+        measured = {n: abs(v) for n, v in self.normalized.items() if math.isfinite(v)}
+        unexamined = [n for n in self.normalized if n not in measured]
+        if not unexamined:
+            return measured
+        # below every measured one (the screen judged them weaker than its top), in the screen's order
+        estimates = {n: abs(self.settings.get("estimates", {}).get(n, 0.0)) for n in unexamined}
+        floor = min((v for v in measured.values() if v > 0), default=1.0)
+        scale = 0.5 * floor / max(max(estimates.values()), 1e-30)
+        return {n: measured[n] if n in measured else estimates[n] * scale for n in self.normalized}
+
     def parsed(self) -> list[Union[Node, Edge]]:
         """Every name as a :class:`Node` or :class:`Edge`, by the result's level."""
         parse = Edge.parse if self.level == "edge" else Node.parse

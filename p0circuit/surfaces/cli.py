@@ -170,9 +170,8 @@ def _analyze(args: argparse.Namespace) -> int:
     from p0circuit.studies.analysis.run import AnalysisSettings, analyze, precheck
 
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
-    settings = AnalysisSettings(n_prompts=args.n_prompts, length=args.length, bos=bos, seed=args.seed,
-                                max_onsets=args.max_onsets, neurons_keep=args.neurons_keep,
-                                **({} if args.max_edges is None else {"max_edges": args.max_edges}))
+    given = {name: getattr(args, name) for name in choices.analysis_fields() if getattr(args, name) is not None}
+    settings = AnalysisSettings(bos=bos, **given)
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
     bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
@@ -369,14 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "without a start token)")
     a.add_argument("--bos-token", help="the start token of the with-BOS setting when the tokenizer's BOS is not one "
                    "(real:smollm2 uses <|endoftext|> by default)")
-    a.add_argument("--n-prompts", type=int, default=16)
-    a.add_argument("--length", type=int, default=24, help="tokens of text per prompt (a BOS token adds one)")
-    a.add_argument("--max-onsets", type=int, default=3, help="onsets analysed per BOS setting")
-    a.add_argument("--neurons-keep", type=int, default=32, help="neurons confirmed by exact patching per onset")
-    a.add_argument("--max-edges", type=int, default=None,
-                   help="candidate edges of a faithful circuit up to which they are pruned as a set (default 128); "
-                        "above it they are only measured one by one (path patching), and the record says so")
-    a.add_argument("--seed", type=int, default=0)
+    for name, (default, doc) in choices.analysis_fields().items():  # AnalysisSettings' own fields, defaults and words
+        a.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
+                       help=f"{doc[0].lower()}{doc[1:]} (default {default})".replace("%", "%%"))
     a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=_analyze)

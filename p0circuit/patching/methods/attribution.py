@@ -13,7 +13,8 @@ methods.
 (Sundararajan et al. 2017) along the straight path from the base activations to the patched ones,
 one hook (one layer's neurons, heads or MLP output) at a time while every other activation is
 recomputed: ``(a^corr - a^clean) . mean_i dM/da (a^clean + alpha_i (a^corr - a^clean))`` at the
-midpoints ``alpha_i = (i + 1/2) / steps``. It costs ``steps`` forwards and backwards per hook and
+midpoints ``alpha_i = (i + 1/2) / steps``. It costs ``steps`` forwards and backwards per hook (each from
+the hook's own block on, the blocks before it taken from the base run) and
 follows a metric through saturation and normalization, where one gradient at the clean run does not
 (a ReLU that switches, a norm ratio that grows like the square of a massive dimension). It is a fast screen: the linearization is poor where the metric saturates (an attention
 of 0.9999 has almost no gradient) or where a ReLU/threshold switches, so compare with exact
@@ -47,9 +48,23 @@ MAX_STEPS = 1024
 """Most integrated-gradient steps a call accepts (each is a forward and a backward per hook)."""
 
 
+def _from_block(model: Any, tokens: Tensor, metric: PatchMetric, base: dict[str, Tensor], layer: int
+                ) -> tuple[Tensor, dict[str, Any]]:
+    """What a forward that changes nothing before block ``layer`` starts from: the base run's input to that
+    block (``start_at_layer``: the blocks before it are the base run's, unchanged), or the tokens where it
+    cannot (an embedding, a metric read before the block, shortformer positions, a block not cached)."""
+    early = any(h.layer < layer for h in metric.needs(model.cfg.n_layers))
+    name = hooks.resid_pre(layer)
+    if layer < 1 or early or name not in base or model.cfg.positional_embedding_type == "shortformer":
+        return tokens, {}
+    return base[name], {"start_at_layer": layer}
+
+
 def _integrated_gradients(model: Any, tokens: Tensor, metric: PatchMetric, targets: dict[str, Tensor],
-                          base: dict[str, Tensor], p0: int, stop: Optional[int], steps: int) -> dict[str, Tensor]:
-    """Mean ``dM/da`` along ``base[h] -> targets[h]`` for each hook ``h`` alone (the rest recomputed)."""
+                          layers: dict[str, int], base: dict[str, Tensor], p0: int, stop: Optional[int],
+                          steps: int) -> dict[str, Tensor]:
+    """Mean ``dM/da`` along ``base[h] -> targets[h]`` for each hook ``h`` alone (the rest recomputed; each
+    forward starts at ``h``'s block, ``layers[h]``, from the base run's input to it)."""
     metric_names = {h.name for h in metric.needs(model.cfg.n_layers)}
     out: dict[str, Tensor] = {}
     params = [p for p in model.parameters()]
@@ -59,6 +74,7 @@ def _integrated_gradients(model: Any, tokens: Tensor, metric: PatchMetric, targe
             p.requires_grad_(False)
         for name, target in targets.items():
             start, delta = base[name], target - base[name]
+            given, extra = _from_block(model, tokens, metric, base, layers[name])
             total = torch.zeros_like(start, dtype=torch.float32)
             for i in range(steps):
                 alpha = (i + 0.5) / steps
@@ -75,7 +91,7 @@ def _integrated_gradients(model: Any, tokens: Tensor, metric: PatchMetric, targe
 
                 fwd = [(name, place)] + [(n, keep) for n in metric_names]
                 with model.hooks(fwd_hooks=fwd), torch.enable_grad():
-                    logits = model(tokens, stop_at_layer=stop)
+                    logits = model(given, stop_at_layer=stop, **extra)
                     value = metric(RunView({n: acts[n] for n in metric_names}, logits if stop is None else None, p0))
                     if value.requires_grad:
                         value.backward()
@@ -200,8 +216,9 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
             ops = [node_op(job, n, direction, named) for n in live_nodes]
             if steps > 1:  # the base run's value from the cached run; the gradients along the path
                 base_value = job.base_metric
-                grads = _integrated_gradients(model, base_tokens, job.metric, _targets(ops, base_cache), base_cache,
-                                              p0, job.stop, steps)
+                grads = _integrated_gradients(model, base_tokens, job.metric, _targets(ops, base_cache),
+                                              {op.hook.name: op.hook.layer for op in ops}, base_cache, p0, job.stop,
+                                              steps)
             else:
                 base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0,
                                                job.stop)

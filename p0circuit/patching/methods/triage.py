@@ -7,7 +7,9 @@ estimated effect and of a random ``sample`` of the others. Only exact values are
 
 * the top nodes and the sampled ones carry their exact effect;
 * nodes that cannot reach the metric (causality) carry an exact 0;
-* every other node is *unexamined*: NaN, never in a circuit.
+* every other node is *unexamined*: NaN, never kept by a threshold. Its attribution estimate is in
+  ``settings["estimates"]``: a search over the result (:func:`~p0circuit.faithful_circuit`, a faithfulness
+  curve) ranks it by that estimate and corrupts it with the rest of the complement, never leaves it clean.
 
 The sample measures what the triage may have missed: its largest |effect|, how many of its nodes
 pass 0.1, and an estimate of the summed |effect| of the unexamined nodes (the sample's mean |effect|
@@ -90,7 +92,8 @@ def triage_patch(
         method="triage", level="node", corruption=exact.corruption, metric=exact.metric, direction=job.direction,
         clean_metric=exact.clean_metric, corrupted_metric=exact.corrupted_metric, raw=raw, normalized=normalized,
         signal=exact.signal, message=message,
-        settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed},
+        settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed,
+                  "estimates": {n: float(v) for n, v in approx.normalized.items() if math.isfinite(v)}},
     )
 
 

@@ -87,9 +87,11 @@ def page(analyses: Sequence[dict[str, Any]]) -> str:
     """The atlas as Markdown."""
     head = ["model", "BOS", "Sink_0^0.3", "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
             "edges", "faithful circuit at the first onset"]
+    sizes = sorted({f"{d['settings']['n_prompts']} English prompts x {d['settings']['length']} tokens"
+                    for d in analyses}) or ["no analysis"]
     lines = ["# The P0-sink atlas", "",
-             "Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY`, 16 English prompts x 24 "
-             "tokens; random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
+             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY`, {' or '.join(sizes)}; "
+             "random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
              "the clean-to-corrupted change of the P0 norm ratio at the onset one component carries alone; + raises "
              "it). The corruption is `shift` without BOS and, with BOS, whichever of `swap` (the BOS token replaced "
              "in place) and `shift` lowers the sink more. The faithful circuit is found by ACDC-style pruning "

@@ -25,7 +25,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD, SINK_EPS
-from p0circuit.studies.analysis import steps
+from p0circuit.studies.analysis import cost, steps
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.core.types import Kind, Node
@@ -52,8 +52,9 @@ SETTINGS = {False: "without_bos", True: "with_bos"}
 class AnalysisSettings:
     """What one analysis measures (every field is recorded in ``analysis.json``)."""
 
-    n_prompts: int = 16
-    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids)."""
+    n_prompts: int = 8
+    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids). On
+    SmolLM2, 8 and 16 prompts give the same verdict and block-2 circuits of 13 and 14 nodes (docs/guide.md)."""
     length: int = 24
     """Tokens of text per prompt; a BOS token adds one."""
     bos: tuple[bool, ...] = (False, True)
@@ -68,6 +69,11 @@ class AnalysisSettings:
     """Neurons confirmed by exact patching per onset (the strongest integrated-gradient estimates)."""
     ig_steps: int = 4
     """Integrated-gradient points per MLP in the neuron screen."""
+    exact_nodes: int = 256
+    """Candidate nodes an onset patches exactly; an onset with more is screened by attribution patching first
+    (0: every candidate exactly). The screen (at 1B, block 8 holds 594 candidates): attribution patching ranks them all, and the ``exact_nodes`` strongest estimates and a random sample
+    (:data:`~p0circuit.studies.analysis.steps.SCREEN_SAMPLE`) are patched exactly; the rest report no effect. The circuit search is exact either way and
+    corrupts every candidate outside its circuit. 0: patch every candidate exactly."""
     max_edges: int = 128
     """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
     forward up to the onset); above it they are measured one by one only, and the record says so."""
@@ -77,8 +83,10 @@ class AnalysisSettings:
     """Seed of the prompts and of the random corruptions."""
 
     def __post_init__(self) -> None:
-        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "max_edges", "seed"):
-            value, low = getattr(self, name), 0 if name == "seed" else (2 if name in ("n_prompts", "length") else 1)
+        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "exact_nodes", "max_edges",
+                     "seed"):
+            value = getattr(self, name)
+            low = 0 if name in ("seed", "exact_nodes") else (2 if name in ("n_prompts", "length") else 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"analysis setting {name} must be an int >= {low}, got {value!r}")
         object.__setattr__(self, "bos", tuple(self.bos))
@@ -160,15 +168,33 @@ class _State:
         if self.path is not None:
             write_atomic(self.path, json.dumps({"header": self.header, "steps": self.done}, allow_nan=False))
 
-    def run(self, key: str, fn: Callable[[], Any], bar: Any) -> Any:
+    def run(self, key: str, fn: Callable[[], Any], bar: "Bar") -> Any:
         if key not in self.done:
-            bar.set_postfix_str(key)
+            bar.bar.set_postfix_str(key)
             t = time.perf_counter()
             value = strict(fn())
             self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2)}
             self._save()
-        bar.update(1)
+        bar.done(key)
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
+
+
+class Bar:
+    """The analysis' progress bar, counted in forwards of the batch (:mod:`.cost`): each step advances it
+    by its estimated cost, so the time left weighs what remains by its work, not by its number of steps."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.costs = bar, {}
+
+    def plan(self, costs: dict[str, float]) -> None:
+        """Add steps ``key -> estimated forwards`` to the total."""
+        self.costs.update(costs)
+        self.bar.total = round(sum(self.costs.values()), 1)
+        self.bar.refresh()
+
+    def done(self, key: str) -> None:
+        """Step ``key`` finished, or will not run."""
+        self.bar.update(round(self.costs.get(key, 0.0), 1))
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -298,7 +324,9 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         forward_s = time.perf_counter() - t
         state.keep(UNIT, forward_s)
     started = time.perf_counter()
-    bar = tqdm(total=len(tags), desc="analyze", unit="step", disable=not progress, mininterval=0.5)
+    bar = Bar(tqdm(total=0, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5, smoothing=0,
+                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]"))
+    bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags})
     sinks: dict[str, Any] = {}
     onsets: dict[str, Any] = {}
     variations: dict[str, Any] = {}
@@ -312,9 +340,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         if no_bos_reason and True in s.bos:
             sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
         plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s) for b in tags}
-        bar.total += sum(len(p) * 3 for p in plans.values()) + sum(
-            (1 + len(s.lengths)) for b in tags if any(o["where"] == "P0" for o in plans[b]))
-        bar.refresh()
+        bar.plan(_costs(model, plans, s))
         for b in tags:
             onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
             p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
@@ -322,7 +348,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                 chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
                 variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
     finally:
-        bar.close()
+        bar.bar.close()
     data = {
         "model": label, "settings": header["settings"], "prompt_source": header["prompt_source"],
         "n_layers": int(model.cfg.n_layers),
@@ -331,7 +357,8 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         "timing": {"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
                    "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
                    "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
-                   "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT}},
+                   "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
+                   "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()}},
     }
     if truth is not None:
         data["truth"] = {"nodes": [n.name for n in truth.nodes], "edges": [e.name for e in truth.edges]}
@@ -341,10 +368,30 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     return result
 
 
+def _onset_key(bos: bool, onset: dict[str, Any]) -> str:
+    return f"{SETTINGS[bos]}/{onset['where']}@L{onset['layer']}"
+
+
+def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]], s: AnalysisSettings) -> dict[str, float]:
+    """Every planned step's estimated forwards (:func:`.cost.step_costs`), by its state key."""
+    out: dict[str, float] = {}
+    for b, plan in plans.items():
+        first = next((o for o in plan if o["where"] == "P0"), None)
+        for o in plan:
+            cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
+            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_SAMPLE,
+                                    len(steps.corruption_variants(b)) - 1, o is first)
+            for name, value in costs.items():
+                key = (f"{_onset_key(b, o)}/{name}" if name in ("nodes", "edges", "neurons") else
+                       f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
+                out[key] = value
+    return out
+
+
 def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary: dict[str, Any],
-           s: AnalysisSettings, state: _State, bar: Any) -> dict[str, Any]:
+           s: AnalysisSettings, state: _State, bar: Bar) -> dict[str, Any]:
     layer, where = onset["layer"], onset["where"]
-    key = f"{SETTINGS[bos]}/{where}@L{layer}"
+    key = _onset_key(bos, onset)
     entry: dict[str, Any] = {"layer": layer, "where": where, "prompt_set": prompt_label(model, tokens.shape[0],
                                                                                           s.length, bos)}
     choice: dict[str, Any] = {}
@@ -364,14 +411,14 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
             metric = NormRatio(layer, pos=find_positions(model, toks, spec), where=spec)
         except P0CircuitError as err:
             entry["skipped"] = str(err)
-            for _ in range(3):
-                bar.update(1)
+            for step in ("nodes", "edges", "neurons"):
+                bar.done(f"{key}/{step}")
             return entry
         entry["prompts"] = len(keep)
         entry["prompt_set"] = prompt_label(model, len(keep), s.length, bos) + f" (those holding {where})"
 
     def node_step() -> dict[str, Any]:
-        res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold)
+        res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed)
         out["corruption_choice"] = choice
         out["faithfulness"] = steps.faithfulness(model, toks, res, corruption, metric)
         out["circuit"] = steps.circuit(model, toks, bos, res, corruption, metric, s.max_edges)
@@ -393,7 +440,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         e = dict(state.run(key + "/edges", edge_step, bar))
         entry["edges"], entry["into_sinks"], entry["edge_pass"] = e.pop("edges"), e.pop("into_sinks", {}), e
     else:
-        bar.update(1)
+        bar.done(key + "/edges")
     dims = [d for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
     if where == "P0" and dims and entry["signal"]:
         n = state.run(key + "/neurons", lambda: steps.neurons(model, toks, bos, corruption, layer, dims[0]["dim"],
@@ -403,7 +450,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
     else:
         entry["neuron_pass"] = {"note": "no massive dimension at P0 at this layer" if where == "P0" else
                                 "neurons are patched at P0 only"}
-        bar.update(1)
+        bar.done(key + "/neurons")
     return entry
 
 
@@ -416,7 +463,7 @@ def _has(model: Any, row: Tensor, spec: str) -> bool:
 
 
 def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: AnalysisSettings, state: _State,
-                bar: Any) -> dict[str, Any]:
+                bar: Bar) -> dict[str, Any]:
     """Every corruption side by side at the first P0 ``onset`` (its own pass is reused for ``chosen``),
     and other prompt lengths patched with ``chosen``: the corruption the analysis chose for this BOS
     setting at that onset."""
@@ -426,7 +473,7 @@ def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: An
     toks = prompts(model, s.n_prompts, s.length, bos, s.seed)
     out: dict[str, Any] = {"layer": layer, "chosen_corruption": chosen}
     out["corruption"] = state.run(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
-        model, toks, bos, layer, steps.corruption_variants(bos), s.threshold, s.seed, known), bar)
+        model, toks, bos, layer, steps.corruption_variants(bos), s.threshold, s.seed, known, s.exact_nodes), bar)
     out["length"] = {}
     for n in s.lengths:
         def length_step(n: int = n) -> dict[str, Any]:
@@ -436,7 +483,7 @@ def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: An
             row["prompts"] = prompt_label(model, s.n_prompts, n, bos)
             if layer < model.cfg.n_layers:
                 _, nodes = steps.nodes(model, t, bos, get_corruption(chosen, seed=s.seed), NormRatio(layer), layer,
-                                       s.threshold)
+                                       s.threshold, s.exact_nodes, s.seed)
                 row.update({k: nodes[k] for k in ("corruption", "metric", "clean", "corrupted", "signal",
                                                   "normalization")}, nodes=dict(list(nodes["nodes"].items())[:8]))
             return row

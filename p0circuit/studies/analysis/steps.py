@@ -22,6 +22,7 @@ from p0circuit.patching import (
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
 from p0circuit.patching.edges import among
 from p0circuit.patching.job import PatchJob
+from p0circuit.patching.methods.triage import triage_patch
 from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.result import PatchResult
 from p0circuit.core.types import Kind, Node
@@ -31,6 +32,8 @@ FAITHFULNESS_K = (1, 2, 3, 5, 8, 12, 20)
 WEAK_SIGNAL = 0.05
 """Share of the metric (the larger of its clean and corrupted values) below which the clean-to-corrupted
 change is too small to divide by: a row's effects are then reported raw, and flagged."""
+SCREEN_SAMPLE = 16
+"""Nodes outside the screened top patched exactly at random: the check of what the attribution ranking missed."""
 UNSTABLE_EFFECT = 3.0
 """|normalized effect| of one component above which the normalization does not carry (one node moving
 the metric three times the whole clean-to-corrupted change): the row's effects are reported raw, and flagged."""
@@ -115,17 +118,31 @@ def onset_nodes(model: Any, layer: int, corruption: Corruption) -> list[Node]:
 
 
 def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
-          threshold: float) -> tuple[PatchResult, dict[str, Any]]:
-    """Activation patching of :func:`onset_nodes` with ``metric``."""
+          threshold: float, exact_nodes: int = 0, seed: int = 0) -> tuple[PatchResult, dict[str, Any]]:
+    """Activation patching of :func:`onset_nodes` with ``metric``: of every one, or, when there are more than
+    ``exact_nodes`` (> 0), of the ``exact_nodes`` strongest attribution estimates and :data:`SCREEN_SAMPLE`
+    others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
+    unexamined: no effect is reported for them, and a circuit search over the result still corrupts them)."""
     t = time.perf_counter()
-    res = activation_patch(model, tokens, nodes=onset_nodes(model, layer, corruption), corruption=corruption,
-                           metric=metric, bos=bos)
+    cands = onset_nodes(model, layer, corruption)
+    screen: dict[str, Any] = {}
+    if exact_nodes and len(cands) > exact_nodes:
+        res = triage_patch(model, tokens, nodes=cands, top=exact_nodes, sample=SCREEN_SAMPLE, seed=seed,
+                           corruption=corruption, metric=metric, bos=bos)
+        tri = res.settings["triage"]
+        screen = {"how": f"attribution patching over all {len(cands)} candidates (one forward and backward), then "
+                         f"exact activation patching of the {tri['exact_top']} strongest estimates and of "
+                         f"{tri['sampled']} others drawn at random; {tri['unexamined']} unexamined",
+                  **{k: ((round(v, 4) if math.isfinite(v) else None) if isinstance(v, float) else v) for k, v in tri.items()
+                     if k in ("exact_top", "sampled", "unexamined", "sample_max_abs_effect", "sample_notable")}}
+    else:
+        res = activation_patch(model, tokens, nodes=cands, corruption=corruption, metric=metric, bos=bos)
     return res, {"corruption": res.corruption, "corruption_params": res.settings.get("corruption_params", {}),
                  "metric": res.metric, "clean": res.clean_metric, "corrupted": res.corrupted_metric,
                  "signal": res.signal, "message": res.message, "candidates": len(res.raw),
                  "normalization": normalization(res),
                  "nodes": strong(res, threshold), "effects": strong(res, 0.0) if res.signal else {},
-                 "seconds": round(time.perf_counter() - t, 2)}
+                 "screen": screen, "seconds": round(time.perf_counter() - t, 2)}
 
 
 def circuit_edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
@@ -265,7 +282,8 @@ def seeded(name: str, seed: int) -> Corruption:
 
 
 def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequence[str], threshold: float,
-                  seed: int = 0, known: Optional[dict[str, dict[str, Any]]] = None) -> dict[str, Any]:
+                  seed: int = 0, known: Optional[dict[str, dict[str, Any]]] = None, exact_nodes: int = 0
+                  ) -> dict[str, Any]:
     """The onset's nodes under each corruption in ``names`` (made with ``seed``): signal, top effects, or
     why not. ``known``: corruption name -> the :func:`nodes` summary already measured on these prompts at
     this onset with that corruption and seed (the onset's own pass), used instead of measuring it again."""
@@ -274,11 +292,13 @@ def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequ
         summary = (known or {}).get(name)
         if summary is None:
             try:
-                _, summary = nodes(model, tokens, bos, seeded(name, seed), NormRatio(layer), layer, threshold)
+                _, summary = nodes(model, tokens, bos, seeded(name, seed), NormRatio(layer), layer, threshold,
+                                   exact_nodes, seed)
             except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
                 out[name] = {"error": f"{type(err).__name__}: {err}"}
                 continue
         out[name] = {k: summary[k] for k in ("metric", "signal", "clean", "corrupted", "message", "normalization")}
+        out[name]["screen"] = summary.get("screen") or {}
         out[name]["nodes"] = dict(list(summary["nodes"].items())[:8])
         if summary["signal"] and summary["corrupted"] > summary["clean"]:
             out[name]["note"] = (f"the corrupted run has the stronger sink ({summary['clean']:.4g} clean, "

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core.types import Circuit, Edge, Kind, Node
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
@@ -134,7 +135,12 @@ def markdown(d: dict[str, Any]) -> str:
             if not o["signal"]:
                 lines += ["", f"No signal: {o['message']}", ""]
                 continue
-            lines += ["", f"- Nodes: {_effects(o, 12)}.",
+            sc = o.get("screen") or {}
+            biggest = sc.get("sample_max_abs_effect")
+            screened = (f" (screened: {sc['how']}; the sample's largest |effect| "
+                        f"{'n/a' if biggest is None else format(biggest, '.3g')}, {sc['sample_notable']} of its nodes at "
+                        f"{NOTABLE} or more)") if sc else ""
+            lines += ["", f"- Nodes{screened}: {_effects(o, 12)}.",
                       f"- Faithfulness of the top k single nodes, a screen (k: share of the change kept with every "
                       f"other candidate corrupted): {_curve(o['faithfulness'])}.",
                       _circuit_line(o.get("circuit") or {})]

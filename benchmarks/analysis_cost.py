@@ -1,0 +1,100 @@
+"""What `p0circuit analyze` costs, against what its cost model (``p0circuit/studies/analysis/cost.py``)
+predicted: each model analysed by the command itself (a fresh process, ``--fresh``, its wall time
+measured), then, from its ``analysis.json``, every step's measured forwards (seconds over the forward
+of the batch timed in the same run) beside the predicted ones, and how far the progress bar's estimate
+of the total time was from the real one when a quarter, half and three quarters of the time had passed
+(the bar's estimate is the average rate so far times the predicted forwards left: ``smoothing=0``).
+
+    python benchmarks/analysis_cost.py                                  # SmolLM2 and Gemma 3 (about 4 minutes)
+    python benchmarks/analysis_cost.py --models real:smollm2 --out DIR  # the runs are kept in DIR (the atlas reads them)
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Conditions, publish  # noqa: E402
+
+KINDS = ("sinks", "nodes", "edges", "neurons", "corruptions", "length")
+"""Step kinds (the last part of a state key, without its layer or length)."""
+
+
+def kind(key: str) -> str:
+    last = key.rsplit("/", 1)[1]
+    return next(k for k in KINDS if last.startswith(k))
+
+
+def eta_errors(timing: dict) -> dict[str, float]:
+    """(the bar's estimate of the total time - the real total) / the real total, at the step that ended
+    nearest a quarter, a half and three quarters of the analysis' time."""
+    predicted, steps = timing["predicted_forwards"], timing["steps"]
+    total_units, real = sum(predicted.values()), sum(steps.values())
+    done = elapsed = 0.0
+    points = []
+    for key, seconds in steps.items():
+        done += predicted.get(key, 0.0)
+        elapsed += seconds
+        if done:
+            points.append((elapsed, elapsed * total_units / done))
+    out = {}
+    for share in (0.25, 0.5, 0.75):
+        at, guess = min(points, key=lambda p: abs(p[0] - share * real))
+        out[f"{share:.0%}"] = (guess - real) / real
+    return out
+
+
+def measure(entry: str, out: Path) -> dict:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "p0circuit", "analyze", "--model", entry, "--out", str(out), "--fresh",
+                    "--quiet"], check=True, env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    d = json.loads((out / "analysis.json").read_text())
+    t = d["timing"]
+    measured, predicted = defaultdict(float), defaultdict(float)
+    for key, seconds in t["steps"].items():
+        measured[kind(key)] += seconds / t["forward_s"]
+        predicted[kind(key)] += t["predicted_forwards"].get(key, 0.0)
+    return {"model": d["model"], "wall": wall, "steps_s": t["seconds"], "forward_s": t["forward_s"],
+            "measured": dict(measured), "predicted": dict(predicted), "eta": eta_errors(t),
+            "prompts": f"{d['settings']['n_prompts']} x {d['settings']['length']} tokens"}
+
+
+def table(rows: list[dict], cond: Conditions) -> str:
+    lines = [cond.header("analysis_cost.py") + " Each model analysed by `p0circuit analyze` in a fresh process "
+             "(the model read from the conversion cache); forwards are the step's seconds over one forward of the "
+             "batch timed in the same run; predicted: the cost model, before the step ran.", "",
+             "| model (prompts) | wall time | steps | one forward | " + " | ".join(KINDS) +
+             " | total | the bar's estimate of the total at 25% / 50% / 75% of the time |",
+             "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
+    for r in rows:
+        cells = [f"{r['measured'].get(k, 0):.0f} / {r['predicted'].get(k, 0):.0f}" for k in KINDS]
+        total = f"{sum(r['measured'].values()):.0f} / {sum(r['predicted'].values()):.0f}"
+        eta = " / ".join(f"{v:+.0%}" for v in r["eta"].values())
+        lines.append(f"| {r['model']} ({r['prompts']}) | {r['wall']:.0f} s | {r['steps_s']:.0f} s | "
+                     f"{r['forward_s']:.2f} s | " + " | ".join(cells) + f" | {total} | {eta} |")
+    lines += ["", "Each step kind: measured / predicted forwards of the batch."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["real:smollm2", "real:gemma3"])
+    ap.add_argument("--out", type=Path, default=Path("runs/analysis_cost"))
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/performance.md")
+    args = ap.parse_args()
+    rows = []
+    with Conditions() as cond:
+        for entry in args.models:
+            rows.append(measure(entry, args.out / entry.replace(":", "-")))
+            print(json.dumps(rows[-1], default=float))
+    publish("docs/performance.md", "analysis-cost", table(rows, cond))
+
+
+if __name__ == "__main__":
+    main()

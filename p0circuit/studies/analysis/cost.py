@@ -1,0 +1,82 @@
+"""What each step of an analysis costs, in forwards of its prompt batch, before it runs: the progress
+bar's units (so its estimate of the time left weighs a block-11 node pass as the many forwards it is,
+not as one step) and the cost model of docs/performance.md.
+
+A step's work is counted in *block passes*: one transformer block over the whole batch. One block pass
+costs :func:`block_cost` forwards (a forward runs every block and the unembedding). With ``N`` layers,
+an onset at block ``L`` (its metric reads block ``L``'s output, so nothing after it runs), ``H`` heads
+and ``C`` candidate nodes, a patch of a node in block ``l`` runs blocks ``l..L`` again:
+
+* sinks: one forward with every attention pattern cached: ``SINK`` forwards;
+* nodes: the clean and corrupted runs (``2 (L + 1)`` block passes), each candidate's patched run
+  (``sum over candidates of (L + 1 - l)``, times ``NODE``; a screen instead: a forward and backward,
+  ``3 (L + 1)``, and its exact nodes at half depth), the top-k curve (``CURVE`` runs of ``L + 1``) and
+  the circuit search (``2 log2 C + SEARCH_BASE`` runs of ``L + 1``, times ``SEARCH``), and when the
+  circuit's edges are searched ``EDGE_SEARCH`` runs of ``L + 1`` more;
+* edges and attention into the sinks: ``EDGES`` runs of ``L + 3``;
+* neurons: integrated gradients, ``ig_steps`` forwards and backwards per MLP from its block on (the
+  last four MLPs up to the onset), and ``neurons_keep`` exact patches;
+* each other corruption: a node pass; each other length: the sinks and a node pass, scaled by length.
+
+The factors are calibrated on SmolLM2-135M (16 English prompts x 24 tokens, 2 CPU cores); the model is
+checked against Gemma 3 270M and a 1.24B Llama-shaped checkpoint in ``benchmarks/bench_1b.py``, and its
+error there is in docs/performance.md. It is an estimate: the circuit search stops when it stops.
+"""
+
+import math
+from typing import Any
+
+SINK = 1.5
+"""Forwards of the sink report (a forward that keeps every attention pattern)."""
+NODE = 0.85
+"""Block passes per block a patched node's run repeats (a head's patch needs only the rest of its block)."""
+CURVE = 7
+"""Runs of the top-k faithfulness curve (one per circuit size)."""
+SEARCH_BASE, SEARCH = 40, 0.7
+"""The node circuit search: about ``2 log2(candidates) + SEARCH_BASE`` evaluations, each ``SEARCH`` of a
+run up to the onset (the bulk drop's later evaluations start past block 0)."""
+EDGE_SEARCH = 90
+"""Runs up to the onset of an edge search (each edge alone, then ACDC's pruning), when one runs."""
+EDGES = 6
+"""Runs of the path-patching screen between the strongest nodes and into the sink heads."""
+GRAD = 3
+"""Block passes of a forward and backward through one block."""
+
+
+def block_cost(model: Any) -> float:
+    """Forwards per block pass: a block's share of a forward's multiply-adds (the rest is the
+    unembedding), from the model's shapes."""
+    cfg = model.cfg
+    d, heads, kv = cfg.d_model, cfg.n_heads, getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    attn = d * cfg.d_head * (2 * heads + 2 * kv)
+    mlp = 0 if cfg.attn_only else d * cfg.d_mlp * (3 if cfg.gated_mlp else 2) * max(1, cfg.experts_per_token or 1)
+    block = attn + mlp
+    return block / (cfg.n_layers * block + d * cfg.d_vocab)
+
+
+def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, sample: int) -> float:
+    """Forwards of an onset's node pass (without its curve and circuit search)."""
+    b, depth = block_cost(model), layer + 1
+    if exact_nodes and candidates > exact_nodes:
+        patched = (exact_nodes + sample) * depth / 2
+        return b * (2 * depth + GRAD * depth + NODE * patched)
+    per_layer = candidates / depth  # every block holds the same candidates
+    return b * (2 * depth + NODE * per_layer * depth * (depth + 1) / 2)
+
+
+def step_costs(model: Any, layer: int, candidates: int, settings: Any, sample: int, n_corruptions: int,
+               first: bool) -> dict[str, float]:
+    """Forwards of each step of one onset (``nodes``, ``edges``, ``neurons``), and, for the first P0 onset
+    (``first``), of its variations (``corruptions``, ``length<n>``)."""
+    b, depth = block_cost(model), layer + 1
+    node = nodes_cost(model, layer, candidates, settings.exact_nodes, sample)
+    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + EDGE_SEARCH
+    mlps = range(max(0, layer - 3), layer + 1)
+    neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
+    out = {"nodes": node + b * depth * (CURVE + search), "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),
+           "neurons": 0.0 if model.cfg.attn_only else b * neurons}
+    if first:
+        out["corruptions"] = n_corruptions * node
+        for n in settings.lengths:
+            out[f"length{n}"] = (SINK + node) * n / settings.length
+    return out
