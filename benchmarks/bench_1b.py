@@ -10,9 +10,11 @@ same batch timed in the same run.
 What it measures: peak resident memory while loading (a fresh process, ``benchmarks/load_memory.py``)
 against the model's own size; the load time; one forward of 8 x 24 tokens; ``sink_report``; one
 activation patch of every head and MLP at P0 and elsewhere up to block 2 (``NormRatio(2)``, shift); and
-with ``--analyze`` the whole analysis (``n_prompts=8``), with how far its progress bar's estimate was
-from the time it took. Random weights have no trained sink: the analysis' steps then depend on what
-the sink report finds, which the output says.
+with ``--analyze`` the whole analysis at its defaults, with how far its progress bar's estimate was
+from the time it took. Random weights have no sink (their P0 norm ratio stays near 1.2), so
+``--analyze`` first plants one into the loaded weights (``benchmarks/sink_plant.py``: detection in
+block 0, amplification in block ``--onset``), and the analysis has an onset to patch: a timing of the
+analysis' steps at this size, not a finding.
 """
 
 import argparse
@@ -104,7 +106,9 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="where the checkpoint is (made there when missing)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--analyze", action="store_true", help="also run p0circuit.analyze (minutes at 1B)")
+    parser.add_argument("--analyze", action="store_true", help="also run p0circuit.analyze on the model with a P0 sink "
+                        "planted into its weights (minutes at 1B)")
+    parser.add_argument("--onset", type=int, help="the block the planted sink's norm onset is at (default n_layers // 5)")
     parser.add_argument("--write-docs", action="store_true", help="write the figures into docs/performance.md")
     args = parser.parse_args()
     lines: list[str] = []
@@ -139,11 +143,30 @@ def main() -> None:
         say(f"`activation_patch` of {len(res.raw)} nodes (every head and MLP at P0 and elsewhere up to block 2; "
             f"`NormRatio(2)`, shift): {patch_s:.1f} s = {patch_s / forward:.1f} forwards")
         if args.analyze:
+            from analysis_cost import eta_errors
+            from sink_plant import plant_sink
+
+            onset = args.onset if args.onset is not None else max(1, model.cfg.n_layers // 5)
+            info = plant_sink(model, onset)
+            say(f"a P0 sink planted into the loaded weights (`benchmarks/sink_plant.py`: uniform heads A0.H0, A0.H4, ... "
+                f"and block 0's MLP detect position 0, block {onset}'s MLP amplifies it): P0 norm ratio after block "
+                f"{onset} {info['median_ratio']:.1f} on probe prompts (smallest per prompt {info['min_ratio']:.1f})")
             start = time.perf_counter()
-            result = p0.analyze(model, n_prompts=8, progress=True)
+            result = p0.analyze(model, progress=True)
             wall = time.perf_counter() - start
+            t = result["timing"]
             onsets = [o["layer"] for v in result["onsets"].values() for o in v]
-            say(f"`analyze` (8 prompts x 24 tokens): {wall:.0f} s = {wall / forward:.0f} forwards; onsets {onsets or 'none'}")
+            first = next((o for v in result["onsets"].values() for o in v), {})
+            circuit = first.get("circuit") or {}
+            say(f"`analyze` ({result['settings']['n_prompts']} prompts x {result['settings']['length']} tokens, without "
+                f"BOS: no tokenizer): **{wall:.0f} s** = {wall / forward:.0f} forwards of 8 x 24 tokens; onsets "
+                f"{onsets or 'none'}; its steps {t['forwards']} forwards against {sum(t['predicted_forwards'].values()):.0f} "
+                f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
+                + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
+            if circuit.get("nodes"):
+                say(f"its faithful circuit at block {first['layer']}: {', '.join(circuit['nodes'])} (faithfulness "
+                    f"{circuit['faithfulness']:.2f}; the plant's nodes are A0.H0@0, A0.H4@0, ..., M0@0 and M{onset}@0); "
+                    f"node screen: {first.get('screen', {}).get('how', 'every candidate patched exactly')}")
     shape = SHAPES[args.shape]
     head = (f"{run.header('bench_1b.py', args.device)} A random-weight Llama checkpoint ({shape['num_hidden_layers']} "
             f"layers, d_model {shape['hidden_size']}, {shape['num_attention_heads']} heads sharing "

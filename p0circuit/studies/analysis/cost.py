@@ -11,14 +11,14 @@ and ``C`` candidate nodes, a patch of a node in block ``l`` runs blocks ``l..L``
 * nodes: the clean and corrupted runs (``2 (L + 1)`` block passes), each candidate's patched run
   (``sum over candidates of (L + 1 - l)``, times ``NODE``; a screen instead: a forward and backward,
   ``3 (L + 1)``, and its exact nodes at half depth), the top-k curve (``CURVE`` runs of ``L + 1``) and
-  the circuit search (``2 log2 C + SEARCH_BASE`` runs of ``L + 1``, times ``SEARCH``), and when the
-  circuit's edges are searched ``EDGE_SEARCH`` runs of ``L + 1`` more;
+  the circuit search (``2 log2 C + SEARCH_BASE`` runs of ``L + 1``, times ``SEARCH``), and where the
+  circuit's edges are likely searched (``C`` at most ``max_edges``) ``EDGE_SEARCH`` runs of ``L + 1`` more;
 * edges and attention into the sinks: ``EDGES`` runs of ``L + 3``;
 * neurons: integrated gradients, ``ig_steps`` forwards and backwards per MLP from its block on (the
   last four MLPs up to the onset), and ``neurons_keep`` exact patches;
 * each other corruption: a node pass; each other length: the sinks and a node pass, scaled by length.
 
-The factors are calibrated on SmolLM2-135M (16 English prompts x 24 tokens, 2 CPU cores); the model is
+The factors are calibrated on SmolLM2-135M (8 English prompts x 24 tokens, 2 CPU cores); the model is
 checked against Gemma 3 270M and a 1.24B Llama-shaped checkpoint in ``benchmarks/bench_1b.py``, and its
 error there is in docs/performance.md. It is an estimate: the circuit search stops when it stops.
 """
@@ -30,17 +30,19 @@ SINK = 1.5
 """Forwards of the sink report (a forward that keeps every attention pattern)."""
 NODE = 0.85
 """Block passes per block a patched node's run repeats (a head's patch needs only the rest of its block)."""
-CURVE = 7
-"""Runs of the top-k faithfulness curve (one per circuit size)."""
-SEARCH_BASE, SEARCH = 40, 0.7
+CURVE = 10
+"""Runs of the top-k faithfulness curve (7 circuit sizes, each from block 0, and its caches)."""
+SEARCH_BASE, SEARCH = 40, 1.0
 """The node circuit search: about ``2 log2(candidates) + SEARCH_BASE`` evaluations, each ``SEARCH`` of a
 run up to the onset (the bulk drop's later evaluations start past block 0)."""
-EDGE_SEARCH = 90
-"""Runs up to the onset of an edge search (each edge alone, then ACDC's pruning), when one runs."""
-EDGES = 6
-"""Runs of the path-patching screen between the strongest nodes and into the sink heads."""
-GRAD = 3
-"""Block passes of a forward and backward through one block."""
+EDGE_SEARCH = 110
+"""Runs up to the onset of an edge search (each edge alone, then ACDC's pruning; a run that splits every
+head's output costs more than a plain one), counted when the onset has at most ``max_edges`` candidate
+nodes: a larger onset's circuit has had more candidate edges than that, and its edges are not searched."""
+EDGES = 20
+"""Runs of the path patching into the next blocks' sink heads (and between the strongest nodes)."""
+GRAD = 4
+"""Block passes of a forward and backward through one block (with its hooks)."""
 
 
 def block_cost(model: Any) -> float:
@@ -70,7 +72,8 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, sample: i
     (``first``), of its variations (``corruptions``, ``length<n>``)."""
     b, depth = block_cost(model), layer + 1
     node = nodes_cost(model, layer, candidates, settings.exact_nodes, sample)
-    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + EDGE_SEARCH
+    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + (EDGE_SEARCH if candidates <= settings.max_edges
+                                                                        else 0)
     mlps = range(max(0, layer - 3), layer + 1)
     neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
     out = {"nodes": node + b * depth * (CURVE + search), "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),

@@ -181,7 +181,8 @@ class _State:
 
 class Bar:
     """The analysis' progress bar, counted in forwards of the batch (:mod:`.cost`): each step advances it
-    by its estimated cost, so the time left weighs what remains by its work, not by its number of steps."""
+    by its estimated cost, so the time left weighs what remains by its work, not by its number of steps.
+    Its estimate of the time left is the average rate so far (``smoothing=0``) over the forwards left."""
 
     def __init__(self, bar: Any) -> None:
         self.bar, self.costs = bar, {}
@@ -189,12 +190,12 @@ class Bar:
     def plan(self, costs: dict[str, float]) -> None:
         """Add steps ``key -> estimated forwards`` to the total."""
         self.costs.update(costs)
-        self.bar.total = round(sum(self.costs.values()), 1)
+        self.bar.total = sum(self.costs.values())
         self.bar.refresh()
 
     def done(self, key: str) -> None:
         """Step ``key`` finished, or will not run."""
-        self.bar.update(round(self.costs.get(key, 0.0), 1))
+        self.bar.update(self.costs.get(key, 0.0))
 
 
 def _read_state(path: Path) -> dict[str, Any]:
