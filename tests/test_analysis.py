@@ -410,16 +410,19 @@ def test_the_analysis_report_in_a_headless_browser(rope_run, tmp_path, width):
         assert "(b) holds" in text and "Faithful circuit (ACDC-style pruning" in text
 
 
-def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_every_candidate(planted):
+def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_every_candidate(planted, monkeypatch):
     """``exact_nodes`` below an onset's candidates: attribution ranks them, the top and a sample are patched
     exactly, the rest report nothing; the circuit search is over every candidate, its faithfulness held to
     plain hooks that corrupt every candidate outside the circuit."""
     model, layer = planted.model, 1
+    monkeypatch.setattr(steps, "SCREEN_TOP", 3)
+    monkeypatch.setattr(steps, "SCREEN_SAMPLE", 2)
     toks = analysis_run.prompts(model, 8, 16, False, 0)
     corruption = p0.Shift(filler=(O.FILLER,))
     res, out = steps.nodes(model, toks, False, corruption, p0.NormRatio(layer), layer, 0.1, exact_nodes=3, seed=0)
     cands = [n.name for n in steps.onset_nodes(model, layer, corruption)]
-    assert out["screen"]["exact_top"] == 3 and out["screen"]["unexamined"] == len(cands) - 3 - out["screen"]["sampled"]
+    assert out["screen"]["exact_top"] == 3 and out["screen"]["sampled"] == 2
+    assert out["screen"]["unexamined"] == len(cands) - 5
     assert set(out["effects"]) <= {n for n, v in res.normalized.items() if v == v}
     found = steps.circuit(model, toks, False, res, corruption, p0.NormRatio(layer))
     assert found["candidates"] == len(cands)

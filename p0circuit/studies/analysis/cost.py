@@ -56,22 +56,23 @@ def block_cost(model: Any) -> float:
     return block / (cfg.n_layers * block + d * cfg.d_vocab)
 
 
-def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, sample: int) -> float:
-    """Forwards of an onset's node pass (without its curve and circuit search)."""
+def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, screened: int) -> float:
+    """Forwards of an onset's node pass (without its curve and circuit search); ``screened``: the nodes a
+    screen patches exactly (its top and its sample)."""
     b, depth = block_cost(model), layer + 1
     if exact_nodes and candidates > exact_nodes:
-        patched = (exact_nodes + sample) * depth / 2
+        patched = screened * depth / 2
         return b * (2 * depth + GRAD * depth + NODE * patched)
     per_layer = candidates / depth  # every block holds the same candidates
     return b * (2 * depth + NODE * per_layer * depth * (depth + 1) / 2)
 
 
-def step_costs(model: Any, layer: int, candidates: int, settings: Any, sample: int, n_corruptions: int,
+def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened: int, n_corruptions: int,
                first: bool) -> dict[str, float]:
     """Forwards of each step of one onset (``nodes``, ``edges``, ``neurons``), and, for the first P0 onset
-    (``first``), of its variations (``corruptions``, ``length<n>``)."""
+    (``first``), of its variations (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
     b, depth = block_cost(model), layer + 1
-    node = nodes_cost(model, layer, candidates, settings.exact_nodes, sample)
+    node = nodes_cost(model, layer, candidates, settings.exact_nodes, screened)
     search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + (EDGE_SEARCH if candidates <= settings.max_edges
                                                                         else 0)
     mlps = range(max(0, layer - 3), layer + 1)

@@ -71,9 +71,10 @@ class AnalysisSettings:
     """Integrated-gradient points per MLP in the neuron screen."""
     exact_nodes: int = 256
     """Candidate nodes an onset patches exactly; an onset with more is screened by attribution patching first
-    (0: every candidate exactly). The screen (at 1B, block 8 holds 594 candidates): attribution patching ranks them all, and the ``exact_nodes`` strongest estimates and a random sample
-    (:data:`~p0circuit.studies.analysis.steps.SCREEN_SAMPLE`) are patched exactly; the rest report no effect. The circuit search is exact either way and
-    corrupts every candidate outside its circuit. 0: patch every candidate exactly."""
+    (0: every candidate exactly). The screen (a Llama-3.2-1B-shaped model has 66 candidates per block): attribution
+    patching ranks every candidate, and the strongest estimates and a random sample
+    (:data:`~p0circuit.studies.analysis.steps.SCREEN_TOP`, ``SCREEN_SAMPLE``) are patched exactly; the rest report
+    no effect. The circuit search is exact either way and corrupts every candidate outside its circuit."""
     max_edges: int = 128
     """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
     forward up to the onset); above it they are measured one by one only, and the record says so."""
@@ -380,7 +381,7 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]], s: AnalysisSetti
         first = next((o for o in plan if o["where"] == "P0"), None)
         for o in plan:
             cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
-            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_SAMPLE,
+            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_TOP + steps.SCREEN_SAMPLE,
                                     len(steps.corruption_variants(b)) - 1, o is first)
             for name, value in costs.items():
                 key = (f"{_onset_key(b, o)}/{name}" if name in ("nodes", "edges", "neurons") else

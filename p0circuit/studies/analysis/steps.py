@@ -32,8 +32,9 @@ FAITHFULNESS_K = (1, 2, 3, 5, 8, 12, 20)
 WEAK_SIGNAL = 0.05
 """Share of the metric (the larger of its clean and corrupted values) below which the clean-to-corrupted
 change is too small to divide by: a row's effects are then reported raw, and flagged."""
-SCREEN_SAMPLE = 16
-"""Nodes outside the screened top patched exactly at random: the check of what the attribution ranking missed."""
+SCREEN_TOP, SCREEN_SAMPLE = 64, 16
+"""A screened onset's nodes patched exactly: the strongest attribution estimates, and others drawn at random (the
+check of what the ranking missed)."""
 UNSTABLE_EFFECT = 3.0
 """|normalized effect| of one component above which the normalization does not carry (one node moving
 the metric three times the whole clean-to-corrupted change): the row's effects are reported raw, and flagged."""
@@ -120,14 +121,14 @@ def onset_nodes(model: Any, layer: int, corruption: Corruption) -> list[Node]:
 def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
           threshold: float, exact_nodes: int = 0, seed: int = 0) -> tuple[PatchResult, dict[str, Any]]:
     """Activation patching of :func:`onset_nodes` with ``metric``: of every one, or, when there are more than
-    ``exact_nodes`` (> 0), of the ``exact_nodes`` strongest attribution estimates and :data:`SCREEN_SAMPLE`
+    ``exact_nodes`` (> 0), of the :data:`SCREEN_TOP` strongest attribution estimates and :data:`SCREEN_SAMPLE`
     others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
     unexamined: no effect is reported for them, and a circuit search over the result still corrupts them)."""
     t = time.perf_counter()
     cands = onset_nodes(model, layer, corruption)
     screen: dict[str, Any] = {}
     if exact_nodes and len(cands) > exact_nodes:
-        res = triage_patch(model, tokens, nodes=cands, top=exact_nodes, sample=SCREEN_SAMPLE, seed=seed,
+        res = triage_patch(model, tokens, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed,
                            corruption=corruption, metric=metric, bos=bos)
         tri = res.settings["triage"]
         screen = {"how": f"attribution patching over all {len(cands)} candidates (one forward and backward), then "

@@ -217,7 +217,7 @@ def _onset_panels(d: dict[str, Any], o: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
     heads = d["n_heads"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 1.9 + 0.35 * (o["layer"] + 1)),
+    fig, axes = plt.subplots(1, 3, figsize=(13, max(3.4, 1.9 + 0.35 * (o["layer"] + 1))),
                              gridspec_kw={"width_ratios": [1, 1, 0.9]})
     grids = {}
     for pos in ("0", "rest"):
@@ -237,8 +237,10 @@ def _onset_panels(d: dict[str, Any], o: dict[str, Any]) -> Any:
         im = ax.imshow(grids[pos], aspect="auto", cmap=EFFECT_CMAP, vmin=-bound, vmax=bound, origin="lower")
         ax.set_xticks(range(heads + 1), [f"H{h}" for h in range(heads)] + ["MLP"], fontsize=7,
                       rotation=90 if heads > 12 else 0)
-        ax.set(ylabel="layer", title=f"effects @{pos}" + (" (position 0)" if pos == "0" else " (positions t > 0)"))
-        fig.colorbar(im, ax=ax, label=EFFECT_LABEL.replace(" (", "\n("))
+        ax.set_yticks(range(0, o["layer"] + 1, max(1, (o["layer"] + 1) // 12)))  # whole layers, never 0.5
+        ax.set(ylabel="layer", title=f"effects @{pos}" + (" (position 0)" if pos == "0" else " (positions t > 0)")
+               + ("\nblank: not examined (screened)" if o.get("screen") else ""))
+        fig.colorbar(im, ax=ax).set_label(EFFECT_LABEL.replace(" (", "\n("), fontsize=7)
     ax = axes[2]
     curve = o.get("faithfulness") or {}
     if curve:
