@@ -24,8 +24,13 @@ REAL_MODULES = {"test_real.py", "test_gemma3.py"}
 REAL_NOTEBOOKS = ("05_", "06_")
 """Notebooks that load a real model."""
 PROCESS_TESTS = {"test_reliability.py", "test_determinism.py", "test_load_memory.py", "test_sweep.py::test_killed_sweep_resumes",
-                 "test_hostile_inputs.py::test_a_failing_cell_with_two_workers_keeps_the_others"}
-"""Tests that kill, spawn or pool processes (marker ``processes``)."""
+                 "test_hostile_inputs.py::test_a_failing_cell_with_two_workers_keeps_the_others",
+                 "test_names.py::test_cheap_refusals_take_a_fraction_of_a_model_build",
+                 "test_checkpoints.py::test_pythia_checkpoint_index_path_offline",
+                 "test_report.py::test_report_in_a_headless_browser",
+                 "test_analysis.py::test_the_analysis_report_in_a_headless_browser"}
+"""Tests that kill, spawn or pool processes (marker ``processes``): fresh Python processes timed as a user meets
+them, a headless browser."""
 
 
 def pytest_collection_modifyitems(config, items):

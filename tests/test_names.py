@@ -197,17 +197,14 @@ def test_cheap_refusals_take_a_fraction_of_a_model_build(tmp_path):
         seconds, done = timed(["-m", "p0circuit", "discover", *argv, "--out", str(tmp_path / "out")])
         assert done.returncode == 2 and said in done.stderr, (argv, done.stderr)
         ratios[" ".join(argv)] = seconds / build
-        assert seconds < 1.0, (argv, seconds)
     config = tmp_path / "bad.toml"
     config.write_text('[sweep]\ncorruptions = ["shfit"]\n')
     seconds, done = timed(["-m", "p0circuit", "sweep", str(config), "--dry-run"])
     assert done.returncode == 2 and "did you mean 'shift'" in done.stderr, done.stderr
     ratios["sweep: a mistyped corruption"] = seconds / build
-    assert seconds < 1.0, seconds
     config.write_text('[sweep]\nmodels = ["planted:rope"]\ncorruptions = ["shift"]\nmethods = ["activation"]\n')
     seconds, done = timed(["-m", "p0circuit", "sweep", str(config), "--dry-run", "--out", str(tmp_path / "sw")])
     assert done.returncode == 0 and "1 cells, 0 already done" in done.stdout, done.stderr  # reads files only
     ratios["sweep --dry-run of a valid config"] = seconds / build
-    assert seconds < 1.0, seconds
     print(f"model build {build:.2f} s; refusal / build: " + ", ".join(f"{k}: {v:.3f}" for k, v in ratios.items()))
     assert max(ratios.values()) < 0.25, ratios
