@@ -100,6 +100,31 @@ def timed(fn, repeat: int = 1) -> tuple[float, object]:
     return best, value
 
 
+def recall_of_the_screen(model, result: dict, say) -> None:
+    """The analysis' node screen at its first onset against exact patching of every candidate, on its own
+    prompts, corruption and metric: the share of the nodes whose exact |effect| is at least the threshold
+    that the screen's exact top kept (recall), and both times."""
+    from p0circuit.patching import NormRatio
+    from p0circuit.patching.corruptions import get_corruption
+    from p0circuit.studies.analysis import run as analysis_run, steps
+
+    s, onset = result["settings"], next((o for v in result["onsets"].values() for o in v if o["where"] == "P0"), None)
+    if onset is None or not onset.get("screen"):
+        return
+    toks = analysis_run.prompts(model, s["n_prompts"], s["length"], False, s["seed"])
+    corruption, metric = get_corruption(onset["corruption"], seed=s["seed"]), NormRatio(onset["layer"])
+    kw = dict(layer=onset["layer"], threshold=s["threshold"], seed=s["seed"])
+    full_s, (full, _) = timed(lambda: steps.nodes(model, toks, False, corruption, metric, exact_nodes=0, **kw))
+    screen_s, (screened, _) = timed(lambda: steps.nodes(model, toks, False, corruption, metric,
+                                                        exact_nodes=s["exact_nodes"], **kw))
+    truth, kept = set(full.kept(s["threshold"])), set(screened.kept(s["threshold"]))
+    missed = max((abs(full.normalized[n]) for n, v in screened.normalized.items() if v != v), default=0.0)
+    say(f"the node screen at block {onset['layer']} against exact patching of all {len(full.raw)} candidates: it kept "
+        f"{len(truth & kept)} of the {len(truth)} nodes at |effect| >= {s['threshold']} (recall "
+        f"{len(truth & kept) / max(len(truth), 1):.2f}); the largest exact |effect| it left unexamined {missed:.3f}; "
+        f"{screen_s:.0f} s against {full_s:.0f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="1b", choices=sorted(SHAPES))
@@ -163,6 +188,7 @@ def main() -> None:
                 f"{onsets or 'none'}; its steps {t['forwards']} forwards against {sum(t['predicted_forwards'].values()):.0f} "
                 f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
                 + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
+            recall_of_the_screen(model, result, say)
             if circuit.get("nodes"):
                 say(f"its faithful circuit at block {first['layer']}: {', '.join(circuit['nodes'])} (faithfulness "
                     f"{circuit['faithfulness']:.2f}; the plant's nodes are A0.H0@0, A0.H4@0, ..., M0@0 and M{onset}@0); "

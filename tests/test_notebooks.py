@@ -95,6 +95,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a JupyterLab server and a browser, about a minute: opt in with -m slow
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_a_notebook_opens_and_runs_in_jupyterlab(tmp_path):
     """The quickstart as stored, opened in JupyterLab in a headless browser: its stored figures show,
