@@ -51,8 +51,12 @@ def eta_errors(timing: dict) -> dict[str, float]:
 
 def measure(entry: str, out: Path) -> dict:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "p0circuit", "analyze", "--model", entry, "--out", str(out), "--fresh",
-                    "--quiet"], check=True, env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-m", "p0circuit", "analyze", "--model", entry, "--out", str(out),
+                              "--fresh", "--quiet"], env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak resident memory
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise SystemExit(f"p0circuit analyze --model {entry} failed (exit status {child.returncode})")
     wall = time.perf_counter() - start
     d = json.loads((out / "analysis.json").read_text())
     t = d["timing"]
@@ -60,7 +64,7 @@ def measure(entry: str, out: Path) -> dict:
     for key, seconds in t["steps"].items():
         measured[kind(key)] += seconds / t["forward_s"]
         predicted[kind(key)] += t["predicted_forwards"].get(key, 0.0)
-    return {"model": d["model"], "wall": wall, "steps_s": t["seconds"], "forward_s": t["forward_s"],
+    return {"model": d["model"], "wall": wall, "peak_gib": usage.ru_maxrss / 2**20, "steps_s": t["seconds"], "forward_s": t["forward_s"],
             "measured": dict(measured), "predicted": dict(predicted), "eta": eta_errors(t),
             "prompts": f"{d['settings']['n_prompts']} x {d['settings']['length']} tokens"}
 
@@ -69,16 +73,17 @@ def table(rows: list[dict], cond: Conditions) -> str:
     lines = [cond.header("analysis_cost.py") + " Each model analysed by `p0circuit analyze` in a fresh process "
              "(the model read from the conversion cache); forwards are the step's seconds over one forward of the "
              "batch timed in the same run; predicted: the cost model, before the step ran.", "",
-             "| model (prompts) | wall time | steps | one forward | " + " | ".join(KINDS) +
+             "| model (prompts) | wall time | peak memory | steps | one forward | " + " | ".join(KINDS) +
              " | total | the bar's estimate of the total at 25% / 50% / 75% of the time |",
-             "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
+             "|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
     for r in rows:
         cells = [f"{r['measured'].get(k, 0):.0f} / {r['predicted'].get(k, 0):.0f}" for k in KINDS]
         total = f"{sum(r['measured'].values()):.0f} / {sum(r['predicted'].values()):.0f}"
         eta = " / ".join(f"{v:+.0%}" for v in r["eta"].values())
-        lines.append(f"| {r['model']} ({r['prompts']}) | {r['wall']:.0f} s | {r['steps_s']:.0f} s | "
+        lines.append(f"| {r['model']} ({r['prompts']}) | {r['wall']:.0f} s | {r['peak_gib']:.2f} GiB | {r['steps_s']:.0f} s | "
                      f"{r['forward_s']:.2f} s | " + " | ".join(cells) + f" | {total} | {eta} |")
-    lines += ["", "Each step kind: measured / predicted forwards of the batch."]
+    lines += ["", "Each step kind: measured / predicted forwards of the batch. Peak memory: the analysis process's "
+              "peak resident memory (the interpreter, torch, the model and the report's figures)."]
     return "\n".join(lines)
 
 

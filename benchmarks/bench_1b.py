@@ -100,6 +100,15 @@ def timed(fn, repeat: int = 1) -> tuple[float, object]:
     return best, value
 
 
+def _vm_hwm() -> int:
+    """This process's peak resident memory in bytes (Linux; 0 elsewhere)."""
+    try:
+        line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[1]) * 1024
+
+
 def recall_of_the_screen(model, result: dict, say) -> None:
     """The analysis' node screen at its first onset against exact patching of every candidate, on its own
     prompts, corruption and metric: the share of the nodes whose exact |effect| is at least the threshold
@@ -172,6 +181,8 @@ def main() -> None:
             from sink_plant import plant_sink
 
             onset = args.onset if args.onset is not None else max(1, model.cfg.n_layers // 5)
+            if not 1 <= onset < model.cfg.n_layers:
+                raise SystemExit(f"--onset must lie in 1..{model.cfg.n_layers - 1} (block 0 holds the detector)")
             info = plant_sink(model, onset)
             say(f"a P0 sink planted into the loaded weights (`benchmarks/sink_plant.py`: uniform heads A0.H0, A0.H4, ... "
                 f"and block 0's MLP detect position 0, block {onset}'s MLP amplifies it): P0 norm ratio after block "
@@ -188,6 +199,11 @@ def main() -> None:
                 f"{onsets or 'none'}; its steps {t['forwards']} forwards against {sum(t['predicted_forwards'].values()):.0f} "
                 f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
                 + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
+            peak = _vm_hwm()
+            if peak:
+                size = sum(p.numel() * p.element_size() for p in model.parameters())
+                say(f"peak resident memory of this process through the load and the analysis: {peak / 2**30:.2f} GiB, "
+                    f"{peak / size:.2f}x the model's {size / 2**30:.2f} GiB")
             recall_of_the_screen(model, result, say)
             if circuit.get("nodes"):
                 say(f"its faithful circuit at block {first['layer']}: {', '.join(circuit['nodes'])} (faithfulness "

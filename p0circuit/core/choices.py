@@ -7,8 +7,10 @@ a corruption is a class with ``name: ClassVar[str] = "..."`` in ``patching/corru
 method a ``register(Method("...", ...))`` call in a module of ``patching/methods/``. There is no
 second list to keep in step; ``tests/test_cli.py`` checks that what is read here equals the
 registries. When the registries are already imported (a corruption or method defined in the same
-process, or a ``--plugin`` module), :func:`offered` adds what they hold. Model and metric entries
-and their named models are in :mod:`p0circuit.core.entries`.
+process, or a ``--plugin`` module), :func:`offered` adds what they hold. ``p0circuit analyze``'s number
+options, their defaults and help, are read the same way from ``AnalysisSettings``
+(:func:`analysis_fields`). Model and metric entries and their named models are in
+:mod:`p0circuit.core.entries`.
 """
 
 import ast

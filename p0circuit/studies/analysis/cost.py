@@ -10,7 +10,7 @@ and ``C`` candidate nodes, a patch of a node in block ``l`` runs blocks ``l..L``
 * sinks: one forward with every attention pattern cached: ``SINK`` forwards;
 * nodes: the clean and corrupted runs (``2 (L + 1)`` block passes), each candidate's patched run
   (``sum over candidates of (L + 1 - l)``, times ``NODE``; a screen instead: a forward and backward,
-  ``3 (L + 1)``, and its exact nodes at half depth), the top-k curve (``CURVE`` runs of ``L + 1``) and
+  ``GRAD (L + 1)``, and its exact nodes at half depth), the top-k curve (``CURVE`` runs of ``L + 1``) and
   the circuit search (``2 log2 C + SEARCH_BASE`` runs of ``L + 1``, times ``SEARCH``), and where the
   circuit's edges are likely searched (``C`` at most ``max_edges``) ``EDGE_SEARCH`` runs of ``L + 1`` more;
 * edges and attention into the sinks: ``EDGES`` runs of ``L + 3``;
@@ -25,6 +25,8 @@ error there is in docs/performance.md. It is an estimate: the circuit search sto
 
 import math
 from typing import Any
+
+from p0circuit.studies.analysis.steps import screened as is_screened  # the rule, defined once
 
 SINK = 1.5
 """Forwards of the sink report (a forward that keeps every attention pattern)."""
@@ -60,7 +62,7 @@ def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, screen
     """Forwards of an onset's node pass (without its curve and circuit search); ``screened``: the nodes a
     screen patches exactly (its top and its sample)."""
     b, depth = block_cost(model), layer + 1
-    if exact_nodes and candidates > exact_nodes:
+    if is_screened(candidates, exact_nodes):
         patched = screened * depth / 2
         return b * (2 * depth + GRAD * depth + NODE * patched)
     per_layer = candidates / depth  # every block holds the same candidates

@@ -32,6 +32,7 @@ from p0circuit.core.types import Kind, Node
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.patching import NormRatio
+from p0circuit.patching.methods.attribution import MAX_STEPS
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.measures.positions import find_positions
 from p0circuit.models.resolve import load_model
@@ -53,8 +54,8 @@ class AnalysisSettings:
     """What one analysis measures (every field is recorded in ``analysis.json``)."""
 
     n_prompts: int = 8
-    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids). On
-    SmolLM2, 8 and 16 prompts give the same verdict and block-2 circuits of 13 and 14 nodes (docs/guide.md)."""
+    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids); docs/guide.md
+    compares 8 with 16 on SmolLM2."""
     length: int = 24
     """Tokens of text per prompt; a BOS token adds one."""
     bos: tuple[bool, ...] = (False, True)
@@ -70,11 +71,10 @@ class AnalysisSettings:
     ig_steps: int = 4
     """Integrated-gradient points per MLP in the neuron screen."""
     exact_nodes: int = 256
-    """Candidate nodes an onset patches exactly; an onset with more is screened by attribution patching first
-    (0: every candidate exactly). The screen (a Llama-3.2-1B-shaped model has 66 candidates per block): attribution
-    patching ranks every candidate, and the strongest estimates and a random sample
-    (:data:`~p0circuit.studies.analysis.steps.SCREEN_TOP`, ``SCREEN_SAMPLE``) are patched exactly; the rest report
-    no effect. The circuit search is exact either way and corrupts every candidate outside its circuit."""
+    """Candidate nodes above which an onset is screened by attribution patching first (0: never). A screened
+    onset ranks every candidate by attribution patching and patches exactly the strongest estimates and a random
+    sample (:func:`~p0circuit.studies.analysis.steps.screened`); the rest report no effect. The circuit search is
+    exact either way and corrupts every candidate outside its circuit."""
     max_edges: int = 128
     """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
     forward up to the onset); above it they are measured one by one only, and the record says so."""
@@ -90,6 +90,9 @@ class AnalysisSettings:
             low = 0 if name in ("seed", "exact_nodes") else (2 if name in ("n_prompts", "length") else 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"analysis setting {name} must be an int >= {low}, got {value!r}")
+        if self.ig_steps > MAX_STEPS:
+            raise ConfigError(f"analysis setting ig_steps={self.ig_steps} is more than {MAX_STEPS}: each step is a forward "
+                              "and backward per MLP; 4-64 follow the metric")
         object.__setattr__(self, "bos", tuple(self.bos))
         object.__setattr__(self, "lengths", tuple(self.lengths))
         if not self.bos or any(not isinstance(b, bool) for b in self.bos) or len(set(self.bos)) != len(self.bos):

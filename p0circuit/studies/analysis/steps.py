@@ -35,6 +35,12 @@ change is too small to divide by: a row's effects are then reported raw, and fla
 SCREEN_TOP, SCREEN_SAMPLE = 64, 16
 """A screened onset's nodes patched exactly: the strongest attribution estimates, and others drawn at random (the
 check of what the ranking missed)."""
+
+
+def screened(candidates: int, exact_nodes: int) -> bool:
+    """Whether an onset of ``candidates`` nodes is screened: above ``exact_nodes`` (0: never), and only where
+    the screen patches fewer nodes than there are."""
+    return bool(exact_nodes) and candidates > max(exact_nodes, SCREEN_TOP + SCREEN_SAMPLE)
 UNSTABLE_EFFECT = 3.0
 """|normalized effect| of one component above which the normalization does not carry (one node moving
 the metric three times the whole clean-to-corrupted change): the row's effects are reported raw, and flagged."""
@@ -127,7 +133,7 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
     t = time.perf_counter()
     cands = onset_nodes(model, layer, corruption)
     screen: dict[str, Any] = {}
-    if exact_nodes and len(cands) > exact_nodes:
+    if screened(len(cands), exact_nodes):
         res = triage_patch(model, tokens, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed,
                            corruption=corruption, metric=metric, bos=bos)
         tri = res.settings["triage"]
