@@ -512,11 +512,14 @@ def _sink_part(summary: dict[str, Any]) -> dict[str, Any]:
     """(a) Position 0 becomes a sink: the P0 norm ratio reaches the threshold and, from that layer on,
     some head gives P0 a mean attention (alpha_0) above 0.5."""
     onset = [l for k, l, _ in summary["norm_stages"] if k == "onset"]
-    strongest = max((max(row) for row in summary["alpha"][onset[0]:]), default=0.0) if onset else \
-        max(max(row) for row in summary["alpha"])
+    first = onset[0] if onset else 0
+    strongest, where = max(((max(row), l) for l, row in enumerate(summary["alpha"]) if l >= first), default=(0.0, first))
     holds = bool(onset) and strongest > 0.5
     text = ("the P0 norm ratio " + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the "
-            "threshold") + f", the strongest head's alpha_0 is {strongest:.2f} and Sink_0^0.3 = {summary['sink_rate']:.3f}")
+            "threshold") + (f" (there its strongest head's alpha_0, mean attention to P0, is "
+                            f"{max(summary['alpha'][first]):.2f})" if onset else "")
+            + f", the strongest head's alpha_0 from then on is {strongest:.2f} (layer {where}) and Sink_0^0.3 (share of "
+            f"heads giving P0 over 0.3) = {summary['sink_rate']:.3f}")
     elsewhere = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
     if elsewhere:
         text += "; other sink states sit at " + ", ".join(elsewhere)
