@@ -68,7 +68,7 @@ class PatchResult:
     def strengths(self) -> dict[str, float]:
         """|effect| of every name, for ranking a search that must corrupt all of them (a circuit's
         complement, a faithfulness curve). A name left unexamined (NaN with a signal, as ``triage`` leaves
-        all but its top and sampled nodes) ranks below every measured one (the screen judged it weaker than
+        all but its top and sampled nodes) ranks below every measured nonzero one (the screen judged it weaker than
         its top), in the order of the screen's estimates when the result carries them
         (``settings["estimates"]``); it stays a candidate either way, so whatever keeps a circuit's
         complement corrupted corrupts it too. Empty without a signal."""

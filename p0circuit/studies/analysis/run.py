@@ -174,7 +174,7 @@ class _State:
 
     def run(self, key: str, fn: Callable[[], Any], bar: "Bar") -> Any:
         if key not in self.done:
-            bar.bar.set_postfix_str(key)
+            bar.running(key)
             t = time.perf_counter()
             value = strict(fn())
             self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2)}
@@ -200,6 +200,13 @@ class Bar:
     def done(self, key: str) -> None:
         """Step ``key`` finished, or will not run."""
         self.bar.update(self.costs.get(key, 0.0))
+
+    def running(self, key: str) -> None:
+        """Step ``key`` started (its name beside the bar)."""
+        self.bar.set_postfix_str(key)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -353,7 +360,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                 chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
                 variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
     finally:
-        bar.bar.close()
+        bar.close()
     data = {
         "model": label, "settings": header["settings"], "prompt_source": header["prompt_source"],
         "n_layers": int(model.cfg.n_layers),
