@@ -53,7 +53,7 @@ def measure(entry: str, out: Path) -> dict:
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "p0circuit", "analyze", "--model", entry, "--out", str(out),
                               "--fresh", "--quiet"], env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak resident memory
+    _, status, _ = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode:
         raise SystemExit(f"p0circuit analyze --model {entry} failed (exit status {child.returncode})")
@@ -64,7 +64,12 @@ def measure(entry: str, out: Path) -> dict:
     for key, seconds in t["steps"].items():
         measured[kind(key)] += seconds / t["forward_s"]
         predicted[kind(key)] += t["predicted_forwards"].get(key, 0.0)
-    return {"model": d["model"], "wall": wall, "peak_gib": usage.ru_maxrss / 2**20, "steps_s": t["seconds"], "forward_s": t["forward_s"],
+    mem = d["memory"]
+    peak = defaultdict(float)  # GiB: the largest peak of a step of each kind (the peak is reset before each step)
+    for key, gib in mem["steps"].items():
+        peak[kind(key)] = max(peak[kind(key)], gib or 0.0)
+    return {"model": d["model"], "wall": wall, "weights_gib": mem["weights"], "load_gib": mem["before_steps"],
+            "peak": dict(peak), "steps_s": t["seconds"], "forward_s": t["forward_s"],
             "measured": dict(measured), "predicted": dict(predicted), "eta": eta_errors(t),
             "prompts": f"{d['settings']['n_prompts']} x {d['settings']['length']} tokens"}
 
@@ -73,17 +78,24 @@ def table(rows: list[dict], cond: Conditions) -> str:
     lines = [cond.header("analysis_cost.py") + " Each model analysed by `p0circuit analyze` in a fresh process "
              "(the model read from the conversion cache); forwards are the step's seconds over one forward of the "
              "batch timed in the same run; predicted: the cost model, before the step ran.", "",
-             "| model (prompts) | wall time | peak memory | steps | one forward | " + " | ".join(KINDS) +
+             "| model (prompts) | wall time | steps | one forward | " + " | ".join(KINDS) +
              " | total | the bar's estimate of the total at 25% / 50% / 75% of the time |",
-             "|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
+             "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
     for r in rows:
         cells = [f"{r['measured'].get(k, 0):.0f} / {r['predicted'].get(k, 0):.0f}" for k in KINDS]
         total = f"{sum(r['measured'].values()):.0f} / {sum(r['predicted'].values()):.0f}"
         eta = " / ".join(f"{v:+.0%}" for v in r["eta"].values())
-        lines.append(f"| {r['model']} ({r['prompts']}) | {r['wall']:.0f} s | {r['peak_gib']:.2f} GiB | {r['steps_s']:.0f} s | "
+        lines.append(f"| {r['model']} ({r['prompts']}) | {r['wall']:.0f} s | {r['steps_s']:.0f} s | "
                      f"{r['forward_s']:.2f} s | " + " | ".join(cells) + f" | {total} | {eta} |")
-    lines += ["", "Each step kind: measured / predicted forwards of the batch. Peak memory: the analysis process's "
-              "peak resident memory (the interpreter, torch, the model and the report's figures)."]
+    lines += ["", "Each step kind: measured / predicted forwards of the batch.", "",
+              "Memory, from the same runs (`analysis.json`'s `memory`): the model's own size (parameters and buffers), "
+              "the process's peak resident memory up to the first step (the interpreter, torch and the model's "
+              "load), and each step kind's peak (the largest over its steps; the peak is reset before each step, "
+              "so each is what the process held at most during that step, the model included):", "",
+              "| model | model size | load | " + " | ".join(KINDS) + " |", "|---|---|---|" + "---|" * len(KINDS)]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['weights_gib']:.2f} GiB | {r['load_gib']:.2f} GiB | "
+                     + " | ".join(f"{r['peak'][k]:.2f} GiB" if r["peak"].get(k) else "-" for k in KINDS) + " |")
     return "\n".join(lines)
 
 

@@ -100,15 +100,6 @@ def timed(fn, repeat: int = 1) -> tuple[float, object]:
     return best, value
 
 
-def _vm_hwm() -> int:
-    """This process's peak resident memory in bytes (Linux; 0 elsewhere)."""
-    try:
-        line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return 0
-    return int(line.split()[1]) * 1024
-
-
 def recall_of_the_screen(model, result: dict, say) -> None:
     """The analysis' node screen at its first onset against exact patching of every candidate, on its own
     prompts, corruption and metric: the share of the nodes whose exact |effect| is at least the threshold
@@ -177,7 +168,7 @@ def main() -> None:
         say(f"`activation_patch` of {len(res.raw)} nodes (every head and MLP at P0 and elsewhere up to block 2; "
             f"`NormRatio(2)`, shift): {patch_s:.1f} s = {patch_s / forward:.1f} forwards")
         if args.analyze:
-            from analysis_cost import eta_errors
+            from analysis_cost import eta_errors, kind
             from sink_plant import plant_sink
 
             onset = args.onset if args.onset is not None else max(1, model.cfg.n_layers // 5)
@@ -199,11 +190,14 @@ def main() -> None:
                 f"{onsets or 'none'}; its steps {t['forwards']} forwards against {sum(t['predicted_forwards'].values()):.0f} "
                 f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
                 + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
-            peak = _vm_hwm()
-            if peak:
-                size = sum(p.numel() * p.element_size() for p in model.parameters())
-                say(f"peak resident memory of this process through the load and the analysis: {peak / 2**30:.2f} GiB, "
-                    f"{peak / size:.2f}x the model's {size / 2**30:.2f} GiB")
+            mem = result["memory"]
+            if mem["steps"] and all(v is not None for v in mem["steps"].values()):
+                peaks: dict = {}
+                for key, gib in mem["steps"].items():  # each step's peak (reset before it): the largest per kind
+                    peaks[kind(key)] = max(peaks.get(kind(key), 0.0), gib)
+                say(f"peak resident memory of each analysis step kind (the model, {mem['weights']:.2f} GiB, included; "
+                    f"the process held {mem['before_steps']:.2f} GiB at most before the first step): "
+                    + ", ".join(f"{k} {v:.2f} GiB ({v / mem['weights']:.2f}x the model)" for k, v in peaks.items()))
             recall_of_the_screen(model, result, say)
             if circuit.get("nodes"):
                 say(f"its faithful circuit at block {first['layer']}: {', '.join(circuit['nodes'])} (faithfulness "

@@ -6,7 +6,10 @@
 Each tier runs as documented (the README's test command; ``P0_FAST=1`` for the fast tier; here with
 ``-q -p no:cacheprovider``, which change only the output and the cache directory), in a subprocess,
 and the block records its wall time, its counts, the cores, and how much CPU other processes used
-meanwhile (from /proc/stat less the tier's own; a figure measured on a busy machine says so)."""
+meanwhile (from /proc/stat less the tier's own; a figure measured on a busy machine says so). It also
+times a fixed reference workload before each tier (``REFERENCE``: the machine's speed that day), since
+this machine's speed varies from day to day by up to a factor of two: a suite time is comparable across
+days only beside it."""
 
 import argparse
 import datetime
@@ -26,9 +29,28 @@ TIERS = {"fast": ({"P0_FAST": "1"}, "P0_FAST=1 python -m pytest -n 2"),
 """tier -> (its environment, the documented command); run as documented, with ``-q -p no:cacheprovider``."""
 
 
+REFERENCE = ("import time, torch\n"
+             "torch.set_num_threads(1); a = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))\n"
+             "best = 1e9\n"
+             "for _ in range(3):\n"
+             "    t = time.perf_counter()\n"
+             "    for _ in range(50): a @ a\n"
+             "    best = min(best, time.perf_counter() - t)\n"
+             "print(best)")
+"""The reference workload: 50 float32 products of two 1024 x 1024 matrices on one thread, the best of three
+(10.7 GFLOP per run), in a fresh process."""
+
+
+def reference() -> float:
+    """Seconds of the reference workload now."""
+    out = subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
 def run(tier: str) -> dict:
     env, command = TIERS[tier]
     args = command.split("python -m pytest", 1)[1].split()
+    ref = reference()
     with Conditions() as cond:
         done = subprocess.run([sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider"], cwd=ROOT,
                               env={**os.environ, **env}, capture_output=True, text=True)
@@ -38,14 +60,15 @@ def run(tier: str) -> dict:
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary))
     return {"tier": tier, "command": command, "seconds": cond.seconds, "state": cond.state(), "counts": counts,
-            "rc": done.returncode}
+            "rc": done.returncode, "reference": ref}
 
 
 def line(r: dict) -> str:
     c = r["counts"]
     status = "all passed" if r["rc"] == 0 else f"exit status {r['rc']}: {c.get('failed', 0)} failed"
-    return (f"| {r['tier']} | `{r['command']}` | {r['seconds'] / 60:.1f} min | {c.get('passed', 0)} passed, "
-            f"{c.get('skipped', 0)} skipped, {c.get('deselected', 0)} deselected | {status}; {r['state']} |")
+    return (f"| {r['tier']} | `{r['command']}` | {r['seconds'] / 60:.1f} min | {r['reference']:.2f} s | "
+            f"{c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, {c.get('deselected', 0)} deselected | "
+            f"{status}; {r['state']} |")
 
 
 def main() -> None:
@@ -58,8 +81,10 @@ def main() -> None:
     else:
         old = []
     text = "\n".join([f"Measured by `python benchmarks/time_suite.py` on {datetime.date.today()}, {os.cpu_count()} cores:",
-                      "", "| tier | command | wall time | tests | result |", "|---|---|---|---|---|",
-                      *[line(r) for r in rows], *old])
+                      "", "| tier | command | wall time | reference workload | tests | result |",
+                      "|---|---|---|---|---|---|", *[line(r) for r in rows], *old,
+                      "", "Reference workload: 50 float32 products of 1024 x 1024 matrices on one thread, the best of "
+                      "three, timed just before the tier (`benchmarks/time_suite.py`): the machine's speed that day."])
     docblocks.write("docs/contributing.md", "suite", text)
     print(text)
 

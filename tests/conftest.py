@@ -3,21 +3,25 @@
 import os
 
 import pytest
-import torch
 
 import typecheck
+from tiers import FAST
 
 typecheck.install()
 
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared out, here and in subprocesses
-    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = _threads
-    torch.set_num_threads(int(_threads))
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# torch and p0circuit are imported where they are used (below, and by the test modules): under pytest -n N the
+# controlling process, which collects no test, then starts the workers without paying for importing them
 
-from p0circuit.models.planted import build_planted  # noqa: E402
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared out, here and in subprocesses
+        import torch
+
+        threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
+        torch.set_num_threads(int(threads))
 
 REAL_MODULES = {"test_real.py", "test_gemma3.py"}
 """Modules whose tests load a real model (marker ``real``)."""
@@ -31,12 +35,25 @@ PROCESS_TESTS = {"test_reliability.py", "test_determinism.py", "test_load_memory
                  "test_analysis.py::test_the_analysis_report_in_a_headless_browser"}
 """Tests that kill, spawn or pool processes (marker ``processes``): fresh Python processes timed as a user meets
 them, a headless browser."""
+SURFACE_TESTS = {"test_cli.py", "test_report.py",
+                 "test_names.py::test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another",
+                 "test_names.py::test_discover_writes_strict_json_and_says_once_when_svg_is_skipped",
+                 "test_hostile_inputs.py::test_the_valid_arguments_run",
+                 "test_hostile_inputs.py::test_cli_read_only_directory",
+                 "test_user_corruption.py::test_it_reaches_discover_advice_analyze_sweeps_and_the_cli"}
+"""The command line's and the sweep report's end-to-end tests (marker ``surfaces``): whole commands with their
+files, figures and messages, over the engine the fast tier tests directly."""
+TIER_MARKERS = ("real", "notebook", "processes", "surfaces")
+"""What the fast tier leaves out."""
+
+if FAST:  # modules the fast tier leaves out whole are not even imported
+    collect_ignore = sorted(REAL_MODULES | {m for m in PROCESS_TESTS | SURFACE_TESTS if "::" not in m})
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tiers: ``real``, ``notebook`` and ``processes`` mark what the fast tier (``P0_FAST=1
+    """The tiers: ``real``, ``notebook``, ``processes`` and ``surfaces`` mark what the fast tier (``P0_FAST=1
     python -m pytest``, docs/contributing.md) leaves out; every engine, oracle and differential test
-    stays in it. The markers also select on their own (``-m real``)."""
+    stays in it (``tiers``). The markers also select on their own (``-m real``)."""
     for item in items:
         module = item.path.name
         if module in REAL_MODULES or (module == "test_notebooks.py" and any(n in item.name for n in REAL_NOTEBOOKS)):
@@ -45,10 +62,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.notebook)
         if module in PROCESS_TESTS or f"{module}::{item.originalname}" in PROCESS_TESTS:
             item.add_marker(pytest.mark.processes)
+        if module in SURFACE_TESTS or f"{module}::{item.originalname}" in SURFACE_TESTS:
+            item.add_marker(pytest.mark.surfaces)
         if module in REAL_MODULES:  # pytest -n N --dist loadgroup: each real model loaded by one worker
             item.add_marker(pytest.mark.xdist_group(module))
-    if os.environ.get("P0_FAST") == "1":
-        heavy = [i for i in items if any(i.get_closest_marker(m) for m in ("real", "notebook", "processes"))]
+    if FAST:
+        heavy = [i for i in items if any(i.get_closest_marker(m) for m in TIER_MARKERS)]
         if heavy:
             config.hook.pytest_deselected(items=heavy)
             items[:] = [i for i in items if i not in heavy]
@@ -72,6 +91,8 @@ def planted_models():
 
     def get(name):
         if name not in built:
+            from p0circuit.models.planted import build_planted
+
             built[name] = build_planted(**PLANT_VARIANTS[name])
         return built[name]
 
@@ -114,4 +135,6 @@ def user_corruption():
 
 def random_tokens(n, length, vocab, seed):
     """Uniform random prompts."""
+    import torch
+
     return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed))

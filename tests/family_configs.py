@@ -54,6 +54,60 @@ def family_configs() -> dict:
     }
 
 
+NOT_FEATURES = {"model_name", "original_architecture", "n_params", "initializer_range", "eps", "n_ctx", "d_model",
+                "d_head", "n_heads", "n_layers", "d_mlp", "d_vocab", "d_vocab_out", "rotary_base", "rotary_base_local",
+                "yarn_attention_factor", "yarn_factor", "attn_scale", "tokenizer_prepends_bos", "device", "dtype",
+                "seed", "init_weights", "default_prepend_bos", "experts_per_token"}
+"""``HookedTransformerConfig`` fields that are sizes, names or numeric hyperparameters, not architecture features."""
+
+
+def features(cfg) -> set:
+    """The architecture features of a ``HookedTransformerConfig``: ``field=value`` for every field that is
+    not a size or a hyperparameter (a field TransformerLens adds later counts too), with values reduced to
+    the kind of the feature (grouped or multi-query attention; a rotary dimension below the head's; a soft
+    cap set; the set of attention types), and whether TransformerLens treats the architecture as post-norm."""
+    from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+    d, out = cfg.to_dict(), {f"post_norm={cfg.original_architecture in POST_NORM_ARCHITECTURES}"}
+    for key, value in d.items():
+        if key in NOT_FEATURES or not isinstance(value, (int, float, str, bool, type(None), list, tuple)):
+            continue
+        if key == "attn_types" and value:
+            value = sorted(set(value))
+        elif key in ("attn_scores_soft_cap", "output_logits_soft_cap"):
+            value = value > 0
+        elif key in ("window_size", "clip_qkv"):
+            value = value is not None
+        elif key == "rotary_dim" and value is not None:
+            value = "partial" if value < d["d_head"] else "full"
+        elif key == "n_key_value_heads":
+            value = "mha" if value in (None, d["n_heads"]) else ("mqa" if value == 1 else "gqa")
+        out.add(f"{key}={value}")
+    return out
+
+
+def family_features() -> dict:
+    """``{family: features}``, from each config's TransformerLens conversion (no weights are made)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from p0circuit.models.checkpoints import hooked_config
+
+    return {name: features(hooked_config(c, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[c.model_type]))
+            for name, c in family_configs().items()}
+
+
+def feature_cover() -> list:
+    """A small set of families that together bring every architecture feature any family brings (a greedy
+    set cover over :func:`family_features`, in name order on ties): the fast tier's families."""
+    feats = family_features()
+    left, cover = set().union(*feats.values()), []
+    while left:
+        best = max(sorted(feats), key=lambda name: len(feats[name] & left))
+        cover.append(best)
+        left -= feats[best]
+    return sorted(cover)
+
+
 def make_checkpoint(family: str, root):
     """Save a tiny random checkpoint of ``family`` under ``root/family`` (once) and return its path.
     Norm weights and biases are random too, so a dropped parameter would show."""

@@ -20,6 +20,7 @@ from p0circuit.studies.analysis import AnalysisSettings, analyze
 from p0circuit.studies.analysis import run as analysis_run
 from p0circuit.studies.analysis import steps
 from p0circuit.surfaces.cli import main
+from p0circuit.core import memory
 from p0circuit.models.planted import build_planted
 from p0circuit.core.errors import NonFiniteError
 from tolerance import close
@@ -40,14 +41,14 @@ def untimed(x):
     return [untimed(v) for v in x] if isinstance(x, list) else x
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rope_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("rope")
     pm = build_planted()
     return pm, analyze(pm, out=out, progress=False, bos=(False,), **SMALL), out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bos_run(tmp_path_factory, planted_models):
     out = tmp_path_factory.mktemp("bos")
     pm = planted_models("bos")
@@ -458,3 +459,24 @@ def test_the_progress_bar_counts_each_planned_step_once(planted, monkeypatch):
     analyze(planted, progress=True, bos=(False, True), bos_token=0, **SMALL)
     (bar,) = bars
     assert bar.total > 0 and bar.n == pytest.approx(bar.total, abs=0.5)
+
+
+@pytest.mark.skipif(not memory.reset_peak(), reason="the peak of resident memory cannot be reset here (not Linux)")
+def test_each_step_records_its_own_peak_memory(planted, monkeypatch):
+    """A step that holds 400 MB records a peak at least that far above the others' (the peak is reset
+    before each step, so an earlier step's peak does not carry into a later one's)."""
+    real_sinks, calls = steps.sinks, []
+
+    def heavy(*args, **kwargs):  # the first sink report only (the other lengths' steps run one too)
+        held = torch.ones(100 * 2**20) if not calls else None  # 400 MB, every page touched
+        calls.append(1)
+        out = real_sinks(*args, **kwargs)
+        del held
+        return out
+
+    monkeypatch.setattr(steps, "sinks", heavy)
+    mem = analyze(planted, progress=False, bos=(False,), **SMALL)["memory"]
+    weights = sum(p.numel() * p.element_size() for p in planted.model.parameters()) / 2**30
+    assert mem["weights"] >= weights
+    others = [v for k, v in mem["steps"].items() if k != "without_bos/sinks"]
+    assert others and mem["steps"]["without_bos/sinks"] >= max(others) + 0.35

@@ -3,7 +3,8 @@ families bring, random node and edge subsets, every corruption (a plugin's inclu
 kind and both directions; p0circuit's fast path and its reference path, each against the oracle
 (``tests/oracle.py``: plain TransformerLens hooks, no code shared with p0circuit).
 
-The default suite runs a fixed, derandomized budget (``CASES``, about a minute); the long run is
+The default suite runs a fixed, derandomized budget (``CASES``: 150 cases, about half a minute; the fast tier 60); the
+long run is
 ``P0_DIFF_CASES=10000 pytest -m full tests/test_differential.py`` (random, a new seed each run;
 ``docs/reliability.md`` records its count and time).
 """
@@ -18,13 +19,14 @@ from hypothesis import strategies as st
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 import oracle as O
+from tiers import FAST
 import p0circuit as p0
 from p0circuit.core.errors import P0CircuitError
 from p0circuit.core.types import Kind, Node
 
 
-CASES = 150
-"""Cases in the default suite (fixed examples: the same every run)."""
+CASES = 60 if FAST else 150
+"""Cases in the default suite (fixed examples: the same every run); the fast tier (``tiers``) runs 60."""
 RTOL = 1e-4
 """Float32 patched forwards against the oracle: this share of the largest magnitude compared."""
 VOCAB, N_CTX = 24, 16

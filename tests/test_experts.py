@@ -22,7 +22,7 @@ TOKENS = torch.randint(3, VOCAB, (3, 10), generator=torch.Generator().manual_see
 NODES = ["M0.E0@0", "M0.E1@0", "M0.E2@0", "M0.E3@0", "M1.E1@rest", "M1.E2@0", "M0@0"]
 
 
-@pytest.fixture(scope="module", params=["mixtral", "olmoe", "gpt_oss"])
+@pytest.fixture(scope="session", params=["mixtral", "olmoe", "gpt_oss"])
 def moe(request, tmp_path_factory):
     logging.disable(logging.WARNING)
     return p0.load_checkpoint(make_checkpoint(request.param, tmp_path_factory.mktemp("moe")))

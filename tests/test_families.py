@@ -19,20 +19,22 @@ import torch
 import p0circuit as p0
 import oracle as O
 from p0circuit.core.types import Kind, Node
-from family_configs import VOCAB, family_configs, make_checkpoint
+from family_configs import VOCAB, family_configs, feature_cover, make_checkpoint
+from tiers import FAST
 from tolerance import close, tolerance
 
-FAMILIES = sorted(family_configs())
+FAMILIES = feature_cover() if FAST else sorted(family_configs())
+"""Every family; the fast tier: a set of families that brings every architecture feature (``tiers``)."""
 MOE = {"mixtral", "olmoe", "gpt_oss"}
 POST_NORM_HEADS = {"gemma2", "gemma3", "olmo2", "olmo3"}  # a norm after the attention output
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("families")
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="session", params=FAMILIES)
 def family(request, root):
     logging.disable(logging.WARNING)
     path = make_checkpoint(request.param, root)

@@ -18,16 +18,16 @@ import torch
 import p0circuit as p0
 import oracle as O
 from p0circuit.core.types import Node
-from family_configs import VOCAB, family_configs, make_checkpoint
+from family_configs import VOCAB, make_checkpoint
 from tolerance import close
-from test_families import METRIC_LAYER, nodes_of, sample, senders_of
+from test_families import FAMILIES, METRIC_LAYER, nodes_of, sample, senders_of
 
 REL_BF16 = 2**-8
 """Tolerance of a bfloat16 comparison, relative to the metric's size: one rounding of 2**-8."""
 TOKENS = torch.randint(3, VOCAB, (3, 10), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(scope="module", params=sorted(family_configs()))
+@pytest.fixture(scope="session", params=FAMILIES)
 def family_bf16(request, tmp_path_factory):
     logging.disable(logging.WARNING)
     path = make_checkpoint(request.param, tmp_path_factory.mktemp("bf16"))

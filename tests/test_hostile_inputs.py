@@ -427,7 +427,7 @@ def test_a_failing_cell_with_two_workers_keeps_the_others(tmp_path, capsys):
     cfg = tmp_path / "mixed.toml"
     cfg.write_text(SWEEP.format(seq_len=64).replace('["shift"]', '["shift", "pos_mean"]'))
     out = tmp_path / "out"
-    proc = _cli("sweep", str(cfg), "--out", str(out), "--workers", "2", "--quiet")
+    proc = _main(capsys, "sweep", str(cfg), "--out", str(out), "--workers", "2", "--quiet")  # the pool: fresh processes
     assert proc.returncode == 1, proc.stderr
     assert "1 of 2 cells failed" in proc.stderr and "Traceback" not in proc.stderr
     assert len(list((out / "cells").glob("*.json"))) == 1 and len(list((out / "failed").glob("*.json"))) == 1

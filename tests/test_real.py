@@ -17,18 +17,25 @@ from tolerance import assert_close, close
 load_gguf, load_smollm2 = p0.load_gguf, p0.load_smollm2  # the public names the README uses
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    """A fresh conversion cache for this module: the first load converts, later ones read it."""
-    path = tmp_path_factory.mktemp("p0circuit-cache")
+@pytest.fixture(scope="session")
+def fresh_cache(tmp_path_factory):
+    """A fresh conversion cache for these tests: the first load converts, later ones read it."""
+    return tmp_path_factory.mktemp("p0circuit-cache")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(fresh_cache, monkeypatch):
+    monkeypatch.setenv("P0CIRCUIT_CACHE", str(fresh_cache))
+    return fresh_cache
+
+
+@pytest.fixture(scope="session")
+def smollm2(fresh_cache):
+    """Loaded once per worker (session scope: pytest-xdist may run other modules' tests between this
+    module's, and a module-scoped model would be loaded again after each of them)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("P0CIRCUIT_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
-def smollm2(cache_dir):
-    return load_smollm2()
+        mp.setenv("P0CIRCUIT_CACHE", str(fresh_cache))
+        return load_smollm2()
 
 
 @pytest.fixture(scope="module")
@@ -274,10 +281,13 @@ def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path,
         p0.export_gguf(smollm2_path(), out)
 
 
+@pytest.mark.slow
 def test_analyze_smollm2_finds_a_position_sink_with_and_without_bos(smollm2):
     """At a small size: the claim holds (a P0 sink without BOS, onset at block 2, carried by M0 and
     M2 and M2's neuron 90 on the massive dimension 507); with ``<|endoftext|>`` first, replacing that
-    token does not remove the sink, so ``shift`` is chosen: the sink is built on the position."""
+    token does not remove the sink, so ``shift`` is chosen: the sink is built on the position.
+    Opt-in (``-m slow``): the default suite checks the same facts in notebook 06, whose printed verdict,
+    onsets, nodes, neurons and corruption choice for SmolLM2 are compared with the stored ones."""
     from p0circuit.studies.analysis import analyze
 
     result = analyze(smollm2, entry="real:smollm2", bos_token="<|endoftext|>", progress=False, n_prompts=4,

@@ -15,7 +15,7 @@ from p0circuit.surfaces.sweep.runner import CellsFailed
 from browser import CHROMIUM, Browser
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report(tmp_path_factory):
     """A partial sweep: of 4 cells, 2 finish (shift and its resample control), 1 fails (a checkpoint
     whose config names no architecture: found when the cell loads it) and 1 is not run."""

@@ -10,14 +10,14 @@ from p0circuit.studies.tracking import checkpoint_series, plot_tracking, stage, 
 from conftest import random_tokens
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plants():
     """Step 10: circuit in middle layers; step 100: sink at position 1; step 1000: circuit at layers 0-1."""
     return {1000: p0.build_planted(n_layers=6), 10: p0.build_planted(n_layers=6, circuit_layer=2),
             100: p0.build_planted(n_layers=6, sink_pos=1)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def series(plants):
     return [(step, plant.model) for step, plant in plants.items()]
 

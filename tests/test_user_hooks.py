@@ -25,7 +25,7 @@ TOKENS = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed
 NODES = ["A0.H1@0", "M0@0", "A1.H0@rest", "M1.N3@0"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model(tmp_path_factory):
     logging.disable(logging.WARNING)
     return p0.load_checkpoint(make_checkpoint("gemma3", tmp_path_factory.mktemp("hooks")))

@@ -73,7 +73,7 @@ def test_truncated_or_garbled_files(llama, name, damage):
         p0.load_checkpoint(llama)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("train")
     spec = p0.ModelSpec(n_layers=2, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=16, n_ctx=16)

@@ -31,6 +31,7 @@ from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.core.types import Kind, Node
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
+from p0circuit.core import memory
 from p0circuit.patching import NormRatio
 from p0circuit.patching.methods.attribution import MAX_STEPS
 from p0circuit.patching.corruptions import Swap, get_corruption
@@ -110,7 +111,8 @@ class Analysis:
     """What :func:`analyze` measured: ``data`` is ``analysis.json``'s content."""
 
     data: dict[str, Any]
-    """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing``."""
+    """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing`` (each step's seconds, and
+    its forwards as measured and predicted), ``memory`` (the model's size, each step's peak resident memory)."""
     out: Optional[Path] = None
     """Where the files were written, if anywhere."""
     reports: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -175,9 +177,10 @@ class _State:
     def run(self, key: str, fn: Callable[[], Any], bar: "Bar") -> Any:
         if key not in self.done:
             bar.running(key)
+            memory.reset_peak()
             t = time.perf_counter()
             value = strict(fn())
-            self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2)}
+            self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2), "peak": memory.peak()}
             self._save()
         bar.done(key)
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
@@ -207,6 +210,18 @@ class Bar:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def _gib(n: Optional[float]) -> Optional[float]:
+    return None if n is None else round(n / 2**30, 3)
+
+
+def _memory(model: Any, peak_before: Optional[int], state: "_State") -> dict[str, Any]:
+    """The model's own size and the process' peak resident memory (GiB) before the steps and in each step
+    (Linux; ``None`` elsewhere, and for steps done before a resume in another process)."""
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return {"weights": _gib(weights), "before_steps": _gib(peak_before),
+            "steps": {k: _gib(v.get("peak")) for k, v in state.done.items() if k != UNIT}}
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -327,6 +342,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
               "prompts": {SETTINGS[b]: fingerprint(t) for b, t in tokens.items()}}
     state = _State(out, header, resume)
     first = tokens[tags[0]]
+    peak_before = memory.peak()  # the process' peak so far (a model loaded here: its load)
     if UNIT in state.done:  # the unit the finished steps were timed against, not a new (noisy) one
         forward_s = state.done[UNIT]["seconds"]
     else:
@@ -371,6 +387,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                    "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
                    "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
                    "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()}},
+        "memory": _memory(model, peak_before, state),
     }
     if truth is not None:
         data["truth"] = {"nodes": [n.name for n in truth.nodes], "edges": [e.name for e in truth.edges]}
