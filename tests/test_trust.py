@@ -403,3 +403,28 @@ def test_integrated_gradients_start_at_the_hooks_block(planted_models, monkeypat
                              steps=steps)
         seen[steps] = dict(runs)
     assert seen[6][2] - seen[3][2] == 3 and seen[6][0] == seen[3][0] <= 2, seen
+
+
+@pytest.mark.parametrize("corruption,direction", [("shift", "noise"), ("shift", "denoise"), ("pos_mean", "noise")])
+def test_neuron_ops_share_one_value_per_hook(planted, monkeypatch, corruption, direction):
+    """Every neuron of an MLP at P0 is patched from one shared ``[batch, 1, d_mlp]`` value (each op a view
+    of it), not a copy per neuron: with a copy each, the analysis' neuron screen of Llama-3.2-1B's width
+    (32,768 neurons) held 8.6 GB more than the model (docs/performance.md)."""
+    from p0circuit.patching import ops as patch_ops
+    from p0circuit.patching.methods import activation
+
+    made = []
+
+    def recorded(*args, **kwargs):
+        made.append(patch_ops.node_op(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(activation, "node_op", recorded)
+    model = planted.model
+    toks = torch.randint(3, model.cfg.d_vocab, (4, 10), generator=torch.Generator().manual_seed(0))
+    neurons = p0.candidate_neurons(model, [0, 1], positions=(0,))
+    p0.activation_patch(model, toks, nodes=neurons, corruption=corruption, metric=p0.NormRatio(1), direction=direction,
+                        min_signal=0)
+    ops = made[:len(neurons)]
+    storages = {op.value.untyped_storage().data_ptr() for op in ops}
+    assert len(ops) == len(neurons) > 2 * 8 and len(storages) == 2, (len(ops), len(storages))  # one per MLP

@@ -36,7 +36,7 @@ def node_op(job: PatchJob, node: Node, direction: str, named: Sequence[int]) -> 
         value = job.corrupted_value(name, pos)
         base_pos = pos
     else:
-        value = job.clean[name][:, pos]
+        value = job.clean_value(name, pos)
         base_pos = job.prep.aligned(pos)
     if site.head is not None:
         value = value[:, :, site.head]

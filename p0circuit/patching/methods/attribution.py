@@ -222,12 +222,15 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
             else:
                 base_value, grads = _gradients(model, base_tokens, job.metric, {op.hook.name for op in ops}, p0,
                                                job.stop)
+            at: dict[tuple[str, tuple[int, ...]], tuple[Tensor, Tensor]] = {}  # (gradient, base) at a hook's positions
             for n, op in zip(live_nodes, ops):
-                g = grads[op.hook.name][:, list(op.positions)]
+                key = (op.hook.name, op.positions)
+                if key not in at:  # once per hook and positions, not per head or neuron
+                    at[key] = (grads[op.hook.name][:, list(op.positions)], base_cache[op.hook.name][:, list(op.positions)])
+                g, cur = at[key]
                 if op.add:  # the op carries the change itself (an expert's contribution)
                     scores[n.name] = float((op.value * g).sum())
                     continue
-                cur = base_cache[op.hook.name][:, list(op.positions)]
                 if op.head is not None:
                     cur, g = cur[:, :, op.head], g[:, :, op.head]
                 scores[n.name] = float(((op.value - cur) * g).sum())
