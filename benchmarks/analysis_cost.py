@@ -67,8 +67,9 @@ def measure(entry: str, out: Path) -> dict:
     mem = d["memory"]
     peak = defaultdict(float)  # GiB: the largest peak of a step of each kind (the peak is reset before each step)
     for key, gib in mem["steps"].items():
-        peak[kind(key)] = max(peak[kind(key)], gib or 0.0)
-    return {"model": d["model"], "wall": wall, "weights_gib": mem["weights"], "load_gib": mem["before_steps"],
+        if gib is not None:  # None: not measured (not Linux)
+            peak[kind(key)] = max(peak[kind(key)], gib)
+    return {"model": d["model"], "wall": wall, "weights_gib": mem["weights"], "load_gib": mem["at_start"],
             "peak": dict(peak), "steps_s": t["seconds"], "forward_s": t["forward_s"],
             "measured": dict(measured), "predicted": dict(predicted), "eta": eta_errors(t),
             "prompts": f"{d['settings']['n_prompts']} x {d['settings']['length']} tokens"}
@@ -89,12 +90,14 @@ def table(rows: list[dict], cond: Conditions) -> str:
                      f"{r['forward_s']:.2f} s | " + " | ".join(cells) + f" | {total} | {eta} |")
     lines += ["", "Each step kind: measured / predicted forwards of the batch.", "",
               "Memory, from the same runs (`analysis.json`'s `memory`): the model's own size (parameters and buffers), "
-              "the process's peak resident memory up to the first step (the interpreter, torch and the model's "
-              "load), and each step kind's peak (the largest over its steps; the peak is reset before each step, "
-              "so each is what the process held at most during that step, the model included):", "",
-              "| model | model size | load | " + " | ".join(KINDS) + " |", "|---|---|---|" + "---|" * len(KINDS)]
+              "the process's resident memory when the steps began (the interpreter, torch and the loaded model), and "
+              "each step kind's peak (the largest over its steps; the heap's free pages are returned and the peak "
+              "reset before each step, so each is what the process held at most during that step, the model "
+              "included; -: not measured):", "",
+              "| model | model size | at the start | " + " | ".join(KINDS) + " |", "|---|---|---|" + "---|" * len(KINDS)]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['weights_gib']:.2f} GiB | {r['load_gib']:.2f} GiB | "
+        start = "-" if r["load_gib"] is None else f"{r['load_gib']:.2f} GiB"
+        lines.append(f"| {r['model']} | {r['weights_gib']:.2f} GiB | {start} | "
                      + " | ".join(f"{r['peak'][k]:.2f} GiB" if r["peak"].get(k) else "-" for k in KINDS) + " |")
     return "\n".join(lines)
 

@@ -196,7 +196,7 @@ def main() -> None:
                 for key, gib in mem["steps"].items():  # each step's peak (reset before it): the largest per kind
                     peaks[kind(key)] = max(peaks.get(kind(key), 0.0), gib)
                 say(f"peak resident memory of each analysis step kind (the model, {mem['weights']:.2f} GiB, included; "
-                    f"the process held {mem['before_steps']:.2f} GiB at most before the first step): "
+                    f"{mem['at_start']:.2f} GiB resident when the steps began): "
                     + ", ".join(f"{k} {v:.2f} GiB ({v / mem['weights']:.2f}x the model)" for k, v in peaks.items()))
             recall_of_the_screen(model, result, say)
             if circuit.get("nodes"):

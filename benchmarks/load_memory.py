@@ -15,15 +15,15 @@ import time
 import torch
 
 import p0circuit as p0
+from p0circuit.core import memory
 
 
 def status(field: str) -> int:
-    """A memory figure of this process from /proc/self/status (VmRSS: now; VmHWM: the peak), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} (this measures on Linux only)")
+    """A memory figure of this process (VmRSS: now; VmHWM: the peak), in bytes (:mod:`p0circuit.core.memory`)."""
+    value = {"VmRSS": memory.resident, "VmHWM": memory.peak}[field]()
+    if value is None:
+        raise RuntimeError(f"/proc/self/status has no {field} (this measures on Linux only)")
+    return value
 
 
 def main() -> None:

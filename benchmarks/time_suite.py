@@ -67,7 +67,7 @@ def line(r: dict) -> str:
     c = r["counts"]
     status = "all passed" if r["rc"] == 0 else f"exit status {r['rc']}: {c.get('failed', 0)} failed"
     return (f"| {r['tier']} | `{r['command']}` | {r['seconds'] / 60:.1f} min | {r['reference']:.2f} s | "
-            f"{c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, {c.get('deselected', 0)} deselected | "
+            f"{c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped | "
             f"{status}; {r['state']} |")
 
 

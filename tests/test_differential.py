@@ -3,8 +3,8 @@ families bring, random node and edge subsets, every corruption (a plugin's inclu
 kind and both directions; p0circuit's fast path and its reference path, each against the oracle
 (``tests/oracle.py``: plain TransformerLens hooks, no code shared with p0circuit).
 
-The default suite runs a fixed, derandomized budget (``CASES``: 150 cases, about half a minute; the fast tier 60); the
-long run is
+The default suite runs a fixed, derandomized budget (``CASES``: 150 cases, about half a minute), and checks that
+its compared cases drew every architecture feature; the long run is
 ``P0_DIFF_CASES=10000 pytest -m full tests/test_differential.py`` (random, a new seed each run;
 ``docs/reliability.md`` records its count and time).
 """
@@ -19,32 +19,32 @@ from hypothesis import strategies as st
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 import oracle as O
-from tiers import FAST
 import p0circuit as p0
 from p0circuit.core.errors import P0CircuitError
 from p0circuit.core.types import Kind, Node
 
 
-CASES = 60 if FAST else 150
-"""Cases in the default suite (fixed examples: the same every run); the fast tier (``tiers``) runs 60."""
+CASES = 150
+"""Cases in the default suite and the fast tier (fixed examples: the same every run; a smaller budget draws a
+different stream, which at 60 cases drew no parallel block and no RMSNorm)."""
 RTOL = 1e-4
 """Float32 patched forwards against the oracle: this share of the largest magnitude compared."""
 VOCAB, N_CTX = 24, 16
 
-FEATURES = st.fixed_dictionaries({
-    "n_layers": st.sampled_from([2, 3]),
-    "pos": st.sampled_from(["standard", "rotary", "rotary_partial", "shortformer"]),
-    "norm": st.sampled_from(["LN", "RMS", "LNPre", "RMSPre", None]),
-    "blocks": st.sampled_from(["sequential", "parallel", "attn_only", "moe", "post_norm", "gemma_norms"]),
-    "kv": st.sampled_from([None, 2, 1]),
-    "local": st.booleans(),
-    "gated": st.booleans(),
-    "qk_norm": st.booleans(),
-    "softcap": st.booleans(),
-    "flags": st.sampled_from([(), ("use_attn_result",), ("use_split_qkv_input",), ("use_hook_mlp_in",),
-                              ("use_attn_in",)]),
-    "seed": st.integers(0, 3),
-})
+OPTIONS = {
+    "n_layers": [2, 3],
+    "pos": ["standard", "rotary", "rotary_partial", "shortformer"],
+    "norm": ["LN", "RMS", "LNPre", "RMSPre", None],
+    "blocks": ["sequential", "parallel", "attn_only", "moe", "post_norm", "gemma_norms"],
+    "kv": [None, 2, 1],
+    "local": [False, True],
+    "gated": [False, True],
+    "qk_norm": [False, True],
+    "softcap": [False, True],
+    "flags": [(), ("use_attn_result",), ("use_split_qkv_input",), ("use_hook_mlp_in",), ("use_attn_in",)],
+}
+"""Every architecture feature a case draws, and its values."""
+FEATURES = st.fixed_dictionaries({**{k: st.sampled_from(v) for k, v in OPTIONS.items()}, "seed": st.integers(0, 3)})
 
 
 def config(f: dict) -> dict:
@@ -233,6 +233,8 @@ def check(model, tokens, method, names, corruption, metric, oc, om, direction, *
 def case(draw):
     """One random case, drawn step by step (what is drawn depends on the model)."""
     features = draw(FEATURES)
+    DRAWN.clear()
+    DRAWN.update(features)
     model = built(tuple(sorted(config(features).items())))
     assume(model is not None)
     length = draw(st.integers(5, 8))
@@ -258,8 +260,13 @@ def case(draw):
     return model, tokens, method, names, corruption, metric, oc, om, direction, {}
 
 
+DRAWN: dict = {}
+"""The architecture features of the case being drawn."""
+COVERED = tuple(OPTIONS)
+"""The features whose every value the default run must have compared."""
 COUNTED = {"compared": 0, "refused": 0}
-SEEN: dict[str, set] = {"corruption": set(), "metric": set(), "method": set(), "direction": set()}
+SEEN: dict[str, set] = {"corruption": set(), "metric": set(), "method": set(), "direction": set(),
+                        **{k: set() for k in COVERED}}
 """What the compared cases covered (the coverage test after the default run reads it)."""
 
 
@@ -273,7 +280,7 @@ def _run(data):
         raise
     COUNTED["compared"] += 1
     for key, value in (("corruption", corruption.name), ("metric", om.kind), ("direction", direction),
-                       ("method", "each" if extra else method)):
+                       ("method", "each" if extra else method), *((k, DRAWN[k]) for k in COVERED)):
         SEEN[key].add(value)
     log = os.environ.get("P0_DIFF_LOG")  # the long run's progress: cases compared, and refused with a fix
     if log and COUNTED["compared"] % 100 == 0:
@@ -297,6 +304,8 @@ def test_the_default_budget_compared_every_kind():
     assert SEEN["corruption"] >= {"shift", "swap", "resample", "trade_first_two", "pos_mean", "zero"}, SEEN
     assert SEEN["metric"] >= {"norm_ratio", "resid_dim", "attn_to_p0", "logits", "cache"}, SEEN
     assert SEEN["method"] == {"activation", "path", "each"} and SEEN["direction"] == {"noise", "denoise"}, SEEN
+    missing = {k: sorted(map(str, set(OPTIONS[k]) - SEEN[k])) for k in COVERED if set(OPTIONS[k]) - SEEN[k]}
+    assert not missing, f"architecture features never compared: {missing}"
 
 
 @pytest.mark.full

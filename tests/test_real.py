@@ -281,13 +281,10 @@ def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path,
         p0.export_gguf(smollm2_path(), out)
 
 
-@pytest.mark.slow
 def test_analyze_smollm2_finds_a_position_sink_with_and_without_bos(smollm2):
     """At a small size: the claim holds (a P0 sink without BOS, onset at block 2, carried by M0 and
     M2 and M2's neuron 90 on the massive dimension 507); with ``<|endoftext|>`` first, replacing that
-    token does not remove the sink, so ``shift`` is chosen: the sink is built on the position.
-    Opt-in (``-m slow``): the default suite checks the same facts in notebook 06, whose printed verdict,
-    onsets, nodes, neurons and corruption choice for SmolLM2 are compared with the stored ones."""
+    token does not remove the sink, so ``shift`` is chosen: the sink is built on the position."""
     from p0circuit.studies.analysis import analyze
 
     result = analyze(smollm2, entry="real:smollm2", bos_token="<|endoftext|>", progress=False, n_prompts=4,

@@ -380,12 +380,12 @@ def test_a_search_on_a_triage_result_corrupts_the_nodes_it_left_unexamined():
     assert close(plain, tri.corrupted_metric + share * gap, tri.clean_metric)
 
 
-def test_integrated_gradients_start_at_the_hooks_block(planted_models, monkeypatch):
+def test_integrated_gradients_start_at_the_hooks_block(monkeypatch):
     """Each integrated-gradient forward for a hook in block 2 starts there, from the cached input to it
     (``start_at_layer``): with more steps block 2 runs once more per step and block 0 no more often (it runs
     in the clean and corrupted runs only). (The values are checked against plain autograd on every family
     in test_families.)"""
-    model = planted_models("layer2").model
+    model = p0.build_planted(n_layers=6, circuit_layer=2).model  # its own: the blocks' forward is wrapped below
     toks = torch.randint(3, model.cfg.d_vocab, (4, 12), generator=torch.Generator().manual_seed(0))
     runs = {0: 0, 2: 0}
     for b in runs:  # counted by wrapping the blocks' forward (a torch hook would be refused: the fast path skips work)

@@ -2,9 +2,13 @@
 records each step's peak with it, so ``analysis.json`` says what a step needs on top of the model.
 
 The peak is the kernel's high-water mark of resident pages (``VmHWM``), reset before a step by writing
-``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later); where that file cannot be written the peak is
-the process's peak so far, and :func:`reset_peak` says so by returning ``False``."""
+``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later), after handing the heap's freed pages back
+to the kernel (glibc's ``malloc_trim``), so that a step's peak is not an earlier step's freed memory.
+Where the file cannot be written :func:`reset_peak` returns ``False`` and the caller records no peak.
+Resetting the peak is process-wide: a caller's own reading of ``VmHWM`` starts again from there."""
 
+import ctypes
+import ctypes.util
 import re
 from pathlib import Path
 from typing import Optional
@@ -31,8 +35,21 @@ def peak() -> Optional[int]:
     return _status("VmHWM")
 
 
+def _trim() -> None:
+    """Return the C heap's free pages to the kernel (glibc; nothing elsewhere)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
 def reset_peak() -> bool:
-    """Start a new peak from the memory resident now; ``False`` where the kernel does not allow it."""
+    """Start a new peak from the memory resident now (after :func:`_trim`); ``False`` where the kernel
+    does not allow it."""
+    _trim()
     try:
         _CLEAR.write_text("5")
     except OSError:

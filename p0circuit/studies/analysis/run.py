@@ -177,10 +177,11 @@ class _State:
     def run(self, key: str, fn: Callable[[], Any], bar: "Bar") -> Any:
         if key not in self.done:
             bar.running(key)
-            memory.reset_peak()
+            measured = memory.reset_peak()
             t = time.perf_counter()
             value = strict(fn())
-            self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2), "peak": memory.peak()}
+            self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2),
+                              "peak": memory.peak() if measured else None}
             self._save()
         bar.done(key)
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
@@ -216,11 +217,13 @@ def _gib(n: Optional[float]) -> Optional[float]:
     return None if n is None else round(n / 2**30, 3)
 
 
-def _memory(model: Any, peak_before: Optional[int], state: "_State") -> dict[str, Any]:
-    """The model's own size and the process' peak resident memory (GiB) before the steps and in each step
-    (Linux; ``None`` elsewhere, and for steps done before a resume in another process)."""
+def _memory(model: Any, at_start: Optional[int], state: "_State") -> dict[str, Any]:
+    """The model's own size, the process' resident memory when the steps began and each step's peak
+    resident memory (GiB; the peak is reset before each step, :mod:`p0circuit.core.memory`). ``None``
+    where it cannot be read (not Linux), and for steps restored from a state file written before steps
+    recorded their peak; a resumed step keeps the peak of the process that ran it."""
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    return {"weights": _gib(weights), "before_steps": _gib(peak_before),
+    return {"weights": _gib(weights), "at_start": _gib(at_start),
             "steps": {k: _gib(v.get("peak")) for k, v in state.done.items() if k != UNIT}}
 
 
@@ -342,7 +345,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
               "prompts": {SETTINGS[b]: fingerprint(t) for b, t in tokens.items()}}
     state = _State(out, header, resume)
     first = tokens[tags[0]]
-    peak_before = memory.peak()  # the process' peak so far (a model loaded here: its load)
+    at_start = memory.resident()  # the model loaded, before any step
     if UNIT in state.done:  # the unit the finished steps were timed against, not a new (noisy) one
         forward_s = state.done[UNIT]["seconds"]
     else:
@@ -387,7 +390,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                    "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
                    "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
                    "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()}},
-        "memory": _memory(model, peak_before, state),
+        "memory": _memory(model, at_start, state),
     }
     if truth is not None:
         data["truth"] = {"nodes": [n.name for n in truth.nodes], "edges": [e.name for e in truth.edges]}
