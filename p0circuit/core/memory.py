@@ -5,7 +5,9 @@ The peak is the kernel's high-water mark of resident pages (``VmHWM``), reset be
 ``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later), after handing the heap's freed pages back
 to the kernel (glibc's ``malloc_trim``), so that a step's peak is not an earlier step's freed memory.
 Where the file cannot be written :func:`reset_peak` returns ``False`` and the caller records no peak.
-Resetting the peak is process-wide: a caller's own reading of ``VmHWM`` starts again from there."""
+Resetting the peak is process-wide: a caller's own reading of ``VmHWM``, and outside tools that read
+the same mark (``getrusage``'s ``ru_maxrss``, ``/usr/bin/time``), start again from there; the analysis
+keeps the process's peak before each reset and records it (``process_peak``)."""
 
 import ctypes
 import ctypes.util

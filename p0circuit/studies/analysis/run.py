@@ -154,6 +154,8 @@ class _State:
         self.path = None if out is None else out / STATE
         self.header = header
         self.done: dict[str, Any] = {}
+        self.process_peak = 0
+        """The process's peak resident memory before the last reset (bytes)."""
         if self.path is not None and self.path.is_file():
             if resume:
                 old = _read_state(self.path)
@@ -177,6 +179,9 @@ class _State:
     def run(self, key: str, fn: Callable[[], Any], bar: "Bar") -> Any:
         if key not in self.done:
             bar.running(key)
+            before = memory.peak()  # the peak so far, kept: the reset below hides it from outside tools too
+            if before is not None:
+                self.process_peak = max(self.process_peak, before)
             measured = memory.reset_peak()
             t = time.perf_counter()
             value = strict(fn())
@@ -218,12 +223,16 @@ def _gib(n: Optional[float]) -> Optional[float]:
 
 
 def _memory(model: Any, at_start: Optional[int], state: "_State") -> dict[str, Any]:
-    """The model's own size, the process' resident memory when the steps began and each step's peak
-    resident memory (GiB; the peak is reset before each step, :mod:`p0circuit.core.memory`). ``None``
+    """The model's own size, the process' resident memory when the steps began, each step's peak resident
+    memory and the process' peak over its whole life (GiB; the peak is reset before each step,
+    :mod:`p0circuit.core.memory`, which hides the earlier peak from outside tools such as ``/usr/bin/time``:
+    ``process_peak`` is the one to compare with them). ``None``
     where it cannot be read (not Linux), and for steps restored from a state file written before steps
     recorded their peak; a resumed step keeps the peak of the process that ran it."""
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    return {"weights": _gib(weights), "at_start": _gib(at_start),
+    now = memory.peak()
+    whole = max(state.process_peak, now) if now is not None else None
+    return {"weights": _gib(weights), "at_start": _gib(at_start), "process_peak": _gib(whole or None),
             "steps": {k: _gib(v.get("peak")) for k, v in state.done.items() if k != UNIT}}
 
 
