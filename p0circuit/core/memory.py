@@ -11,6 +11,7 @@ keeps the process's peak before each reset and records it (``process_peak``)."""
 
 import ctypes
 import ctypes.util
+import functools
 import re
 from pathlib import Path
 from typing import Optional
@@ -37,15 +38,21 @@ def peak() -> Optional[int]:
     return _status("VmHWM")
 
 
-def _trim() -> None:
-    """Return the C heap's free pages to the kernel (glibc; nothing elsewhere)."""
+@functools.lru_cache(maxsize=None)
+def _libc() -> Optional[ctypes.CDLL]:
+    """The C library, found once (``find_library`` may run ``ldconfig``), or None."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
+        return ctypes.CDLL(name) if name else None
     except OSError:
-        pass
+        return None
+
+
+def _trim() -> None:
+    """Return the C heap's free pages to the kernel (glibc; nothing elsewhere)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def reset_peak() -> bool:
