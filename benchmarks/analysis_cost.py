@@ -31,20 +31,14 @@ def kind(key: str) -> str:
 
 
 def eta_errors(timing: dict) -> dict[str, float]:
-    """(the bar's estimate of the total time - the real total) / the real total, at the step that ended
-    nearest a quarter, a half and three quarters of the analysis' time."""
-    predicted, steps = timing["predicted_forwards"], timing["steps"]
-    total_units, real = sum(predicted.values()), sum(steps.values())
-    done = elapsed = 0.0
-    points = []
-    for key, seconds in steps.items():
-        done += predicted.get(key, 0.0)
-        elapsed += seconds
-        if done:
-            points.append((elapsed, elapsed * total_units / done))
+    """(the bar's estimate of the total time - the real total) / the real total, at a quarter, a half and
+    three quarters of the steps' time: read from the estimates the analysis recorded every second
+    (``timing.eta``: what its bar showed, also when hidden)."""
+    log = timing["eta"]
+    real = log[-1][0]
     out = {}
     for share in (0.25, 0.5, 0.75):
-        at, guess = min(points, key=lambda p: abs(p[0] - share * real))
+        at, guess = min(log, key=lambda p: abs(p[0] - share * real))
         out[f"{share:.0%}"] = (guess - real) / real
     return out
 

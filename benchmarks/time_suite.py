@@ -4,7 +4,7 @@
     python benchmarks/time_suite.py --fast     # the fast tier only
 
 Each tier runs as documented (the README's test command; ``P0_FAST=1`` for the fast tier; here with
-``-q -p no:cacheprovider``, which change only the output and the cache directory), in a subprocess,
+``-q -p no:cacheprovider --durations=30``, which change only the output and the cache directory), in a subprocess,
 and the block records its wall time, its counts, the cores, and how much CPU other processes used
 meanwhile (from /proc/stat less the tier's own; a figure measured on a busy machine says so). It also
 times a fixed reference workload before each tier (``REFERENCE``: the machine's speed that day), since
@@ -26,7 +26,7 @@ import docblocks  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = {"fast": ({"P0_FAST": "1"}, "P0_FAST=1 python -m pytest -n 2"),
          "full": ({}, "python -m pytest -n 2")}
-"""tier -> (its environment, the documented command); run as documented, with ``-q -p no:cacheprovider``."""
+"""tier -> (its environment, the documented command); run as documented, with ``-q -p no:cacheprovider --durations=30``."""
 
 
 REFERENCE = ("import time, torch\n"
@@ -52,7 +52,7 @@ def run(tier: str) -> dict:
     args = command.split("python -m pytest", 1)[1].split()
     ref = reference()
     with Conditions() as cond:
-        done = subprocess.run([sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider", "--durations=30"], cwd=ROOT,
                               env={**os.environ, **env}, capture_output=True, text=True)
     log = Path(f"/tmp/p0circuit-suite-{tier}.log")
     log.write_text(done.stdout + done.stderr)  # what failed, if anything

@@ -108,18 +108,34 @@ def feature_cover() -> list:
     return sorted(cover)
 
 
-def make_checkpoint(family: str, root):
-    """Save a tiny random checkpoint of ``family`` under ``root/family`` (once) and return its path.
-    Norm weights and biases are random too, so a dropped parameter would show."""
+def make_tokenizer():
+    """A word-level tokenizer over the words ``w3 .. w63`` (ids 0-2: ``<bos>``, ``<eos>``, ``<unk>``), built here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2}
+    vocab.update({f"w{i}": i for i in range(3, VOCAB)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<eos>"
+    )
+
+
+def make_checkpoint(family: str, root, seed: int = 0, with_tokenizer: bool = False):
+    """Save a tiny random checkpoint of ``family`` under ``root/family`` (kept when already there) and
+    return its path; with the word-level tokenizer of :func:`make_tokenizer` when ``with_tokenizer``. Norm weights and biases are random too, so a dropped parameter would show."""
     import torch
     from transformers import AutoModelForCausalLM
 
     path = root / family
     if not path.exists():
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(family_configs()[family])
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         model.save_pretrained(path)
+        if with_tokenizer:
+            make_tokenizer().save_pretrained(path)
     return path

@@ -157,10 +157,11 @@ def test_analyze_leaves_the_grad_mode_alone(rope_run):
 
 
 def test_bad_settings_are_refused_by_name():
-    with pytest.raises(p0.ConfigError, match="n_prompts must be an int >= 2"):
+    with pytest.raises(p0.ConfigError, match=r"n_prompts \(--n-prompts\) must be a whole number >= 2"):
         AnalysisSettings(n_prompts=1)
-    with pytest.raises(p0.ConfigError, match="ig_steps=5000 is more than"):  # before any step, not at the neurons
-        AnalysisSettings(ig_steps=5000)
+    with pytest.raises(p0.ConfigError, match=r"ig_steps \(--ig-steps\) is 65, more than 64"):  # before any step
+        AnalysisSettings(ig_steps=65)
+    AnalysisSettings(ig_steps=64)
     with pytest.raises(p0.ConfigError, match="bos must list False and/or True"):
         AnalysisSettings(bos=(True, True))
     with pytest.raises(p0.BadInputError, match="the settings are"):
@@ -434,19 +435,33 @@ def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_ev
 
 
 def test_the_progress_bar_counts_each_planned_step_once(planted, monkeypatch):
-    """The bar's units are the cost model's forwards: it ends at its total (every planned step counted once,
-    a skipped one too), and the total is the sum of the plan (:mod:`.cost`)."""
+    """The bar's units are the cost model's forwards: it shows no total before the plan (the sink report
+    decides it), ends at its total (every planned step counted once, a skipped one too), never goes
+    back, and the analysis records its estimate of the time (:mod:`.eta`)."""
     bars = []
 
     class Recorder:
-        def __init__(self, total=0, **kw):
-            self.total, self.n = total, 0.0
+        def __init__(self, total=None, **kw):
+            self.totals, self.shown = [total], []
             bars.append(self)
 
-        def update(self, k):
-            self.n += k
+        @property
+        def total(self):
+            return self.totals[-1]
 
-        def set_postfix_str(self, s):
+        @total.setter
+        def total(self, value):
+            self.totals.append(value)
+
+        @property
+        def n(self):
+            return self.shown[-1] if self.shown else 0.0
+
+        @n.setter
+        def n(self, value):
+            self.shown.append(value)
+
+        def set_postfix_str(self, s, refresh=True):
             pass
 
         def refresh(self):
@@ -456,9 +471,13 @@ def test_the_progress_bar_counts_each_planned_step_once(planted, monkeypatch):
             pass
 
     monkeypatch.setattr(analysis_run, "tqdm", Recorder)
-    analyze(planted, progress=True, bos=(False, True), bos_token=0, **SMALL)
+    result = analyze(planted, progress=True, bos=(False, True), bos_token=0, **SMALL)
     (bar,) = bars
-    assert bar.total > 0 and bar.n == pytest.approx(bar.total, abs=0.5)
+    assert bar.totals[:2] == [None, None] and bar.totals[-1] > 0
+    assert bar.n == pytest.approx(bar.total, abs=0.5)
+    assert bar.shown == sorted(bar.shown)
+    eta = result["timing"]["eta"]
+    assert len(eta) >= 10 and eta[-1][0] == eta[-1][1] and eta[-1][0] >= result["timing"]["seconds"] - 0.5
 
 
 @pytest.mark.skipif(not memory.reset_peak(), reason="the peak of resident memory cannot be reset here (not Linux)")

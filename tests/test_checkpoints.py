@@ -1,8 +1,11 @@
-"""Local checkpoints of six families load offline and match the Hugging Face logits.
+"""Local checkpoints with a tokenizer, of six families (one per loader path: learned and rotary positions,
+parallel blocks, grouped-query attention, a sliding window), load offline, match the Hugging Face logits,
+tokenize with an explicit BOS choice and run the sink report. Every family's logits and patching are
+tested in test_families.py, on the same configs (tests/family_configs.py).
 
 Tolerance: max |logit difference| <= tests/tolerance.py's REL32 (1.2e-4) of the largest logit, in float32
-(observed about 1e-7). Sequences of 40
-tokens are longer than Mistral's sliding window (8), so the window is exercised.
+(observed about 1e-7). Sequences of 40 tokens are longer than Mistral's sliding window (4), so the window
+is exercised.
 """
 
 
@@ -12,10 +15,10 @@ import torch
 from p0circuit import BadInputError, CheckpointError, ModelSpec, load_checkpoint, load_pretrained, sink_report, to_tokens
 from p0circuit.models import positional_kind
 
-from checkpoint_factory import VOCAB, family_configs, make_checkpoint
+from family_configs import VOCAB, WINDOW, make_checkpoint
 from tolerance import tolerance
 
-FAMILIES = list(family_configs())
+FAMILIES = ["llama", "pythia", "gpt2", "opt", "qwen2", "mistral"]
 EXPECTED_POS = {"llama": "rope", "pythia": "rope", "gpt2": "learned", "opt": "learned", "qwen2": "rope",
                 "mistral": "rope"}
 
@@ -29,7 +32,7 @@ def ckpt_root(tmp_path_factory):
 def test_local_checkpoint_logits_match_hf(family, ckpt_root):
     from transformers import AutoModelForCausalLM
 
-    path = make_checkpoint(family, ckpt_root)
+    path = make_checkpoint(family, ckpt_root, with_tokenizer=True)
     model = load_checkpoint(path)
     hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     tokens = torch.randint(3, VOCAB, (3, 40), generator=torch.Generator().manual_seed(0))
@@ -45,14 +48,14 @@ def test_local_checkpoint_logits_match_hf(family, ckpt_root):
     assert with_bos.tolist() == [[0, 5, 6, 7]]
     # and the sink report runs on it
     report = sink_report(model, tokens)
-    assert report.n_layers == 2
+    assert report.n_layers == 3
 
 
 def test_family_specific_structure(ckpt_root):
-    pythia = load_checkpoint(make_checkpoint("pythia", ckpt_root / "s"))
+    pythia = load_checkpoint(make_checkpoint("pythia", ckpt_root / "s", with_tokenizer=True))
     assert pythia.cfg.parallel_attn_mlp and pythia.cfg.rotary_dim == 2  # rotary_pct 0.25 of d_head 8
-    mistral = load_checkpoint(make_checkpoint("mistral", ckpt_root / "s"))
-    assert mistral.cfg.window_size == 8 and mistral.cfg.gated_mlp
+    mistral = load_checkpoint(make_checkpoint("mistral", ckpt_root / "s", with_tokenizer=True))
+    assert mistral.cfg.window_size == WINDOW and mistral.cfg.gated_mlp
 
 
 def test_checkpoint_without_tokenizer_takes_tokens_only(tmp_path):
@@ -85,7 +88,7 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_missing_and_corrupt_weights(tmp_path):
-    path = make_checkpoint("gpt2", tmp_path)
+    path = make_checkpoint("gpt2", tmp_path, with_tokenizer=True)
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:200])
     with pytest.raises(CheckpointError, match="check that the weight files"):
@@ -127,7 +130,7 @@ def test_pythia_checkpoint_index_path_offline(tmp_path):
     import subprocess
     import sys
 
-    src = make_checkpoint("pythia", tmp_path / "src")
+    src = make_checkpoint("pythia", tmp_path / "src", with_tokenizer=True)
     repo = tmp_path / "hf" / "hub" / "models--EleutherAI--pythia-14m"
     commit = "0" * 40
     shutil.copytree(src, repo / "snapshots" / commit)

@@ -23,9 +23,9 @@ def test_discover_bad_checkpoint(tmp_path, capsys):
 
 
 def test_survey_with_a_local_checkpoint(tmp_path, capsys):
-    from checkpoint_factory import make_checkpoint
+    from family_configs import make_checkpoint
 
-    path = make_checkpoint("llama", tmp_path / "ck")
+    path = make_checkpoint("llama", tmp_path / "ck", with_tokenizer=True)
     assert main(["survey", "--checkpoint", str(path), "--out", str(tmp_path), "--n-prompts", "4"]) == 0
     assert "wrote" in capsys.readouterr().out
     import pandas as pd
@@ -108,7 +108,7 @@ def test_the_analyze_options_are_the_settings_fields():
     from dataclasses import fields
 
     from p0circuit.core import choices
-    from p0circuit.studies.analysis.run import AnalysisSettings
+    from p0circuit.studies.analysis.settings import AnalysisSettings
 
     numbers = {f.name: f.default for f in fields(AnalysisSettings) if type(f.default) in (int, float)
                and f.name not in ("threshold", "norm_threshold")}  # (named constants, not offered)

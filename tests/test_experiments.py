@@ -126,13 +126,13 @@ def test_survey(tmp_path):
 
 
 def test_bos_ablation_on_a_local_checkpoint(tmp_path):
-    from checkpoint_factory import make_checkpoint
+    from family_configs import make_checkpoint
 
-    model = p0.load_checkpoint(make_checkpoint("llama", tmp_path))
+    model = p0.load_checkpoint(make_checkpoint("llama", tmp_path, with_tokenizer=True))
     tokens = p0.to_tokens(model, ["w5 w6 w7 w8 w9 w10", "w11 w12 w13 w14 w15 w16"], prepend_bos=False)
     result = ex.bos_ablation(model, tokens)  # the tokenizer's BOS (id 0)
     assert result.with_bos.seq_len == 7 and result.without_bos.seq_len == 6
-    assert list(result.to_frame().index) == [0, 1]
+    assert list(result.to_frame().index) == list(range(model.cfg.n_layers))
 
 
 def test_repeated_token_spread():

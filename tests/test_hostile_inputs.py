@@ -49,9 +49,9 @@ class Ctx:
         self.circuit = self.result.to_circuit(0.1)
         import tempfile
 
-        from checkpoint_factory import make_checkpoint
+        from family_configs import make_checkpoint
 
-        self.checkpoint = make_checkpoint("gpt2", Path(tempfile.mkdtemp(prefix="p0hostile")))
+        self.checkpoint = make_checkpoint("gpt2", Path(tempfile.mkdtemp(prefix="p0hostile")), with_tokenizer=True)
         self.text_model = p0.load_checkpoint(self.checkpoint)  # has a tokenizer
         self.path = p0.discover(self.model, self.tokens, method="path",
                                 edges=["A0.H0@0->M0@0.mlp_in", "M0@0->M1@0.mlp_in", "M1@0->A2.H0@0.k"])

@@ -1,7 +1,8 @@
 """Every notebook in notebooks/ runs top to bottom without error, and prints what it was stored with:
-the notebooks are stored with their outputs, and every number a re-run cell prints is compared with
-the stored one (a tolerance of the printed precision plus 2% of the value; timings and memory
-addresses are left out)."""
+the notebooks are stored with their outputs; a re-run cell must print the same words (Markdown a cell
+displays included), and every number it prints is compared with the stored one (a tolerance of one unit
+of the printed precision plus 2% of the value, so a count of nodes must match exactly; timings, sizes,
+memory addresses and temporary paths are left out)."""
 
 import re
 from pathlib import Path
@@ -57,7 +58,8 @@ def printed(cell) -> str:
             continue
         if "application/vnd.jupyter.widget-view+json" in o.get("data", {}):
             continue  # a progress-bar widget (tqdm.auto in a kernel); its text/plain is the bar
-        text = o.get("text") or o.get("data", {}).get("text/plain", "")
+        data = o.get("data", {})
+        text = o.get("text") or data.get("text/markdown") or data.get("text/plain", "")  # Markdown: its text
         if isinstance(text, list):
             text = "".join(text)
         if text and not text.startswith(("<Figure", "<IPython")):
@@ -65,13 +67,21 @@ def printed(cell) -> str:
     return "\n".join(texts)
 
 
+def words(text: str) -> str:
+    """``text`` with each number replaced by ``#`` and its white space collapsed (a table's padding
+    follows its numbers' widths)."""
+    return " ".join(NUMBER.sub("#", text).split())
+
+
 def assert_same_values(stored: str, ran: str, where: str) -> None:
+    assert words(stored) == words(ran), f"{where}: printed other words:\n{ran}\n--- stored:\n{stored}"
     old, new = NUMBER.findall(stored), NUMBER.findall(ran)
     assert len(old) == len(new), f"{where}: printed {len(new)} numbers, stored {len(old)}:\n{ran}\n--- stored:\n{stored}"
     for a, b in zip(old, new):
         digits = len(a.split(".")[1].split("e")[0]) if "." in a else 0
         x, y = float(a), float(b)
-        assert abs(x - y) <= 2 * 10.0 ** -digits + 0.02 * max(abs(x), abs(y)), f"{where}: printed {b}, stored {a}"
+        unit = 10.0 ** -digits if digits else 0.0  # a rounding of the last printed digit; a count exactly
+        assert abs(x - y) <= unit + 0.02 * max(abs(x), abs(y)), f"{where}: printed {b}, stored {a}"
 
 
 def test_a_changed_printed_value_is_caught():
@@ -85,6 +95,13 @@ def test_a_changed_printed_value_is_caught():
         with pytest.raises(AssertionError, match="printed"):
             assert_same_values(text, changed, "changed")
     assert NUMBER.findall("12.5x at layer 2. Sink = 0.83.") == ["12.5", "2", "0.83"]
+    with pytest.raises(AssertionError, match="other words"):  # a changed verdict, its numbers the same
+        assert_same_values("(a) holds: 13 nodes", "(a) fails: 13 nodes", "changed")
+    with pytest.raises(AssertionError, match="printed 14"):  # a count is exact
+        assert_same_values("13 nodes", "14 nodes", "changed")
+    md = {"outputs": [{"output_type": "display_data", "data": {"text/markdown": "**(a) holds**",
+                                                               "text/plain": "<IPython.core.display.Markdown object>"}}]}
+    assert printed(md) == "**(a) holds**"
 
 
 def _free_port():

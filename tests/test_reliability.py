@@ -72,20 +72,32 @@ def test_any_node_name_parses_or_is_rejected_clearly(name):
         assert p0.Node.parse(node.name) == node
 
 
+TRAIN = ["train", "--data", "markov", "--vocab", "16", "--layers", "2", "--d-model", "32", "--heads", "2",
+         "--d-head", "16", "--steps", "120", "--batch-size", "16", "--seq-len", "32", "--warmup", "5",
+         "--checkpoints", "12", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted training run the killed ones are compared with (made once)."""
+    from p0circuit.surfaces.cli import main
+
+    out = tmp_path_factory.mktemp("straight")
+    assert main(TRAIN + ["--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.xdist_group("killed-training")  # one worker: the straight run is made once
 @pytest.mark.parametrize("sig,seed", [(signal.SIGKILL, 0), (signal.SIGINT, 1)])
-def test_killed_training_resumes_without_lost_steps(tmp_path, sig, seed):
+def test_killed_training_resumes_without_lost_steps(tmp_path, straight, sig, seed):
     """Kill a training run at a random point after its first checkpoint (SIGKILL, or SIGINT as from
     Ctrl-C); the resumed run ends bitwise equal to an uninterrupted one, every checkpoint step is
     there once, and no half-written checkpoint is left behind."""
     import random
 
-    args = ["train", "--data", "markov", "--vocab", "16", "--layers", "2", "--d-model", "32", "--heads", "2",
-            "--d-head", "16", "--steps", "120", "--batch-size", "16", "--seq-len", "32", "--warmup", "5",
-            "--checkpoints", "12", "--quiet"]
+    args = TRAIN
     from p0circuit.surfaces.cli import main
 
-    straight = tmp_path / "straight"
-    assert main(args + ["--out", str(straight)]) == 0
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "p0circuit.surfaces.cli", *args, "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

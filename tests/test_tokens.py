@@ -48,7 +48,7 @@ def test_good_tokens_pass_and_1d_is_promoted(model):
 @pytest.fixture(scope="module")
 def worded():
     """A spec model with the local word-level tokenizer (BOS id 0, words w3..w63)."""
-    from checkpoint_factory import make_tokenizer
+    from family_configs import make_tokenizer
 
     m = ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_mlp=32, d_vocab=64, n_ctx=12).build()
     m.tokenizer = make_tokenizer()

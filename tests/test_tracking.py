@@ -73,10 +73,10 @@ def test_untrained_model_is_early():
 
 
 def test_local_checkpoint_directory(tmp_path):
-    from checkpoint_factory import make_checkpoint
+    from family_configs import make_checkpoint
 
     for step in (5, 50):
-        make_checkpoint("llama", tmp_path, seed=step).rename(tmp_path / f"step_{step}")
+        make_checkpoint("llama", tmp_path, seed=step, with_tokenizer=True).rename(tmp_path / f"step_{step}")
     (tmp_path / "notes").mkdir()
     loaded = checkpoint_series(tmp_path)
     assert [s for s, _ in loaded] == [5, 50]
@@ -97,11 +97,11 @@ def test_bad_series(tmp_path, series):
 
 
 def test_track_command(tmp_path, capsys):
-    from checkpoint_factory import make_checkpoint
+    from family_configs import make_checkpoint
 
     from p0circuit.surfaces.cli import main
 
     for step in (1, 8):
-        make_checkpoint("gpt2", tmp_path / "ck", seed=step).rename(tmp_path / "ck" / f"step_{step}")
+        make_checkpoint("gpt2", tmp_path / "ck", seed=step, with_tokenizer=True).rename(tmp_path / "ck" / f"step_{step}")
     assert main(["track", str(tmp_path / "ck"), "--out", str(tmp_path / "out"), "--n-prompts", "4"]) == 0
     assert (tmp_path / "out" / "tracking.png").exists() and "stage" in capsys.readouterr().out

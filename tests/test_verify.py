@@ -12,12 +12,12 @@ from p0circuit import CheckpointError, NonFiniteError
 from p0circuit.studies.training import BigramBackcopy, TrainConfig, train
 from p0circuit.studies.training.trainer import load_trained
 
-from checkpoint_factory import make_checkpoint
+from family_configs import make_checkpoint
 
 
 @pytest.fixture()
 def llama(tmp_path):
-    return make_checkpoint("llama", tmp_path)
+    return make_checkpoint("llama", tmp_path, with_tokenizer=True)
 
 
 def _edit_weights(path, fn):
@@ -29,9 +29,9 @@ def _edit_weights(path, fn):
 
 def test_config_with_more_layers_than_the_weights(llama):
     cfg = json.loads((llama / "config.json").read_text())
-    cfg["num_hidden_layers"] = 3
+    cfg["num_hidden_layers"] += 1  # one block more than the weights hold
     (llama / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"config and weights disagree: .* missing: model\.layers\.2\."):
+    with pytest.raises(CheckpointError, match=rf"config and weights disagree: .* missing: model\.layers\.{cfg['num_hidden_layers'] - 1}\."):
         p0.load_checkpoint(llama)
 
 

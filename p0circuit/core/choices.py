@@ -63,8 +63,8 @@ def offered(what: str) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def analysis_fields() -> dict[str, tuple[object, str]]:
     """``name -> (default, first sentence of its docstring)`` of each number field of ``AnalysisSettings``
-    (``studies/analysis/run.py``), read from its source: ``p0circuit analyze``'s options and their help."""
-    tree = ast.parse((PATCHING.parent / "studies" / "analysis" / "run.py").read_text(encoding="utf-8"))
+    (``studies/analysis/settings.py``), read from its source: ``p0circuit analyze``'s options and their help."""
+    tree = ast.parse((PATCHING.parent / "studies" / "analysis" / "settings.py").read_text(encoding="utf-8"))
     cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "AnalysisSettings")
     out: dict[str, tuple[object, str]] = {}
     for stmt, after in zip(cls.body, cls.body[1:] + [None]):

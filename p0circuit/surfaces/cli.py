@@ -166,12 +166,14 @@ def _discover(args: argparse.Namespace) -> int:
 def _analyze(args: argparse.Namespace) -> int:
     from p0circuit.core.entries import check_model_entry
 
-    check_model_entry(args.model)  # before torch is imported, in well under a second
-    from p0circuit.studies.analysis.run import AnalysisSettings, analyze, precheck
+    from p0circuit.studies.analysis.settings import AnalysisSettings
 
+    check_model_entry(args.model)  # the entry and the settings before torch is imported, in well under a second
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
     given = {name: getattr(args, name) for name in choices.analysis_fields() if getattr(args, name) is not None}
     settings = AnalysisSettings(bos=bos, **given)
+    from p0circuit.studies.analysis.run import analyze, precheck
+
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
     bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
@@ -318,7 +320,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
-    parser = argparse.ArgumentParser(prog="p0circuit", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="p0circuit", description="Find, prove and track the P0-sink circuit of a "
+                                     "causal language model. Start with `p0circuit analyze --model real:smollm2`; "
+                                     "each command's --help says more.")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="import MODULE (a module name or a .py file) first: the corruptions, metrics, methods "
                         "and model families it registers become choices everywhere (repeatable; see "

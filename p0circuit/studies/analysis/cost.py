@@ -75,14 +75,23 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
     (``first``), of its variations (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
     b, depth = block_cost(model), layer + 1
     node = nodes_cost(model, layer, candidates, settings.exact_nodes, screened)
-    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + (EDGE_SEARCH if candidates <= settings.max_edges
-                                                                        else 0)
     mlps = range(max(0, layer - 3), layer + 1)
     neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
-    out = {"nodes": node + b * depth * (CURVE + search), "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),
+    out = {"nodes": sum(node_parts(model, layer, candidates, settings, screened).values()),
+           "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),
            "neurons": 0.0 if model.cfg.attn_only else b * neurons}
     if first:
         out["corruptions"] = n_corruptions * node
         for n in settings.lengths:
             out[f"length{n}"] = (SINK + node) * n / settings.length
     return out
+
+
+def node_parts(model: Any, layer: int, candidates: int, settings: Any, screened: int) -> dict[str, float]:
+    """The node step's forwards in the order they run: its patching ``pass`` (:func:`nodes_cost`), the
+    faithfulness ``curve`` and the circuit ``search`` (the progress bar credits each as it ends)."""
+    b, depth = block_cost(model), layer + 1
+    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + (EDGE_SEARCH if candidates <= settings.max_edges
+                                                                        else 0)
+    return {"pass": nodes_cost(model, layer, candidates, settings.exact_nodes, screened), "curve": b * depth * CURVE,
+            "search": b * depth * search}

@@ -26,6 +26,8 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD, SINK_EPS
 from p0circuit.studies.analysis import cost, steps
+from p0circuit.studies.analysis.eta import Bar
+from p0circuit.studies.analysis.settings import AnalysisSettings
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.core.types import Kind, Node
@@ -33,7 +35,6 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core import memory
 from p0circuit.patching import NormRatio
-from p0circuit.patching.methods.attribution import MAX_STEPS
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.measures.positions import find_positions
 from p0circuit.models.resolve import load_model
@@ -50,69 +51,14 @@ SETTINGS = {False: "without_bos", True: "with_bos"}
 """BOS setting -> its key in the results."""
 
 
-@dataclass(frozen=True)
-class AnalysisSettings:
-    """What one analysis measures (every field is recorded in ``analysis.json``)."""
-
-    n_prompts: int = 8
-    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids); docs/guide.md
-    compares 8 with 16 on SmolLM2."""
-    length: int = 24
-    """Tokens of text per prompt; a BOS token adds one."""
-    bos: tuple[bool, ...] = (False, True)
-    """BOS settings measured (``True`` is skipped, with the reason, for a model without a start token)."""
-    threshold: float = CIRCUIT_THRESHOLD
-    """|normalized effect| at which a node, edge or neuron is kept."""
-    norm_threshold: float = NORM_THRESHOLD
-    """Norm ratio at which a position counts as a sink state."""
-    max_onsets: int = 3
-    """Onsets analysed per BOS setting, in layer order."""
-    neurons_keep: int = 32
-    """Neurons confirmed by exact patching per onset (the strongest integrated-gradient estimates)."""
-    ig_steps: int = 4
-    """Integrated-gradient points per MLP in the neuron screen."""
-    exact_nodes: int = 256
-    """Candidate nodes above which an onset is screened by attribution patching first (0: never). A screened
-    onset ranks every candidate by attribution patching and patches exactly the strongest estimates and a random
-    sample (:func:`~p0circuit.studies.analysis.steps.screened`); the rest report no effect. The circuit search is
-    exact either way and corrupts every candidate outside its circuit."""
-    max_edges: int = 128
-    """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
-    forward up to the onset); above it they are measured one by one only, and the record says so."""
-    lengths: tuple[int, ...] = (12, 48)
-    """Other prompt lengths compared at the first onset."""
-    seed: int = 0
-    """Seed of the prompts and of the random corruptions."""
-
-    def __post_init__(self) -> None:
-        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "exact_nodes", "max_edges",
-                     "seed"):
-            value = getattr(self, name)
-            low = 0 if name in ("seed", "exact_nodes") else (2 if name in ("n_prompts", "length") else 1)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"analysis setting {name} must be an int >= {low}, got {value!r}")
-        if self.ig_steps > MAX_STEPS:
-            raise ConfigError(f"analysis setting ig_steps={self.ig_steps} is more than {MAX_STEPS}: each step is a forward "
-                              "and backward per MLP; 4-64 follow the metric")
-        object.__setattr__(self, "bos", tuple(self.bos))
-        object.__setattr__(self, "lengths", tuple(self.lengths))
-        if not self.bos or any(not isinstance(b, bool) for b in self.bos) or len(set(self.bos)) != len(self.bos):
-            raise ConfigError(f"analysis setting bos must list False and/or True once each, got {self.bos!r}")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in self.lengths):
-            raise ConfigError(f"analysis setting lengths must be ints >= 2, got {self.lengths!r}")
-        for name in ("threshold", "norm_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"analysis setting {name} must be a number > 0, got {value!r}")
-
-
 @dataclass
 class Analysis:
     """What :func:`analyze` measured: ``data`` is ``analysis.json``'s content."""
 
     data: dict[str, Any]
     """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing`` (each step's seconds, and
-    its forwards as measured and predicted), ``memory`` (the model's size, each step's peak resident memory)."""
+    its forwards as measured and predicted; ``eta``: the progress bar's estimate of the total seconds, every
+    second of this call, :mod:`.eta`), ``memory`` (the model's size, each step's peak resident memory)."""
     out: Optional[Path] = None
     """Where the files were written, if anywhere."""
     reports: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -190,32 +136,6 @@ class _State:
             self._save()
         bar.done(key)
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
-
-
-class Bar:
-    """The analysis' progress bar, counted in forwards of the batch (:mod:`.cost`): each step advances it
-    by its estimated cost, so the time left weighs what remains by its work, not by its number of steps.
-    Its estimate of the time left is the average rate so far (``smoothing=0``) over the forwards left."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar, self.costs = bar, {}
-
-    def plan(self, costs: dict[str, float]) -> None:
-        """Add steps ``key -> estimated forwards`` to the total."""
-        self.costs.update(costs)
-        self.bar.total = sum(self.costs.values())
-        self.bar.refresh()
-
-    def done(self, key: str) -> None:
-        """Step ``key`` finished, or will not run."""
-        self.bar.update(self.costs.get(key, 0.0))
-
-    def running(self, key: str) -> None:
-        """Step ``key`` started (its name beside the bar)."""
-        self.bar.set_postfix_str(key)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def _gib(n: Optional[float]) -> Optional[float]:
@@ -364,9 +284,9 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         forward_s = time.perf_counter() - t
         state.keep(UNIT, forward_s)
     started = time.perf_counter()
-    bar = Bar(tqdm(total=0, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5, smoothing=0,
-                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]"))
-    bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags})
+    bar = Bar(tqdm(total=None, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5,
+                   bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}{unit} [{elapsed}{postfix}]"), forward_s)
+    bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags}, final=False)  # the rest is planned from the sinks
     sinks: dict[str, Any] = {}
     onsets: dict[str, Any] = {}
     variations: dict[str, Any] = {}
@@ -380,7 +300,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         if no_bos_reason and True in s.bos:
             sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
         plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s) for b in tags}
-        bar.plan(_costs(model, plans, s))
+        bar.plan(*_costs(model, plans, s))
         for b in tags:
             onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
             p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
@@ -398,7 +318,9 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                    "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
                    "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
                    "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
-                   "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()}},
+                   "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},
+                   "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
+                   "eta": bar.log()},
         "memory": _memory(model, at_start, state),
     }
     if truth is not None:
@@ -413,20 +335,25 @@ def _onset_key(bos: bool, onset: dict[str, Any]) -> str:
     return f"{SETTINGS[bos]}/{onset['where']}@L{onset['layer']}"
 
 
-def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]], s: AnalysisSettings) -> dict[str, float]:
-    """Every planned step's estimated forwards (:func:`.cost.step_costs`), by its state key."""
+def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
+           s: AnalysisSettings) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Every planned step's estimated forwards (:func:`.cost.step_costs`), by its state key, and the node
+    steps' parts (:func:`.cost.node_parts`)."""
     out: dict[str, float] = {}
+    parts: dict[str, dict[str, float]] = {}
     for b, plan in plans.items():
         first = next((o for o in plan if o["where"] == "P0"), None)
         for o in plan:
             cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
-            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_TOP + steps.SCREEN_SAMPLE,
-                                    len(steps.corruption_variants(b)) - 1, o is first)
+            screened = steps.SCREEN_TOP + steps.SCREEN_SAMPLE
+            costs = cost.step_costs(model, o["layer"], cands, s, screened, len(steps.corruption_variants(b)) - 1,
+                                    o is first)
             for name, value in costs.items():
                 key = (f"{_onset_key(b, o)}/{name}" if name in ("nodes", "edges", "neurons") else
                        f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
                 out[key] = value
-    return out
+            parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
+    return out, parts
 
 
 def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary: dict[str, Any],
@@ -461,7 +388,9 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
     def node_step() -> dict[str, Any]:
         res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed)
         out["corruption_choice"] = choice
+        bar.part(key + "/nodes", "pass")
         out["faithfulness"] = steps.faithfulness(model, toks, res, corruption, metric)
+        bar.part(key + "/nodes", "curve")
         out["circuit"] = steps.circuit(model, toks, bos, res, corruption, metric, s.max_edges)
         return out
 

@@ -1,0 +1,73 @@
+"""What one analysis measures: :class:`AnalysisSettings`, checked when made. Imports no torch, so that
+``p0circuit analyze`` refuses a bad option in well under a second, before the model is loaded."""
+
+from dataclasses import dataclass
+
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
+from p0circuit.core.errors import ConfigError
+
+MAX_IG_STEPS = 64
+"""The most integrated-gradient points per MLP an analysis takes (the default, 4, is checked against exact
+patching in docs/guide.md)."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """What one analysis measures (every field is recorded in ``analysis.json``)."""
+
+    n_prompts: int = 8
+    """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids); docs/guide.md
+    compares 8 with 16 on SmolLM2."""
+    length: int = 24
+    """Tokens of text per prompt; a BOS token adds one."""
+    bos: tuple[bool, ...] = (False, True)
+    """BOS settings measured (``True`` is skipped, with the reason, for a model without a start token)."""
+    threshold: float = CIRCUIT_THRESHOLD
+    """|normalized effect| at which a node, edge or neuron is kept."""
+    norm_threshold: float = NORM_THRESHOLD
+    """Norm ratio at which a position counts as a sink state."""
+    max_onsets: int = 3
+    """Onsets analysed per BOS setting, in layer order."""
+    neurons_keep: int = 32
+    """Neurons confirmed by exact patching per onset (the strongest integrated-gradient estimates)."""
+    ig_steps: int = 4
+    """Integrated-gradient points per MLP in the neuron screen."""
+    exact_nodes: int = 256
+    """Candidate nodes above which an onset is screened by attribution patching first (0: never). A screened
+    onset ranks every candidate by attribution patching and patches exactly the strongest estimates and a random
+    sample (:func:`~p0circuit.studies.analysis.steps.screened`); the rest report no effect. The circuit search is
+    exact either way and corrupts every candidate outside its circuit."""
+    max_edges: int = 128
+    """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
+    forward up to the onset); above it they are measured one by one only, and the record says so."""
+    lengths: tuple[int, ...] = (12, 48)
+    """Other prompt lengths compared at the first onset."""
+    seed: int = 0
+    """Seed of the prompts and of the random corruptions."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_prompts", "length", "max_onsets", "neurons_keep", "ig_steps", "exact_nodes", "max_edges",
+                     "seed"):
+            value = getattr(self, name)
+            low = 0 if name in ("seed", "exact_nodes") else (2 if name in ("n_prompts", "length") else 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"analysis setting {name} ({_flag(name)}) must be a whole number >= {low}, "
+                                  f"got {value!r}")
+        if self.ig_steps > MAX_IG_STEPS:
+            raise ConfigError(f"analysis setting ig_steps (--ig-steps) is {self.ig_steps}, more than {MAX_IG_STEPS}: each "
+                              "point costs a forward and backward per MLP screened (up to four), and the default, 4, "
+                              f"is checked against exact patching in docs/guide.md; pass a number in 1-{MAX_IG_STEPS}")
+        object.__setattr__(self, "bos", tuple(self.bos))
+        object.__setattr__(self, "lengths", tuple(self.lengths))
+        if not self.bos or any(not isinstance(b, bool) for b in self.bos) or len(set(self.bos)) != len(self.bos):
+            raise ConfigError(f"analysis setting bos must list False and/or True once each, got {self.bos!r}")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in self.lengths):
+            raise ConfigError(f"analysis setting lengths must be whole numbers >= 2, got {self.lengths!r}")
+        for name in ("threshold", "norm_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"analysis setting {name} ({_flag(name)}) must be a number > 0, got {value!r}")
