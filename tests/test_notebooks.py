@@ -40,8 +40,10 @@ def test_notebook_runs(path, tmp_path):
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?=[x%]?(?:[^\w.]|\.(?!\w)|$))")
 """A printed number, also before a unit x or % and at the end of a sentence ("12.5x", "0.83."), but
 not inside a name such as A0.H1@0 or M2.N90, nor a hex address."""
-VARIES = re.compile(r"\b0x[0-9a-f]+|\d+(?:\.\d+)? ?(?:s|ms|min|seconds|MiB|MB|GiB)\b|/tmp/\S+|pytest-\d+")
-"""What may differ between runs: timings, sizes, addresses and temporary paths."""
+VARIES = re.compile(r"\b0x[0-9a-f]+|\d+(?:\.\d+)? ?(?:s|ms|min|seconds|MiB|MB|GiB)\b|/tmp/\S+|pytest-\d+"
+                    r"|## What each analysis cost\n[\s\S]*?(?=\n## |\Z)")
+"""What may differ between runs: timings (also the atlas' section of what each analysis cost, in forwards),
+sizes, addresses and temporary paths."""
 
 
 def _code_cells(nb):

@@ -98,17 +98,21 @@ def test_killed_training_resumes_without_lost_steps(tmp_path, straight, sig, see
     args = TRAIN
     from p0circuit.surfaces.cli import main
 
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "p0circuit.surfaces.cli", *args, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(out.glob("step_*")):
-        time.sleep(0.01)
-    time.sleep(random.Random(seed).uniform(0, 0.5))  # somewhere in the run, maybe inside a save
-    os.kill(proc.pid, sig)
-    proc.wait(timeout=60)
-    done = sorted(int(p.name.split("_")[1]) for p in out.glob("step_*"))
-    assert done and done[-1] < 120, "the run ended before the kill; make it longer"
+    rng = random.Random(seed)
+    for attempt in range(3):  # a machine busy enough to keep this process from its kill lets the run end first
+        out = tmp_path / f"killed{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "p0circuit.surfaces.cli", *args, "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(out.glob("step_*")):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.5))  # somewhere in the run, maybe inside a save
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+        done = sorted(int(p.name.split("_")[1]) for p in out.glob("step_*"))
+        if done and done[-1] < 120:
+            break
+    assert done and done[-1] < 120, "three runs ended before their kill: the signal did not stop them"
     for step in done:  # whatever was written is whole
         assert (out / f"step_{step}" / "model.safetensors").exists() and (out / f"step_{step}" / "trainer.pt").exists()
     assert main(args + ["--out", str(out)]) == 0
