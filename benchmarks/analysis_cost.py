@@ -3,7 +3,7 @@ predicted: each model analysed by the command itself (a fresh process, ``--fresh
 measured), then, from its ``analysis.json``, every step's measured forwards (seconds over the forward
 of the batch timed in the same run) beside the predicted ones, and how far the progress bar's estimate
 of the total time was from the real one when a quarter, half and three quarters of the time had passed
-(the bar's estimate is the average rate so far times the predicted forwards left: ``smoothing=0``).
+(read from the estimate the analysis records every second, ``timing.eta``: p0circuit/studies/analysis/eta.py).
 
     python benchmarks/analysis_cost.py                                  # SmolLM2 and Gemma 3 (about 4 minutes)
     python benchmarks/analysis_cost.py --models real:smollm2 --out DIR  # the runs are kept in DIR (the atlas reads them)
@@ -32,7 +32,8 @@ def kind(key: str) -> str:
 
 def eta_errors(timing: dict) -> dict[str, float]:
     """(the bar's estimate of the total time - the real total) / the real total, at a quarter, a half and
-    three quarters of the steps' time: read from the estimates the analysis recorded every second
+    three quarters of the time the bar was open (from the sink report's start to the last step's end; the
+    forward timed before it is left out): read from the estimates the analysis recorded every second
     (``timing.eta``: what its bar showed, also when hidden)."""
     log = timing["eta"]
     real = log[-1][0]

@@ -187,7 +187,7 @@ def main() -> None:
             circuit = first.get("circuit") or {}
             say(f"`analyze` ({result['settings']['n_prompts']} prompts x {result['settings']['length']} tokens, without "
                 f"BOS: no tokenizer): **{wall:.0f} s** = {wall / forward:.0f} forwards of 8 x 24 tokens; onsets "
-                f"{onsets or 'none'}; its steps {t['forwards']} forwards against {sum(t['predicted_forwards'].values()):.0f} "
+                f"{onsets or 'none'}; its steps {t['seconds'] / forward:.0f} forwards against {sum(t['predicted_forwards'].values()):.0f} "
                 f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
                 + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
             mem = result["memory"]

@@ -66,6 +66,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.surfaces)
         if module in REAL_MODULES:  # pytest -n N --dist loadgroup: each real model loaded by one worker
             item.add_marker(pytest.mark.xdist_group(module))
+        if module == "test_differential.py":  # its budget test reads what the comparison counted, in that process
+            item.add_marker(pytest.mark.xdist_group(module))
+    items.sort(key=lambda i: not (i.get_closest_marker("real") or i.get_closest_marker("notebook")))
+    # (stable: the longest work, the real models' groups and the notebooks, is handed out first, so that no
+    # worker is left with a long test while the other has finished)
     if FAST:
         heavy = [i for i in items if any(i.get_closest_marker(m) for m in TIER_MARKERS)]
         if heavy:

@@ -95,6 +95,21 @@ def test_help_needs_no_torch():
     assert out.strip() == "[]"
 
 
+def test_bad_analysis_settings_are_refused_before_torch(tmp_path):
+    """``p0circuit analyze`` checks its settings (and its model entry) before it imports torch: a bad option
+    is refused in well under a second, naming the option."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from p0circuit.surfaces.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, 'torch' in sys.modules)")
+    for flag, value, words in (("--ig-steps", "65", "ig_steps (--ig-steps) is 65, more than 64"),
+                               ("--n-prompts", "1", "n_prompts (--n-prompts) must be a whole number >= 2")):
+        done = subprocess.run([sys.executable, "-c", code, "analyze", flag, value, "--out", str(tmp_path / "a")],
+                              capture_output=True, text=True, check=True)
+        assert done.stdout.split() == ["2", "False"] and words in done.stderr, (done.stdout, done.stderr)
+
+
 def test_the_command_line_offers_what_the_registries_hold():
     from p0circuit.core import choices
     from p0circuit.patching import CORRUPTIONS, METHODS

@@ -20,10 +20,18 @@ class Clock:
 
 
 class Shown:
-    """A stand-in for tqdm: what the bar was told."""
+    """A stand-in for tqdm: what the bar was told (``history``: every count it showed)."""
 
     def __init__(self) -> None:
-        self.n, self.total, self.postfix, self.closed = 0.0, None, "", False
+        self.history, self.total, self.postfix, self.closed = [0.0], None, "", False
+
+    @property
+    def n(self) -> float:
+        return self.history[-1]
+
+    @n.setter
+    def n(self, value: float) -> None:
+        self.history.append(value)
 
     def set_postfix_str(self, s: str, refresh: bool = True) -> None:
         self.postfix = s
@@ -127,12 +135,62 @@ def test_the_thread_records_the_estimate_and_stops_at_close() -> None:
     shown = Shown()
     bar = Bar(shown, unit_s=0.1, tick_s=0.01)
     bar.plan({"s/sinks": 1.0})
-    bar.running("s/sinks")
+    bar.running("s/sinks")  # expected 0.1 s: the thread moves the bar while it runs
     time.sleep(0.2)
+    moved = len(set(shown.history))
     bar.done("s/sinks")
     bar.close()
     log = bar.log()
-    assert len(log) >= 5 and shown.closed
+    assert len(log) >= 5 and shown.closed and moved >= 3
     assert not any(t.name == "p0circuit-eta" for t in threading.enumerate())
     assert log[-1][0] == log[-1][1]  # at the end the estimate is the time taken
     assert [t for t, _ in log] == sorted(t for t, _ in log)
+
+
+def test_the_count_never_goes_back_and_a_finished_bar_ends_full() -> None:
+    clock = Clock()
+    bar, shown = _bar(clock, sinks_s=1.0)
+    bar.plan({"s/P0@L1/corruptions": 10.3, "s/length12": 4.4})  # a total of 17 shown for 16.7 forwards
+    bar.running("s/P0@L1/corruptions")
+    for t in range(2, 60):  # far past its estimate: its share stays where it was
+        clock.t = t / 3 + 30
+        bar._show()
+    bar.done("s/P0@L1/corruptions")
+    bar.done("s/length12")
+    bar.close()
+    assert shown.history == sorted(shown.history) and shown.n == shown.total == 17
+
+
+def test_a_bar_left_early_ends_where_it_stood() -> None:
+    clock = Clock()
+    bar, shown = _bar(clock, sinks_s=1.0)
+    bar.plan({"s/P0@L1/corruptions": 10.0})
+    bar.close()  # (an error or an interrupt in the step)
+    assert shown.n == 2.0 < shown.total
+
+
+def test_the_record_of_a_long_run_stays_short_and_even() -> None:
+    clock = Clock()
+    bar, _ = _bar(clock)
+    for t in range(1, 5001):  # a tick a second for 83 minutes
+        clock.t = float(t)
+        bar._record(clock.t)
+    times = [t for t, _ in bar.log()]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) <= eta.LOG_POINTS and times[0] == 1.0 and times[-1] > 5000 - 2 * 5000 / eta.LOG_POINTS
+    assert max(gaps) <= 2 * min(gaps) and max(gaps) <= 2 * 5000 / eta.LOG_POINTS  # spread over the whole run
+
+
+def test_a_jupyter_bar_gets_its_total_when_the_plan_is_final() -> None:
+    """tqdm.notebook draws a bar made without a total as a full 20px block of maximum 1; the plan gives the
+    widget its maximum and width."""
+    from types import SimpleNamespace
+
+    widget = SimpleNamespace(bar_style="info", max=1, layout=SimpleNamespace(width="20px"))
+    shown = Shown()
+    shown.container, shown.ncols, shown.disable = SimpleNamespace(children=(None, widget, None)), None, False
+    bar = Bar(shown, unit_s=1.0, clock=Clock(), tick_s=None)
+    bar.plan({"s/sinks": 2.0}, final=False)
+    assert widget.max == 1
+    bar.plan({"s/length12": 40.0})
+    assert (widget.max, widget.bar_style, widget.layout.width, shown.total) == (42, "", None, 42)

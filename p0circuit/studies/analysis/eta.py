@@ -26,6 +26,8 @@ KINDS = {"sinks": "sinks", "pass": "pass", "corruptions": "pass", "length": "pas
 Node patching passes (an onset's, and those of the other corruptions and lengths) share one rate; the
 faithfulness curve and the circuit search, whose evaluations corrupt every node outside a circuit, another;
 the path patching of the edge step and the neuron screen one each."""
+LOG_POINTS = 600
+"""The most points :meth:`Bar.log` keeps (one a second until then)."""
 PRIOR = 1.0
 """Predicted forwards of evidence the prior rate counts as: a kind's rate is (its seconds + PRIOR x the rate
 so far) / (its predicted forwards + PRIOR), so that a part of a fraction of a forward, whose time is mostly
@@ -60,6 +62,7 @@ class Bar:
         """(step, part, its start) of the part running now."""
         self.start = clock()
         self._log: list[tuple[float, float]] = []
+        self._spacing = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -76,7 +79,8 @@ class Bar:
             for key, units in costs.items():
                 self.costs[key] = units
                 self.parts[key] = dict((parts or {}).get(key) or {key.rsplit("/", 1)[-1]: units})
-            self.bar.total = round(sum(self.costs.values())) if final else None
+            if final:
+                _set_total(self.bar, round(sum(self.costs.values())))
             self._show()
 
     def running(self, key: str) -> None:
@@ -112,12 +116,17 @@ class Bar:
             return [[round(t, 1), round(e, 1)] for t, e in self._log]
 
     def close(self) -> None:
+        """Stop the thread; a bar whose every planned step was credited ends full (its total is rounded),
+        one left early (an error, an interrupt) where it stood."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         with self._lock:
             now = self.clock()
             self._log.append((now - self.start, now - self.start))
+            if self.bar.total and not any(self.parts.values()):
+                self.bar.n = self.bar.total
+                self.bar.refresh()
         self.bar.close()
 
     # the estimate
@@ -140,8 +149,9 @@ class Bar:
         expected, spent = units * self._rate(kind_of(name)), now - began
         if expected <= 0:
             return 0.0, 0.0
-        left = max(expected - spent, 0.1 * spent)  # outlasting its estimate: assume a tenth from its end
-        return left, units * spent / (spent + left)
+        if spent >= expected / 1.1:  # outlasting its estimate: assume a tenth of its time from its end
+            return 0.1 * spent, units / 1.1
+        return expected - spent, units * spent / expected
 
     def _estimate(self, now: float) -> float:
         left, _ = self._running(now)
@@ -162,12 +172,13 @@ class Bar:
             self.units[kind] = self.units.get(kind, 0.0) + units
             self.timed[f"{key}/{name}" if name != key.rsplit("/", 1)[-1] else key] = round(took, 2)
         self.credited += units
-        self._log.append((self.clock() - self.start, self._estimate(self.clock())))
+        self._record(self.clock())
 
     def _show(self) -> None:
         now = self.clock()
         _, partial = self._running(now)
-        self.bar.n = min(self.credited + partial, self.bar.total or float("inf"))  # (the total is rounded)
+        shown = max(self.bar.n, self.credited + partial)  # never back (an overrunning part's share is flat)
+        self.bar.n = min(shown, self.bar.total or float("inf"))  # (the total is rounded)
         left = self._estimate(now) - (now - self.start)
         step = self.current[0] if self.current else ""
         self.bar.set_postfix_str(f"about {_clock(left)} left{', ' + step if step else ''}", refresh=False)
@@ -176,11 +187,30 @@ class Bar:
     def _ticks(self, every: float) -> None:
         while not self._stop.wait(every):
             with self._lock:
-                now = self.clock()
-                self._log.append((now - self.start, self._estimate(now)))
-                if len(self._log) > 600:  # keep the record short: every other point of the first half
-                    self._log = self._log[:300:2] + self._log[300:]
+                self._record(self.clock())
                 self._show()
+
+    def _record(self, now: float) -> None:
+        """Add the estimate at ``now`` to the log, kept to at most :data:`LOG_POINTS` points spread evenly
+        over the run (when it is full every other point is dropped, and points closer than the spacing left
+        are not recorded)."""
+        t = now - self.start
+        if self._log and t < self._log[-1][0] + self._spacing:
+            return
+        self._log.append((t, self._estimate(now)))
+        if len(self._log) > LOG_POINTS:
+            self._log, self._spacing = self._log[::2], 2 * max(self._spacing, t / LOG_POINTS)
+
+
+def _set_total(bar: Any, total: float) -> None:
+    """Give ``bar`` its total; a Jupyter widget bar made without one also gets its maximum and width."""
+    container = getattr(bar, "container", None)  # tqdm.notebook's widget (its reset does the same)
+    if container is not None and not getattr(bar, "disable", False):
+        _, widget, _ = container.children
+        widget.bar_style, widget.max = "", total
+        if not bar.total and bar.ncols is None:
+            widget.layout.width = None
+    bar.total = total
 
 
 def _clock(seconds: float) -> str:

@@ -58,7 +58,7 @@ class Analysis:
     data: dict[str, Any]
     """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing`` (each step's seconds, and
     its forwards as measured and predicted; ``eta``: the progress bar's estimate of the total seconds, every
-    second of this call, :mod:`.eta`), ``memory`` (the model's size, each step's peak resident memory)."""
+    second of this call, :mod:`.eta`; ``parts``: this call's node steps' parts), ``memory`` (the model's size, each step's peak resident memory)."""
     out: Optional[Path] = None
     """Where the files were written, if anywhere."""
     reports: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -286,12 +286,12 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     started = time.perf_counter()
     bar = Bar(tqdm(total=None, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5,
                    bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}{unit} [{elapsed}{postfix}]"), forward_s)
-    bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags}, final=False)  # the rest is planned from the sinks
     sinks: dict[str, Any] = {}
     onsets: dict[str, Any] = {}
     variations: dict[str, Any] = {}
     reports: dict[str, Any] = {}
-    try:
+    try:  # (the bar's thread stops in the finally below, whatever happens from here)
+        bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags}, final=False)  # the rest is planned from the sinks
         for b in tags:
             def sink_step(b: bool = b) -> dict[str, Any]:
                 reports[SETTINGS[b]], summary = steps.sinks(model, tokens[b], b, s.norm_threshold)

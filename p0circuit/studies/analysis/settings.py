@@ -3,6 +3,7 @@
 
 from dataclasses import dataclass
 
+from p0circuit.core import choices
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
 from p0circuit.core.errors import ConfigError
 
@@ -11,8 +12,9 @@ MAX_IG_STEPS = 64
 patching in docs/guide.md)."""
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _named(name: str) -> str:
+    """``n_prompts (--n-prompts)``: the setting, and its option where ``p0circuit analyze`` has one."""
+    return f"{name} (--{name.replace('_', '-')})" if name in choices.analysis_fields() else name
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class AnalysisSettings:
             value = getattr(self, name)
             low = 0 if name in ("seed", "exact_nodes") else (2 if name in ("n_prompts", "length") else 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"analysis setting {name} ({_flag(name)}) must be a whole number >= {low}, "
+                raise ConfigError(f"analysis setting {_named(name)} must be a whole number >= {low}, "
                                   f"got {value!r}")
         if self.ig_steps > MAX_IG_STEPS:
             raise ConfigError(f"analysis setting ig_steps (--ig-steps) is {self.ig_steps}, more than {MAX_IG_STEPS}: each "
@@ -70,4 +72,4 @@ class AnalysisSettings:
         for name in ("threshold", "norm_threshold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"analysis setting {name} ({_flag(name)}) must be a number > 0, got {value!r}")
+                raise ConfigError(f"analysis setting {_named(name)} must be a number > 0, got {value!r}")
