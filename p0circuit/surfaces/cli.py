@@ -165,17 +165,20 @@ def _discover(args: argparse.Namespace) -> int:
 
 def _analyze(args: argparse.Namespace) -> int:
     from p0circuit.core.entries import check_model_entry
+    from p0circuit.studies.analysis.settings import AnalysisSettings, precheck
 
-    from p0circuit.studies.analysis.settings import AnalysisSettings
-
-    check_model_entry(args.model)  # the entry and the settings before torch is imported, in well under a second
+    # the entry, the settings and the directory before torch is imported, in well under a second
+    check_model_entry(args.model)
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
     given = {name: getattr(args, name) for name in choices.analysis_fields() if getattr(args, name) is not None}
     settings = AnalysisSettings(bos=bos, **given)
-    from p0circuit.studies.analysis.run import analyze, precheck
-
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
+    if not args.quiet:
+        print(f"p0circuit: loading {args.model} (a real model's first load converts its file: a minute or two)",
+              file=sys.stderr)
+    from p0circuit.studies.analysis.run import analyze
+
     bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
     result = analyze(args.model, out=out, bos_token=bos_token, resume=not args.fresh, progress=not args.quiet,
                      settings=settings)

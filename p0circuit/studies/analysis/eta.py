@@ -179,9 +179,9 @@ class Bar:
         _, partial = self._running(now)
         shown = max(self.bar.n, self.credited + partial)  # never back (an overrunning part's share is flat)
         self.bar.n = min(shown, self.bar.total or float("inf"))  # (the total is rounded)
-        left = self._estimate(now) - (now - self.start)
         step = self.current[0] if self.current else ""
-        self.bar.set_postfix_str(f"about {_clock(left)} left{', ' + step if step else ''}", refresh=False)
+        left = f"about {_clock(self._estimate(now) - (now - self.start))} left" if self.bar.total else ""
+        self.bar.set_postfix_str(", ".join(p for p in (left, step) if p), refresh=False)  # (no total: no time left)
         self.bar.refresh()
 
     def _ticks(self, every: float) -> None:

@@ -27,7 +27,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD, SINK_EPS
 from p0circuit.studies.analysis import cost, steps
 from p0circuit.studies.analysis.eta import Bar
-from p0circuit.studies.analysis.settings import AnalysisSettings
+from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, precheck, read_state
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.core.types import Kind, Node
@@ -43,8 +43,6 @@ from p0circuit.models.planted import PlantedModel
 from p0circuit.core.progress import tqdm
 from p0circuit.models.tokens import BOS_ATTR, english_prompts, prepend_id, probe_tokens, set_bos
 
-STATE = "analysis.state.json"
-"""The file an analysis directory keeps its finished steps in."""
 UNIT = "forward of the batch"
 """The state's record of the cost unit: one forward of the prompt batch, timed when the analysis started."""
 SETTINGS = {False: "without_bos", True: "with_bos"}
@@ -104,7 +102,7 @@ class _State:
         """The process's peak resident memory before the last reset (bytes)."""
         if self.path is not None and self.path.is_file():
             if resume:
-                old = _read_state(self.path)
+                old = read_state(self.path)
                 if old.get("header") != header:
                     raise ConfigError(
                         f"{self.path.parent} holds an analysis of {old.get('header', {}).get('model')!r} with other "
@@ -154,30 +152,6 @@ def _memory(model: Any, at_start: Optional[int], state: "_State") -> dict[str, A
     whole = max(state.process_peak, now) if now is not None else None
     return {"weights": _gib(weights), "at_start": _gib(at_start), "process_peak": _gib(whole or None),
             "steps": {k: _gib(v.get("peak")) for k, v in state.done.items() if k != UNIT}}
-
-
-def _read_state(path: Path) -> dict[str, Any]:
-    """The state file's content, or a clear error for a damaged one."""
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
-                          "to start over") from None
-
-
-def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
-    """Refuse, before any model is loaded, a directory that holds an analysis of another model or
-    other settings (``resume=False`` replaces it instead)."""
-    path = None if out is None else out / STATE
-    if path is None or not path.is_file() or not resume:
-        return
-    old = _read_state(path).get("header", {})
-    mine = json.loads(json.dumps(asdict(settings)))
-    if old.get("model") != label or old.get("settings") != mine:
-        diff = sorted(k for k in mine if old.get("settings", {}).get(k) != mine[k])
-        raise ConfigError(f"{out} holds an analysis of {old.get('model')!r}"
-                          + (f" with other settings ({', '.join(diff)})" if diff else "")
-                          + "; write to another directory, or pass fresh=True (--fresh) to replace it")
 
 
 def _start_token(model: Any, bos_token: Optional[Union[str, int]]) -> tuple[Optional[str], Any]:

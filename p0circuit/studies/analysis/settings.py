@@ -1,12 +1,18 @@
-"""What one analysis measures: :class:`AnalysisSettings`, checked when made. Imports no torch, so that
-``p0circuit analyze`` refuses a bad option in well under a second, before the model is loaded."""
+"""What one analysis measures: :class:`AnalysisSettings`, checked when made, and :func:`precheck` of the
+directory it is to go to. Imports no torch, so that ``p0circuit analyze`` refuses a bad option, or a
+directory holding another analysis, in well under a second, before the model is loaded."""
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
 
 from p0circuit.core import choices
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
 from p0circuit.core.errors import ConfigError
 
+STATE = "analysis.state.json"
+"""The file an analysis directory keeps its finished steps in."""
 MAX_IG_STEPS = 64
 """The most integrated-gradient points per MLP an analysis takes (the default, 4, is checked against exact
 patching in docs/guide.md)."""
@@ -73,3 +79,27 @@ class AnalysisSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"analysis setting {_named(name)} must be a number > 0, got {value!r}")
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The state file's content, or a clear error for a damaged one."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
+                          "to start over") from None
+
+
+def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
+    """Refuse, before any model is loaded, a directory that holds an analysis of another model or
+    other settings (``resume=False`` replaces it instead)."""
+    path = None if out is None else out / STATE
+    if path is None or not path.is_file() or not resume:
+        return
+    old = read_state(path).get("header", {})
+    mine = json.loads(json.dumps(asdict(settings)))
+    if old.get("model") != label or old.get("settings") != mine:
+        diff = sorted(k for k in mine if old.get("settings", {}).get(k) != mine[k])
+        raise ConfigError(f"{out} holds an analysis of {old.get('model')!r}"
+                          + (f" with other settings ({', '.join(diff)})" if diff else "")
+                          + "; write to another directory, or pass fresh=True (--fresh) to replace it")
