@@ -50,6 +50,7 @@ if FAST:  # modules the fast tier leaves out whole are not even imported
     collect_ignore = sorted(REAL_MODULES | {m for m in PROCESS_TESTS | SURFACE_TESTS if "::" not in m})
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """The tiers: ``real``, ``notebook``, ``processes`` and ``surfaces`` mark what the fast tier (``P0_FAST=1
     python -m pytest``, docs/contributing.md) leaves out; every engine, oracle and differential test

@@ -87,6 +87,15 @@ def straight(tmp_path_factory):
     return out
 
 
+def _as_from_a_shell():
+    """In the child, before it runs: SIGINT and SIGTERM delivered and at their defaults, as a shell starts a
+    command. An ignored or blocked signal is inherited across exec, and a test worker may have left one so
+    (the full suite once ran a SIGINT-killed run to its end three times over, where the run alone stops)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.mark.xdist_group("killed-training")  # one worker: the straight run is made once
 @pytest.mark.parametrize("sig,seed", [(signal.SIGKILL, 0), (signal.SIGINT, 1)])
 def test_killed_training_resumes_without_lost_steps(tmp_path, straight, sig, seed):
@@ -102,7 +111,7 @@ def test_killed_training_resumes_without_lost_steps(tmp_path, straight, sig, see
     for attempt in range(3):  # a machine busy enough to keep this process from its kill lets the run end first
         out = tmp_path / f"killed{attempt}"
         proc = subprocess.Popen([sys.executable, "-m", "p0circuit.surfaces.cli", *args, "--out", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_as_from_a_shell)
         deadline = time.time() + 120
         while time.time() < deadline and not list(out.glob("step_*")):
             time.sleep(0.01)
@@ -112,7 +121,9 @@ def test_killed_training_resumes_without_lost_steps(tmp_path, straight, sig, see
         done = sorted(int(p.name.split("_")[1]) for p in out.glob("step_*"))
         if done and done[-1] < 120:
             break
-    assert done and done[-1] < 120, "three runs ended before their kill: the signal did not stop them"
+    assert done and done[-1] < 120, ("three runs ended before their kill: the signal did not stop them (this "
+                                     f"process: SIGINT {signal.getsignal(signal.SIGINT)}, blocked "
+                                     f"{sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))})")
     for step in done:  # whatever was written is whole
         assert (out / f"step_{step}" / "model.safetensors").exists() and (out / f"step_{step}" / "trainer.pt").exists()
     assert main(args + ["--out", str(out)]) == 0
