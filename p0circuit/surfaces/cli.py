@@ -168,14 +168,14 @@ def _analyze(args: argparse.Namespace) -> int:
     from p0circuit.studies.analysis.settings import AnalysisSettings, precheck
 
     # the entry, the settings and the directory before torch is imported, in well under a second
-    check_model_entry(args.model)
+    kind, _ = check_model_entry(args.model)
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
     given = {name: getattr(args, name) for name in choices.analysis_fields() if getattr(args, name) is not None}
     settings = AnalysisSettings(bos=bos, **given)
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
-    if not args.quiet:
-        print(f"p0circuit: loading {args.model} (a real model's first load converts its file: a minute or two)",
+    if not args.quiet and kind in ("real", "checkpoint", "hub"):
+        print(f"p0circuit: loading {args.model} (a GGUF file's first load converts it: a minute or two)",
               file=sys.stderr)
     from p0circuit.studies.analysis.run import analyze
 
