@@ -74,10 +74,11 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
     """Forwards of each step of one onset (``nodes``, ``edges``, ``neurons``), and, for the first P0 onset
     (``first``), of its variations (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
     b, depth = block_cost(model), layer + 1
-    node = nodes_cost(model, layer, candidates, settings.exact_nodes, screened)
+    parts = node_parts(model, layer, candidates, settings, screened)
+    node = parts["pass"]
     mlps = range(max(0, layer - 3), layer + 1)
     neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
-    out = {"nodes": sum(node_parts(model, layer, candidates, settings, screened).values()),
+    out = {"nodes": sum(parts.values()),
            "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),
            "neurons": 0.0 if model.cfg.attn_only else b * neurons}
     if first:

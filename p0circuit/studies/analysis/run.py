@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD, SINK_EPS
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD, SINK_EPS
 from p0circuit.studies.analysis import cost, steps
 from p0circuit.studies.analysis.eta import Bar
 from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, precheck, read_state
