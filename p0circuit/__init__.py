@@ -16,6 +16,7 @@ from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.re
 # Names are imported on first use (PEP 562), so that ``import p0circuit.surfaces.cli`` and
 # ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
 _WHERE = {
+    **dict.fromkeys(['set_threads'], 'p0circuit.core.threads'),
     **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.core.errors'),
     **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.studies.analysis'),
     **dict.fromkeys(['discover', 'interpret'], 'p0circuit.studies.discovery.discover'),

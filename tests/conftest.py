@@ -17,11 +17,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared out, here and in subprocesses
-        import torch
+        import torch  # noqa: F401
 
-        threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
-        torch.set_num_threads(int(threads))
+        from p0circuit.core.threads import set_threads  # a fixed share each: p0circuit does not adapt it
+
+        set_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 REAL_MODULES = {"test_real.py", "test_gemma3.py"}
 """Modules whose tests load a real model (marker ``real``)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from p0circuit.core.errors import ConfigError, nearest
+from p0circuit.core.errors import ConfigError, already_registered, check_key, nearest, source_of
 
 PLANT_LAYERS = 4
 """Blocks of a planted model unless its variant says otherwise (``PlantSpec.n_layers``)."""
@@ -70,11 +70,15 @@ plugin adds one with :func:`register_metric`."""
 
 def register_metric(name: str, build: Callable[..., Any], takes_block: bool = False) -> MetricEntry:
     """Make ``name`` (or ``name:<block>`` when ``takes_block``) a metric entry everywhere a metric is
-    named: ``build(model, block)`` returns the :class:`~p0circuit.PatchMetric`."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ConfigError(f"a metric entry's name must be an identifier like 'my_metric', got {name!r}")
-    if name in METRICS and METRICS[name].build is not build:
-        raise ConfigError(f"a metric entry named {name!r} is already registered")
+    named: ``build(model, block)`` returns the :class:`~p0circuit.PatchMetric`. ``name`` is an
+    identifier-like string that no other build function holds (a built-in entry's or another plugin's
+    name is refused, naming both); the same function (``module.qualname``) registering it again, its
+    module imported again, replaces it quietly."""
+    me = source_of(build)
+    check_key("metric entry", name, me)
+    if name in METRICS and source_of(METRICS[name].build) != me:
+        old = METRICS[name].build
+        raise already_registered("metric entry", name, f"by {source_of(old)}" if old else "by p0circuit (built in)", me)
     METRICS[name] = MetricEntry(name, takes_block, build)
     return METRICS[name]
 
@@ -86,11 +90,14 @@ def metric_entries() -> list[str]:
 
 def register_family(name: str, **overrides: Any) -> None:
     """Make ``spec:<name>`` a model entry: a :class:`~p0circuit.ModelSpec` with ``overrides``
-    (checked when the model is built)."""
+    (checked when the model is built). A name that holds other overrides (a built-in family's or
+    another plugin's) is refused, showing both; registering the same overrides again (the plugin
+    imported again) changes nothing."""
     if not isinstance(name, str) or not name or ":" in name:
         raise ConfigError(f"a family's name must be a non-empty string without ':', got {name!r}")
     if name in SPEC_FAMILIES and SPEC_FAMILIES[name] != overrides:
-        raise ConfigError(f"a model family named {name!r} is already registered")
+        raise already_registered("model family", name, f"with other overrides {SPEC_FAMILIES[name]}",
+                                 f"the overrides {overrides}")
     SPEC_FAMILIES[name] = dict(overrides)
 
 

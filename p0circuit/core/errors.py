@@ -5,6 +5,7 @@ Every error says what was wrong and what to do about it. They subclass ``ValueEr
 catch them, and :class:`P0CircuitError` so that callers can catch ours alone.
 """
 
+import functools
 import typing
 from dataclasses import fields
 
@@ -62,6 +63,31 @@ def nearest(value: object, choices: "typing.Iterable[str]") -> str:
 
     found = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
     return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+def source_of(obj: object) -> str:
+    """Where a registered class or function is defined, ``module.qualname`` (a ``functools.partial``: its
+    function's): a registry's identity of who registered a name. The same source registering the name
+    again (its module imported again: a sweep worker, a notebook reload) replaces it quietly."""
+    obj = obj.func if isinstance(obj, functools.partial) else obj
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def check_key(kind: str, name: object, source: str) -> str:
+    """``name`` when it can be a registry key (a string of letters, digits and ``_``, as an identifier
+    is), else an error naming ``source`` (what registers it) and the fix."""
+    if not isinstance(name, str) or not name.isidentifier():
+        like = f"my_{kind.replace(' ', '_')}"
+        raise ConfigError(f"{source}: a {kind}'s name must be a string of letters, digits and '_' that does not start "
+                          f"with a digit (no ':', '-' or spaces), like {like!r}; got {name!r}: rename it")
+    return name
+
+
+def already_registered(kind: str, name: str, holder: str, newcomer: str) -> ConfigError:
+    """The error for a registry name taken by another source: extensions never shadow each other
+    (a built-in included). ``holder`` says who has the name (``"by module.Class"``)."""
+    return ConfigError(f"a {kind} named {name!r} is already registered {holder}; {newcomer} cannot take it: give it "
+                       "another name")
 
 
 def from_known_keys(cls: type, data: dict, what: str) -> object:

@@ -12,13 +12,17 @@ It is loaded by ``p0circuit --plugin MODULE ...`` (a module name or a ``.py`` fi
 ``plugins = ["MODULE"]`` in a sweep config (loaded again in every worker process), or, for an
 installed package, an entry point in the group :data:`GROUP` (``[project.entry-points."p0circuit.core.plugins"]``
 in its pyproject), which the command line and sweeps load at start.
+
+A name belongs to one source: an extension cannot shadow a built-in or another plugin (the error
+names both); a plugin imported again replaces its own names quietly.
 """
 
 import importlib
 import importlib.util
 import sys
 import traceback
-from importlib.metadata import entry_points
+import warnings
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Iterable
@@ -27,6 +31,8 @@ from p0circuit.core.errors import ConfigError
 
 GROUP = "p0circuit.core.plugins"
 """The entry-point group of installed plugins."""
+OLD_GROUP = "p0circuit.plugins"
+"""The group's name before the layout moved plugins into ``core``: still loaded, with a ``FutureWarning``."""
 
 
 def load_plugin(name: str) -> ModuleType:
@@ -65,7 +71,10 @@ def _failed(name: str, err: Exception) -> ConfigError:
     if isinstance(err, SyntaxError):
         where = f"{err.filename}, line {err.lineno}"
         return ConfigError(f"plugin {name!r} does not parse: {where}: {err.msg}; fix the plugin file")
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if "importlib" not in f.filename]
+    ours = Path(__file__).resolve().parent.parent  # p0circuit's frames left out: the plugin's line is the one to fix
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<") and "importlib" not in f.filename
+              and ours not in Path(f.filename).resolve().parents]
     where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else "its import"
     return ConfigError(f"plugin {name!r} raised {type(err).__name__} at {where}: {err}; fix the plugin (p0circuit "
                        "imports it to register what it defines)")
@@ -76,7 +85,18 @@ def load_plugins(names: Iterable[str]) -> list[ModuleType]:
     return [load_plugin(n) for n in names]
 
 
+def installed() -> list[EntryPoint]:
+    """The entry points of installed plugins: in the group :data:`GROUP`, then the old :data:`OLD_GROUP`."""
+    return [ep for group in (GROUP, OLD_GROUP) for ep in entry_points(group=group)]
+
+
 def load_installed() -> list[ModuleType]:
-    """Import every plugin installed under the entry-point group :data:`GROUP` (nothing is imported
-    when none is installed)."""
-    return [ep.load() for ep in entry_points(group=GROUP)]
+    """Import every plugin of :func:`installed` (nothing when none is installed); one under the old
+    group's name gets a ``FutureWarning`` saying to rename its group."""
+    found = installed()
+    for ep in found:
+        if ep.group == OLD_GROUP:
+            warnings.warn(f"plugin {ep.name!r} ({ep.value}) is installed under the entry-point group {OLD_GROUP!r}, now "
+                          f"named {GROUP!r}: rename the group in its pyproject ([project.entry-points.\"{GROUP}\"]); "
+                          "the old name is still loaded for one release", FutureWarning, stacklevel=2)
+    return [ep.load() for ep in found]

@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Optional, Union
 import torch
 from torch import Tensor
 
-from p0circuit.core.errors import BadInputError, ConfigError, nearest
+from p0circuit.core.errors import BadInputError, ConfigError, already_registered, check_key, nearest, source_of
 from p0circuit.core.io import describe
 from p0circuit.core.args import entry_point
 from p0circuit.core.args import at_least
@@ -53,10 +53,21 @@ CORRUPTIONS: dict[str, type["Corruption"]] = {}
 
 
 class Corruption:
-    """Base class: how a corrupted value is obtained for every component (see the module docstring)."""
+    """Base class: how a corrupted value is obtained for every component (see the module docstring).
+
+    A subclass that sets ``name`` in its own class body is registered in :data:`CORRUPTIONS` when it
+    is defined, and must define ``prepare(model, tokens) -> Prepared`` (its own or a parent's). The
+    name is an identifier-like string (letters, digits, ``_``) that no other class holds: a built-in's
+    name or another plugin's is refused, naming both classes; the same class defined again (its module
+    imported again: a sweep worker, a notebook reload) replaces itself quietly, a class being known
+    by its ``module.qualname``. A subclass that does not set ``name`` itself is not registered: an
+    abstract base (it may lack ``prepare``), or a variant of a registered corruption
+    (``class MyShift(Shift): ...``), usable as an instance (``corruption=MyShift(k=2)``) and recorded
+    under the name it inherits.
+    """
 
     name: ClassVar[str] = ""
-    """Registry name; a subclass with a name is registered when it is defined."""
+    """Registry name; a subclass that sets it in its own body is registered when it is defined."""
     summary: ClassVar[str] = ""
     """What the corrupted run changes, in a few words (the advice a "no signal" result gives)."""
     sees_position: ClassVar[bool] = False
@@ -66,12 +77,21 @@ class Corruption:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.name:
-            CORRUPTIONS[cls.name] = cls
+        if cls.__dict__.get("name", "") == "":
+            return  # an abstract base, or a variant of a registered corruption (the class docstring)
+        me = source_of(cls)
+        name = check_key("corruption", cls.__dict__["name"], me)
+        if cls.prepare is Corruption.prepare:
+            raise ConfigError(f"corruption {name!r} ({me}) does not define prepare(model, tokens) -> Prepared: define "
+                              "it to return the corrupted prompts and their alignment; see p0circuit.Corruption's docstring")
+        if name in CORRUPTIONS and source_of(CORRUPTIONS[name]) != me:
+            raise already_registered("corruption", name, f"by {source_of(CORRUPTIONS[name])}", me)
+        CORRUPTIONS[name] = cls
 
     def prepare(self, model: Any, tokens: Tensor) -> "Prepared":
         """The corrupted inputs for one batch of clean prompts."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{source_of(type(self))} does not define prepare(model, tokens) -> Prepared; see "
+                                  "p0circuit.Corruption's docstring")
 
     def params(self) -> dict[str, Any]:
         """Every setting, for the record (JSON-able, :func:`p0circuit.core.io.describe`: a tensor by its

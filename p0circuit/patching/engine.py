@@ -33,6 +33,7 @@ from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.hooks import HookRef
+from p0circuit.core.threads import adapt
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.hooking import attached
 from p0circuit.patching.order import hook_order
@@ -384,6 +385,7 @@ def run_groups(
             done(len(idx))
             continue
         for c in range(0, len(idx), per_chunk):
+            adapt()  # one thread while other processes keep the cores busy (core/threads.py)
             part = idx[c : c + per_chunk]
             chunk = Chunk([groups[i] for i in part], start, stop, [skip[i] for i in part], first,
                           [patched.get(i) for i in part])
@@ -632,6 +634,7 @@ def run_groups_reference(
     values = []
     names = [h.name for h in metric.needs(model.cfg.n_layers)]
     for group in groups:
+        adapt()
         captured: dict[str, Tensor] = {}
         fwd_hooks: list[tuple[str, Callable]] = []
         for op in group:
@@ -652,6 +655,7 @@ def cache_run(model: Any, tokens: Tensor, names: set[str], stop: Optional[int] =
     each run block's keys and values as its attention appended them (:func:`p0circuit.core.hooks.kv_entry`):
     the prefix that suffix-only forwards attend to, whatever the attention does to its keys
     between ``hook_k`` and the cache (QK-norm, clipping)."""
+    adapt()
     extra: dict[str, Any] = {}
     if kv:
         extra["past_kv_cache"] = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])

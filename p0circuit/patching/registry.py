@@ -10,7 +10,7 @@ configs read their choices from :data:`METHODS`, and every consumer of a result 
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from p0circuit.core.errors import ConfigError, nearest
+from p0circuit.core.errors import ConfigError, already_registered, check_key, nearest, source_of
 from p0circuit.patching.options import taken_by
 from p0circuit.patching.result import PatchResult
 
@@ -38,14 +38,18 @@ METHODS: dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
-    """Add ``method`` to :data:`METHODS` (a name may be registered once)."""
+    """Add ``method`` to :data:`METHODS`. Its name is an identifier-like string no other function holds
+    (a built-in method's or another plugin's name is refused, naming both); the same function
+    (``module.qualname``) registering it again, its module imported again, replaces it quietly."""
+    me = source_of(method.fn)
+    check_key("patching method", method.name, me)
     if method.level not in ("node", "edge"):
         raise ConfigError(f"method {method.name!r}: level must be 'node' or 'edge', got {method.level!r}")
     if not taken_by(method.fn):
         raise ConfigError(f"method {method.name!r}: its function must take the shared options; decorate it with "
                           "@p0circuit.takes_options() and read them from its options= argument (a PatchOptions)")
-    if method.name in METHODS and METHODS[method.name] != method:
-        raise ConfigError(f"a patching method named {method.name!r} is already registered")
+    if method.name in METHODS and source_of(METHODS[method.name].fn) != me:
+        raise already_registered("patching method", method.name, f"by {source_of(METHODS[method.name].fn)}", me)
     METHODS[method.name] = method
     return method
 

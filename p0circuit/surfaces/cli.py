@@ -330,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="import MODULE (a module name or a .py file) first: the corruptions, metrics, methods "
                         "and model families it registers become choices everywhere (repeatable; see "
                         "p0circuit.core.plugins)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads for torch (default: OMP_NUM_THREADS, else one per core). p0circuit makes idle "
+                        "OpenMP threads give their core back quickly, so the default shares a busy machine; "
+                        "docs/performance.md measures it")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
@@ -462,6 +466,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"p0circuit: error: {e}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        from p0circuit.core.threads import set_threads
+
+        try:
+            set_threads(args.threads)
+        except P0CircuitError as e:
+            print(f"p0circuit: error: --threads: {e}", file=sys.stderr)
+            return 2
     if args.command == "analyze" and args.out is None:
         args.out = str(run_dir("analyze", args.model))
     if args.command == "discover" and args.out is None:
@@ -512,13 +524,11 @@ def _what_is_kept(args: argparse.Namespace) -> str:
 
 def _load_plugins(argv: list[str]) -> None:
     """Import the ``--plugin`` modules named before the subcommand, and any installed plugins."""
-    from importlib.metadata import entry_points
-
-    from p0circuit.core.plugins import GROUP
+    from p0circuit.core.plugins import installed
 
     named = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--plugin"]
     named += [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
-    if named or list(entry_points(group=GROUP)):
+    if named or installed():
         from p0circuit.core.plugins import load_installed, load_plugins
 
         load_installed()

@@ -16,6 +16,7 @@ import copy
 import hashlib
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -33,7 +34,7 @@ from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
 from p0circuit.core.types import Kind, Node
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
-from p0circuit.core import memory
+from p0circuit.core import memory, threads
 from p0circuit.patching import NormRatio
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.measures.positions import find_positions
@@ -127,6 +128,7 @@ class _State:
             if before is not None:
                 self.process_peak = max(self.process_peak, before)
             measured = memory.reset_peak()
+            threads.adapt()
             t = time.perf_counter()
             value = strict(fn())
             self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2),
@@ -252,10 +254,15 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     if UNIT in state.done:  # the unit the finished steps were timed against, not a new (noisy) one
         forward_s = state.done[UNIT]["seconds"]
     else:
+        threads.adapt()  # a first look at the machine ...
         model(first)  # a first forward pays one-off costs (allocations, lazy set-up) that would inflate the unit
-        t = time.perf_counter()
-        model(first)  # one forward of the batch, timed in the same run as the analysis: the unit of its cost
-        forward_s = time.perf_counter() - t
+        threads.adapt()  # ... and a second: one thread for the unit and what follows if other processes are busy
+        with threads.Contention() as contention:
+            t = time.perf_counter()
+            model(first)  # one forward of the batch, timed in the same run as the analysis: the unit of its cost
+            forward_s = time.perf_counter() - t
+        if contention.busy:  # the cost model's seconds assume the forward's speed holds; say why it may not
+            warnings.warn(contention.warning("the analysis' unit forward"), stacklevel=3)
         state.keep(UNIT, forward_s)
     started = time.perf_counter()
     bar = Bar(tqdm(total=None, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5,
@@ -290,6 +297,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         "verdict": verdict(sinks, onsets, s.threshold),
         "timing": {"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
                    "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
+                   "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
                    "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
                    "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
                    "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},

@@ -1,0 +1,163 @@
+"""How p0circuit shares the CPU: it uses one thread while other processes keep the cores busy.
+
+PyTorch's CPU kernels run on OpenMP threads (GNU libgomp in the PyPI wheels). Between two parallel
+regions an idle libgomp thread *spins* before it sleeps. On a quiet machine that saves a wake-up per
+kernel; on a machine where other processes want the same cores the spinning threads take time slices
+from the threads that have work: a SmolLM2 forward with torch's default two threads was measured 3-15x
+slower beside two busy processes than one thread under the same load (``benchmarks/bench_threads.py``,
+docs/performance.md). A shorter spin (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY=PASSIVE``) fixes the busy
+case but was measured 10-40% slower on a quiet machine, and libgomp reads it only once, when torch loads.
+
+So the policy is on the thread count, which torch can change at any time: :func:`adapt`, called by the
+engine between its batches of patched forwards and by the analysis between steps, samples at most once
+a second how many cores *other* processes used since its last look (``/proc/stat`` less this process's
+own CPU time). Above :data:`BUSY` cores it drops torch to one thread (a single thread never waits for
+another, so nothing spins); when the machine is quiet again it goes back to the count it started from.
+A quiet machine pays nothing (two file reads a second), and it works the same when a notebook imported
+torch before p0circuit.
+
+A user's own choice always wins: with ``OMP_NUM_THREADS`` set (by the user, by :func:`set_threads` or
+``--threads``), or after the user calls ``torch.set_num_threads`` themselves, p0circuit never changes
+the thread count; it also never raises it above the count it found.
+"""
+
+import os
+import sys
+import time
+from typing import Optional
+
+from p0circuit.core.args import entry_point
+
+BUSY = 0.3
+"""Cores' worth of other processes' CPU use, since the last look, above which p0circuit uses one thread."""
+INTERVAL = 1.0
+"""Seconds between two looks at the machine (a look is two small file reads)."""
+
+
+def _machine_cpu() -> Optional[float]:
+    """CPU seconds every process of the machine has used (user + nice + system, /proc/stat); None where unread."""
+    try:
+        with open("/proc/stat") as f:
+            return sum(int(x) for x in f.readline().split()[1:4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _own_cpu() -> float:
+    """CPU seconds this process (all its threads) has used."""
+    return sum(os.times()[:2])
+
+
+class _Policy:
+    """The adaptive thread count's state, one per process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.found: Optional[int] = None  # torch's thread count at the first look: the most p0circuit uses
+        self.chosen: Optional[int] = None  # what p0circuit last set (None: nothing yet)
+        self.off: Optional[str] = None  # why p0circuit leaves the thread count alone
+        self.sample: Optional[tuple[float, float, float]] = None  # (time, machine CPU, own CPU) at the last look
+        self.others = 0.0  # cores' worth of other processes' use over the last interval
+        self.drops = 0  # how often it went down to one thread
+
+    def adapt(self) -> None:
+        if self.off is not None:
+            return
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        now = time.perf_counter()
+        if self.sample is not None and now - self.sample[0] < INTERVAL:
+            return
+        if "OMP_NUM_THREADS" in os.environ:
+            self.off = "OMP_NUM_THREADS is set"
+            return
+        current = torch.get_num_threads()
+        if self.found is None:
+            self.found = current
+        elif self.chosen is not None and current != self.chosen:
+            self.off = f"the thread count was set to {current} outside p0circuit"
+            return
+        machine, own = _machine_cpu(), _own_cpu()
+        if machine is None:
+            self.off = "/proc/stat cannot be read here"
+            return
+        if self.sample is not None:
+            t0, m0, o0 = self.sample
+            self.others = max(0.0, (machine - m0) - (own - o0)) / (now - t0)
+            want = 1 if self.others > BUSY else self.found
+            if want != current:
+                torch.set_num_threads(want)
+                self.drops += want == 1
+            self.chosen = want
+        self.sample = (now, machine, own)
+
+
+_POLICY = _Policy()
+
+
+def adapt() -> None:
+    """One look at the machine, at most once every :data:`INTERVAL` seconds: one thread while other
+    processes use more than :data:`BUSY` cores, else the thread count found at the first look (unless
+    the user chose a count: the module docstring)."""
+    _POLICY.adapt()
+
+
+@entry_point
+def set_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads here and in child processes, always (``--threads`` on the command line).
+
+    Sets ``OMP_NUM_THREADS``, so p0circuit no longer adapts the count; refuses anything but a positive
+    whole number before torch is touched.
+    """
+    from p0circuit.core.errors import ConfigError
+
+    if threads < 1:
+        raise ConfigError(f"threads={threads!r}: give a whole number of CPU threads, at least 1 (e.g. --threads 1 on "
+                          "a busy machine)")
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def status() -> dict:
+    """The policy in force (recorded by ``analyze``): the thread count now, who chose it, and what the last
+    look at the machine saw."""
+    torch = sys.modules.get("torch")
+    return {
+        "threads": torch.get_num_threads() if torch is not None else None,
+        "policy": (f"fixed: {_POLICY.off}" if _POLICY.off else
+                   f"adaptive: one thread while other processes use more than {BUSY} cores, else {_POLICY.found}"),
+        "others_cores": round(_POLICY.others, 2),
+        "dropped_to_one": _POLICY.drops,
+        "cpus": os.cpu_count(),
+    }
+
+
+class Contention:
+    """A context that measures how many cores *other* processes used while it was open (``others``):
+    the machine's CPU time less this process's, over the wall time. ``busy`` is true above :data:`BUSY`."""
+
+    others = 0.0
+
+    def __enter__(self) -> "Contention":
+        self._t, self._machine, self._own = time.perf_counter(), _machine_cpu(), _own_cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(time.perf_counter() - self._t, 1e-9)
+        machine = _machine_cpu()
+        if machine is not None and self._machine is not None:
+            self.others = max(0.0, (machine - self._machine) - (_own_cpu() - self._own)) / wall
+
+    @property
+    def busy(self) -> bool:
+        return self.others > BUSY
+
+    def warning(self, what: str) -> str:
+        """What a busy timing means and what to do, or empty on a quiet machine."""
+        if not self.busy:
+            return ""
+        fixed = f" (the thread count is fixed: {_POLICY.off})" if _POLICY.off else ""
+        return (f"{what} was timed while other processes used {self.others:.1f} of the machine's {os.cpu_count()} "
+                f"cores: this run will be slower than on a quiet machine{fixed}; with OMP_NUM_THREADS or "
+                "torch.set_num_threads set, use one thread on a busy machine (p0circuit.set_threads(1), --threads 1)")

@@ -1,0 +1,117 @@
+"""The thread policy (p0circuit/core/threads.py): one thread while other processes keep the cores busy,
+the count it found otherwise, and never over a user's own choice. The busy cases run a busy process beside
+a fresh Python process and drive the policy's looks at the machine directly."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from p0circuit.core import threads
+
+CLEAN = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+LOOKS = """
+import json, sys, time, torch
+from p0circuit.core import threads
+threads.INTERVAL = 0.2
+for _ in range(4):  # looks 0.3 s apart: the first records, each later one decides
+    threads.adapt()
+    time.sleep(0.3)
+print(json.dumps({**threads.status(), "torch_threads": torch.get_num_threads()}))
+"""
+
+
+def child(code: str, busy: bool = False, **env: str) -> dict:
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 if busy else 0)]
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env={**CLEAN, **env}, capture_output=True, text=True,
+                             timeout=300)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_one_thread_beside_busy_processes():
+    got = child("import torch\ntorch.set_num_threads(2)\n" + LOOKS, busy=True)
+    assert got["torch_threads"] == 1 and got["dropped_to_one"] >= 1, got
+    assert got["others_cores"] > threads.BUSY and got["policy"].startswith("adaptive"), got
+
+
+def test_the_count_comes_back_when_the_machine_is_quiet_again(monkeypatch):
+    """Driven in this process: the looks are given the machine's and this process's CPU times."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (set for the suite's workers: a fixed share each)
+    policy, before = threads._Policy(), torch.get_num_threads()
+    cpu = {"machine": 0.0, "own": 0.0}
+    real = threads._machine_cpu, threads._own_cpu
+    threads._machine_cpu, threads._own_cpu = (lambda: cpu["machine"]), (lambda: cpu["own"])
+    try:
+        torch.set_num_threads(2)
+        for machine_step, want in ((0.0, None), (1.5, 1), (0.05, 2), (1.2, 1)):
+            cpu["machine"] += machine_step
+            policy.sample = policy.sample and (policy.sample[0] - threads.INTERVAL, *policy.sample[1:])
+            policy.adapt()
+            if want is not None:
+                assert torch.get_num_threads() == want, (machine_step, policy.others)
+    finally:
+        threads._machine_cpu, threads._own_cpu = real
+        torch.set_num_threads(before)
+
+
+def test_the_users_thread_count_wins():
+    # OMP_NUM_THREADS (the user's, or --threads / set_threads): never changed, even beside busy processes
+    got = child(LOOKS, busy=True, OMP_NUM_THREADS="2")
+    assert got["torch_threads"] == 2 and got["policy"] == "fixed: OMP_NUM_THREADS is set", got
+    # torch.set_num_threads called by the user after p0circuit chose a count: left alone from then on
+    got = child("import torch\ntorch.set_num_threads(2)\nfrom p0circuit.core import threads\n"
+                "threads.adapt()\ntorch.set_num_threads(2)\n" + LOOKS.replace("threads.INTERVAL = 0.2",
+                "threads.INTERVAL = 0.2\nthreads._POLICY.chosen = 1"), busy=True)
+    assert got["torch_threads"] == 2 and "set to 2 outside p0circuit" in got["policy"], got
+    # a count the user set before p0circuit's first look is the most it uses
+    got = child("import torch\ntorch.set_num_threads(1)\n" + LOOKS)
+    assert got["torch_threads"] == 1
+
+
+def test_threads_flag_sets_the_count_here_and_for_child_processes():
+    got = child("import json, os, torch\nfrom p0circuit.surfaces.cli import build_parser\n"
+                "from p0circuit.core.threads import set_threads\n"
+                "set_threads(build_parser().parse_args(['--threads', '1', 'survey']).threads)\n"
+                "print(json.dumps({'threads': torch.get_num_threads(), 'env': os.environ['OMP_NUM_THREADS']}))",
+                OMP_NUM_THREADS="2")
+    assert got == {"threads": 1, "env": "1"}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_refused_naming_the_fix(bad):
+    from p0circuit.core.errors import P0CircuitError
+
+    with pytest.raises(P0CircuitError, match=r"threads"):
+        threads.set_threads(bad)
+
+
+def test_the_cli_refuses_a_bad_threads_flag_before_any_work(capsys):
+    from p0circuit.surfaces.cli import main
+
+    assert main(["--threads", "0", "survey"]) == 2
+    assert "--threads: threads=0: give a whole number" in capsys.readouterr().err
+
+
+def test_contention_sees_another_busy_process():
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        with threads.Contention() as seen:
+            time.sleep(1.0)  # this process idles: whatever the cores did was someone else's work
+    finally:
+        burner.kill()
+        burner.wait()
+    assert seen.others > threads.BUSY and seen.busy
+    assert "other processes used" in seen.warning("the forward")
