@@ -17,12 +17,14 @@ from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.re
 # ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
 _WHERE = {
     **dict.fromkeys(['set_threads'], 'p0circuit.core.threads'),
-    **dict.fromkeys(['BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.core.errors'),
+    **dict.fromkeys(['Setup'], 'p0circuit.patching.inputs'),
+    **dict.fromkeys(['BadCallError', 'BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.core.errors'),
     **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.studies.analysis'),
     **dict.fromkeys(['discover', 'interpret'], 'p0circuit.studies.discovery.discover'),
     **dict.fromkeys(['plot'], 'p0circuit.figures.plotting'),
     **dict.fromkeys(['CircuitFigure', 'circuit_figure'], 'p0circuit.figures.drawing'),
-    **dict.fromkeys(['auroc', 'compare', 'prune', 'to_dot', 'to_networkx', 'to_svg'], 'p0circuit.figures.graphs'),
+    **dict.fromkeys(['auroc', 'compare', 'prune'], 'p0circuit.core.circuits'),
+    **dict.fromkeys(['to_dot', 'to_networkx', 'to_svg'], 'p0circuit.figures.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.measures'),
     **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'FaithfulCircuit', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'EdgeCircuit', 'expert_routing', 'faithful_circuit', 'faithful_edges', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
     **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),

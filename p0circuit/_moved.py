@@ -49,7 +49,7 @@ RENAMED = {
 MODULES = {
     "p0circuit.faithfulness": "p0circuit.patching.faithfulness (or p0circuit.faithfulness_curve)",
     "p0circuit.validation": "p0circuit.models.checks (check_model, check_devices), "
-                            "p0circuit.patching.metrics.check_metric, p0circuit.patching.sites.parse_nodes and "
+                            "p0circuit.patching.metrics.check_metric, p0circuit.core.types.parse_nodes and "
                             "p0circuit.patching.edges.parse_edges",
     "p0circuit.experiments.plotting": "p0circuit.figures.plotting",
     "p0circuit.patching.numerics": "p0circuit.patching.check",

@@ -301,13 +301,14 @@ def activation(model, tokens, nodes, corr: Corr, metric: Metric, direction="nois
     return {n: measure(model, base, metric, p0, node_hooks(runs, n, direction, named)) for n in nodes}
 
 
-def together(model, tokens, nodes, corr: Corr, metric: Metric, named=None) -> float:
-    """The metric with every node of ``nodes`` patched at once (noise): a faithfulness point, and an
-    ablation's fully corrupted reference."""
+def together(model, tokens, nodes, corr: Corr, metric: Metric, named=None, direction="noise") -> float:
+    """The metric with every node of ``nodes`` patched at once: noising, a faithfulness point (and an
+    ablation's fully corrupted reference); denoising, a circuit restored into the corrupted run."""
     runs = Runs(model, tokens, corr)
     named = named_of(nodes) if named is None else named
-    fwd = [h for n in nodes for h in node_hooks(runs, n, "noise", named)]
-    return measure(model, tokens, metric, 0, fwd)
+    fwd = [h for n in nodes for h in node_hooks(runs, n, direction, named)]
+    base, p0, _ = runs.base(direction)
+    return measure(model, base, metric, p0, fwd)
 
 
 def references(model, tokens, nodes, corr: Corr, metric: Metric) -> tuple:

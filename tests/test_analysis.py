@@ -89,6 +89,32 @@ def test_files_are_strict_json_and_self_contained(rope_run):
     assert (out / "analysis.md").read_text() == str(result)
 
 
+def test_records_doc_names_the_keys_the_file_has(rope_run):
+    """docs/records.md lists analysis.json's top-level keys and an onset row's keys between markers: every key
+    it names is in the planted model's file (a line saying "only" may be absent from it), every key the file has
+    is named, the lists are the records' fields, and its version is the one the files carry."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from p0circuit.studies.analysis.records import SCHEMA_VERSION, AnalysisRecord, OnsetRow
+
+    _, _, out = rope_run
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "records.md").read_text()
+    data = strict_load(out / "analysis.json")
+    assert data["schema"] == strict_load(out / analysis_run.STATE)["schema"] == SCHEMA_VERSION
+    assert f'"schema": {SCHEMA_VERSION}' in doc
+    for block, record, found in (("analysis", AnalysisRecord, data), ("onset", OnsetRow, data["onsets"]["without_bos"][0])):
+        body = re.search(rf"<!-- records:{block} -->\n(.*?)<!-- /records:{block} -->", doc, re.S).group(1)
+        lines = dict(re.findall(r"^- `(\w+)`: (.*)$", body, re.M))
+        assert len(lines) == body.count("\n- ") + 1, f"docs/records.md's {block} block: a line is not '- `key`: ...'"
+        fields = {f.name for f in dataclasses.fields(record)}
+        assert set(lines) == fields, (block, set(lines) ^ fields)
+        missing = sorted(k for k, text in lines.items() if k not in found and "(only " not in text)
+        assert not missing, f"docs/records.md names {missing} ({block}), which the planted analysis.json lacks"
+        assert set(found) <= set(lines), f"docs/records.md leaves out {sorted(set(found) - set(lines))} ({block})"
+
+
 def test_bos_plant_swap_finds_the_token_shift_cannot(bos_run):
     pm, result, _ = bos_run
     assert result["onsets"]["without_bos"] == [] and result["verdict"]["holds"] is False
@@ -226,7 +252,7 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
     chosen = {"swap": p0.Swap(position=0, token=O.FILLER), "shift": p0.Shift(filler=(O.FILLER,))}.get(
         corruption) or get_corruption(corruption)
     res, _ = steps.nodes(pm.model, toks, bos, chosen, p0.NormRatio(layer), layer, 0.1)
-    found = p0.faithful_circuit(pm.model, toks, result=res, corruption=chosen, metric=p0.NormRatio(layer), bos=bos)
+    found = p0.faithful_circuit(res)
     truth = {n.name for n in pm.truth.writers}
     if variant == "layer2":  # see below: block 0-1 content heads also write at P0, how much depends on the filler
         extra = set(found.nodes) - truth
@@ -260,8 +286,7 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
 
     # then its edges: the plant's edges into the blocks up to the metric's, and the amplifier's direct
     # write into the residual stream the metric reads
-    edges = p0.faithful_edges(pm.model, toks, circuit=found, result=res, corruption=chosen,
-                              metric=p0.NormRatio(layer), bos=bos)
+    edges = p0.faithful_edges(found)
     amp = pm.truth.writers[-1]
     want = {e.name for e in pm.truth.edges if e.dst.layer <= layer} | {f"{amp.name}->R{layer}@0.resid"}
     if variant == "learned":  # the flag also reaches M1's input through its RMSNorm scale (alone -0.09 of the change)
@@ -283,23 +308,27 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
 
 
 def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
-    """Bad bounds, a circuit from another result, other tokens: refused with the fix. Too many candidate
-    edges: nothing searched, and the record says so (no number it did not measure)."""
+    """Bad bounds, a circuit made by hand, other tokens: refused with the fix. Too many candidate edges:
+    nothing searched, and the record says so (no number it did not measure)."""
+    import dataclasses
+
+    from p0circuit.patching.inputs import Setup
+
     toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
     metric = p0.NormRatio(1)
     res = p0.activation_patch(planted.model, toks, corruption="shift", metric=metric, bos=False)
-    found = p0.faithful_circuit(planted.model, toks, result=res, corruption="shift", metric=metric, bos=False)
-    kw = dict(circuit=found, result=res, corruption="shift", metric=metric, bos=False)
+    found = p0.faithful_circuit(res)
     for bad, msg in ((dict(target=5), "target must be a number in"), (dict(tolerance=-1), "tolerance must be"),
                      (dict(max_candidates=0), "max_candidates must be")):
         with pytest.raises(p0.BadInputError, match=msg):
-            p0.faithful_edges(planted.model, toks, **{**kw, **bad})
-    other = p0.activation_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(2), bos=False)
-    with pytest.raises(p0.BadInputError, match="pass the result the circuit was found on"):
-        p0.faithful_edges(planted.model, toks, **{**kw, "result": other, "metric": p0.NormRatio(2)})
-    with pytest.raises(p0.BadInputError, match="pass the tokens the result was computed on"):
-        p0.faithful_edges(planted.model, analysis_run.prompts(planted.model, 8, 16, False, 1), **kw)
-    capped = p0.faithful_edges(planted.model, toks, **kw, max_candidates=2)
+            p0.faithful_edges(found, **bad)
+    with pytest.raises(p0.BadInputError, match="carries no result"):
+        p0.faithful_edges(dataclasses.replace(found, result=None))
+    other = Setup.of(planted.model, analysis_run.prompts(planted.model, 8, 16, False, 1), corruption="shift",
+                     metric=metric, bos=False)
+    with pytest.raises(p0.BadInputError, match="another setup .*tokens"):
+        p0.faithful_edges(found, setup=other)
+    capped = p0.faithful_edges(found, max_candidates=2)
     assert not capped.searched and capped.faithfulness is None and capped.completeness is None
     assert "more than max_candidates=2: not searched" in capped.why and capped.edges == []
 
@@ -309,13 +338,13 @@ def test_a_circuit_that_cannot_be_faithful_says_so(planted):
     toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
     metric = p0.NormRatio(1)
     res = p0.activation_patch(planted.model, toks, corruption="shift", metric=metric, bos=False)
-    found = p0.faithful_circuit(planted.model, toks, result=res, corruption="shift", metric=metric, bos=False,
-                                max_size=2)
+    found = p0.faithful_circuit(res, max_size=2)
     assert not found.faithful and "more than the budget of 2" in found.why and found.size == 3
-    with pytest.raises(p0.BadInputError, match="corruption 'shift'"):
-        p0.faithful_circuit(planted.model, toks, result=res, corruption="zero", metric=metric, bos=False)
+    zero = p0.Setup.of(planted.model, toks, corruption="zero", metric=metric, bos=False)
+    with pytest.raises(p0.BadInputError, match="corruption: 'shift' vs 'zero'"):
+        p0.faithful_circuit(res, setup=zero)
     with pytest.raises(p0.BadInputError, match="target"):
-        p0.faithful_circuit(planted.model, toks, result=res, corruption="shift", metric=metric, bos=False, target=1.5)
+        p0.faithful_circuit(res, target=1.5)
 
 
 def test_the_verdict_judges_the_whole_claim_as_the_plants_are_built(rope_run, bos_run, planted_models):
@@ -426,7 +455,7 @@ def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_ev
     assert out["screen"]["exact_top"] == 3 and out["screen"]["sampled"] == 2
     assert out["screen"]["unexamined"] == len(cands) - 5
     assert set(out["effects"]) <= {n for n, v in res.normalized.items() if v == v}
-    found = steps.circuit(model, toks, False, res, corruption, p0.NormRatio(layer))
+    found = steps.circuit(res)
     assert found["candidates"] == len(cands)
     rest = [n for n in cands if n not in found["nodes"]]
     gap = res.clean_metric - res.corrupted_metric

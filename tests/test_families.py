@@ -178,8 +178,7 @@ def test_node_faithfulness_plain(family):
     result = p0.activation_patch(model, TOKENS, nodes=nodes_of(name, model), corruption=corruption, metric=metric,
                                  min_signal=0)
     ranked = sorted(result.normalized, key=lambda n: -abs(result.normalized[n]))
-    curve = p0.faithfulness_curve(model, TOKENS, result=result, corruption=corruption, metric=metric,
-                                  fractions=(0.0, 0.1, 0.3, 0.6))
+    curve = p0.faithfulness_curve(result, fractions=(0.0, 0.1, 0.3, 0.6))
     gap = result.clean_metric - result.corrupted_metric
     for _, kept, share in curve:
         plain = O.together(model, TOKENS, ranked[kept:], O.Corr("shift"), O.Metric("norm_ratio", layer=METRIC_LAYER),
@@ -214,17 +213,20 @@ def test_the_search_base_with_fixed_nodes_equals_plain_hooks(family):
         assert close(noising(dropped), plain, job.clean_metric), (name, k)
 
 
-def test_faithful_circuit_and_its_edges_plain(family):
+@pytest.mark.parametrize("direction", ["noise", "denoise"])
+def test_faithful_circuit_and_its_edges_plain(family, direction):
     """The circuit search's shares equal plain hooks patching every dropped node together. A loose target
     makes its bulk drop take nodes at every layer: those stay fixed in a patched base run, and each later
-    evaluation runs from its own group's first block, the bulk's nodes from there on patched again. Then
-    the edge search's shares against ACDC's edge corruption written out with plain hooks."""
+    evaluation runs from its own group's first block, the bulk's nodes from there on patched again. Its
+    three numbers (faithfulness, completeness, denoising: the circuit restored into the corrupted run)
+    against plain hooks, on a screen made in either direction. Then the edge search's shares against
+    ACDC's edge corruption written out with plain hooks."""
     name, _, model = family
     metric, corruption = p0.NormRatio(METRIC_LAYER), p0.Shift(filler=(O.FILLER,))
     nodes = nodes_of(name, model)
-    result = p0.activation_patch(model, TOKENS, nodes=nodes, corruption=corruption, metric=metric, min_signal=0)
-    found = p0.faithful_circuit(model, TOKENS, result=result, corruption=corruption, metric=metric, target=0.6,
-                                tolerance=0.4)
+    result = p0.activation_patch(model, TOKENS, nodes=nodes, corruption=corruption, metric=metric, min_signal=0,
+                                 direction=direction)
+    found = p0.faithful_circuit(result, target=0.6, tolerance=0.4)
     names = list(result.raw)
     om, corr = O.Metric("norm_ratio", layer=METRIC_LAYER), O.Corr("shift")
     gap = result.clean_metric - result.corrupted_metric
@@ -235,8 +237,11 @@ def test_faithful_circuit_and_its_edges_plain(family):
                  result.corrupted_metric + found.faithfulness * gap, result.clean_metric), (name, found)
     assert close(O.together(model, TOKENS, found.nodes, corr, om, O.named_of(names)),
                  result.clean_metric - found.completeness * gap, result.clean_metric), (name, found)
-    edges = p0.faithful_edges(model, TOKENS, circuit=found, result=result, corruption=corruption, metric=metric,
-                              target=0.6, tolerance=0.4)
+    assert close(O.together(model, TOKENS, found.nodes, corr, om, O.named_of(names), direction="denoise"),
+                 result.corrupted_metric + found.denoising * gap, result.clean_metric), (name, found)
+    if direction == "denoise":
+        return  # the edge search runs on the noising job whatever the screen's direction: checked once
+    edges = p0.faithful_edges(found, target=0.6, tolerance=0.4)
     held = edges.settings.get("held", [])  # a norm after the heads: their edges are held, never corrupted as edges
     assert all(e.startswith("A") for e in held) and (not held or name in POST_NORM_HEADS), (name, held)
     assert not set(held) & (set(edges.effects) | set(edges.edges))

@@ -64,14 +64,14 @@ def test_faithfulness_curve(planted):
     toks = toks[p0.p0_like_positions(toks)[:, 1:].sum(1) == 0]
     metric = p0.AttnToP0(heads=list(planted.sink_heads))
     result = p0.path_patch(planted.model, toks, corruption="pos_mean", metric=metric)
-    curve = faithfulness_curve(planted.model, toks, result=result, corruption="pos_mean", metric=metric, fractions=(0.0, 0.01, 0.02, 1.0))
+    curve = faithfulness_curve(result, fractions=(0.0, 0.01, 0.02, 1.0))
     (f0, k0, v0), (_, k1, v1), (_, k2, v2), (_, _, v3) = curve
     assert k0 == 0 and v0 == pytest.approx(0.0, abs=1e-3)     # everything corrupted
     assert k1 == 3 and 0.3 < v1 < 0.7  # three of four planted edges: one sink head keeps its key
     assert k2 >= 4 and v2 == pytest.approx(1.0, abs=1e-3)      # the planted edges are sufficient
     assert v3 == pytest.approx(1.0)
-    with pytest.raises(p0.BadInputError, match="pass the corruption and metric the result was made with"):
-        faithfulness_curve(planted.model, toks, result=result, corruption="shift", metric=metric)
+    with pytest.raises(p0.BadInputError, match="another setup"):
+        faithfulness_curve(result, setup=p0.Setup.of(planted.model, toks, corruption="shift", metric=metric))
 
 
 def test_only_candidates_are_drawn_as_missed_and_an_empty_circuit_says_why(planted):

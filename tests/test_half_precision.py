@@ -72,3 +72,23 @@ def test_a_float16_overflow_is_refused_with_the_fix():
         assert "bfloat16 or float32" in str(err.value) and "blocks.1" in str(err.value)
     model.to(torch.bfloat16)  # the fix: the same weights in bfloat16 measure
     assert torch.isfinite(torch.tensor(p0.sink_report(model, toks, bos=False).norm_ratio_resid)).all()
+
+
+def test_bfloat16_circuit_numbers_equal_plain_hooks(family_bf16):
+    """A found circuit's faithfulness, completeness and denoising on the bfloat16 model: plain hooks patching
+    every node outside it, only its nodes, and its nodes restored into the corrupted run, at one rounding."""
+    name, model = family_bf16
+    metric, corr, om = p0.NormRatio(METRIC_LAYER), p0.Shift(filler=(O.FILLER,)), O.Metric("norm_ratio", layer=METRIC_LAYER)
+    result = p0.activation_patch(model, TOKENS, nodes=nodes_of(name, model), corruption=corr, metric=metric,
+                                 min_signal=0)
+    found = p0.faithful_circuit(result, target=0.6, tolerance=0.4)
+    names, gap, scale = list(result.raw), result.clean_metric - result.corrupted_metric, abs(result.clean_metric)
+    rest = [n for n in names if n not in found.nodes]
+    for value, plain in ((result.corrupted_metric + found.faithfulness * gap,
+                          O.together(model, TOKENS, rest, O.Corr("shift"), om, O.named_of(names))),
+                         (result.clean_metric - found.completeness * gap,
+                          O.together(model, TOKENS, found.nodes, O.Corr("shift"), om, O.named_of(names))),
+                         (result.corrupted_metric + found.denoising * gap,
+                          O.together(model, TOKENS, found.nodes, O.Corr("shift"), om, O.named_of(names),
+                                     direction="denoise"))):
+        assert close(value, plain, scale, rel=REL_BF16), (name, found.nodes, value, plain)

@@ -166,13 +166,14 @@ def test_results_carry_every_parameter_and_comparisons_match_on_them(planted):
     result = p0.activation_patch(planted.model, toks, corruption=p0.Shift(filler=(7,)), metric=p0.NormRatio(1))
     assert result.settings["corruption_params"]["filler"] == [7]
     assert result.settings["metric_params"] == {"layer": 1, "pos": 0, "where": ""}
-    p0.faithfulness_curve(planted.model, toks, result=result, corruption=p0.Shift(filler=(7,)), metric=p0.NormRatio(1))
+    p0.faithfulness_curve(result, setup=p0.Setup.of(planted.model, toks, corruption=p0.Shift(filler=(7,)),
+                                                    metric=p0.NormRatio(1)))
     with pytest.raises(p0.BadInputError, match="corruption_params"):
-        p0.faithfulness_curve(planted.model, toks, result=result, corruption=p0.Shift(filler=(9,)),
-                              metric=p0.NormRatio(1))
+        p0.faithfulness_curve(result, setup=p0.Setup.of(planted.model, toks, corruption=p0.Shift(filler=(9,)),
+                                                        metric=p0.NormRatio(1)))
     with pytest.raises(p0.BadInputError, match="metric"):
-        p0.faithfulness_curve(planted.model, toks, result=result, corruption=p0.Shift(filler=(7,)),
-                              metric=p0.NormRatio(1, pos=1))
+        p0.faithfulness_curve(result, setup=p0.Setup.of(planted.model, toks, corruption=p0.Shift(filler=(7,)),
+                                                        metric=p0.NormRatio(1, pos=1)))
     resample = p0.Resample(tokens=toks.roll(1, 0)).params()["tokens"]
     assert resample["tensor"] == list(toks.shape) and len(resample["sha256"]) == 16
 
@@ -366,15 +367,14 @@ def test_a_search_on_a_triage_result_corrupts_the_nodes_it_left_unexamined():
     assert len(unexamined) > len(nodes) // 2 and set(tri.settings["estimates"]) >= set(unexamined)
     om, named = O.Metric("norm_ratio", layer=2), O.named_of(nodes)
     gap = tri.clean_metric - tri.corrupted_metric
-    found = p0.faithful_circuit(model, TOKENS, result=tri, corruption=corr, metric=metric, target=0.6, tolerance=0.3)
+    found = p0.faithful_circuit(tri, target=0.6, tolerance=0.3)
     rest = [n for n in nodes if n not in found.nodes]
     assert set(rest) & set(unexamined), "some unexamined node is outside the circuit"
     assert close(O.together(model, TOKENS, rest, O.Corr("shift"), om, named),
                  tri.corrupted_metric + found.faithfulness * gap, tri.clean_metric), found
     strength = tri.strengths()
     top = sorted(nodes, key=lambda n: -strength[n])[:3]
-    (_, kept, share), = p0.faithfulness_curve(model, TOKENS, result=tri, corruption=corr, metric=metric,
-                                             fractions=[3 / len(nodes)])
+    (_, kept, share), = p0.faithfulness_curve(tri, fractions=[3 / len(nodes)])
     assert kept == 3
     plain = O.together(model, TOKENS, [n for n in nodes if n not in top], O.Corr("shift"), om, named)
     assert close(plain, tri.corrupted_metric + share * gap, tri.clean_metric)

@@ -30,6 +30,8 @@ from p0circuit.core.args import entry_point
 
 BUSY = 0.3
 """Cores' worth of other processes' CPU use, since the last look, above which p0circuit uses one thread."""
+MIN_WALL = 0.25
+"""Seconds a timed section must last for :class:`Contention` to judge it."""
 INTERVAL = 1.0
 """Seconds between two looks at the machine (a look is two small file reads)."""
 
@@ -144,14 +146,17 @@ class Contention:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        wall = max(time.perf_counter() - self._t, 1e-9)
+        self.wall = max(time.perf_counter() - self._t, 1e-9)
         machine = _machine_cpu()
         if machine is not None and self._machine is not None:
-            self.others = max(0.0, (machine - self._machine) - (_own_cpu() - self._own)) / wall
+            used = max(0.0, (machine - self._machine) - (_own_cpu() - self._own)) / self.wall
+            self.others = min(used, float(os.cpu_count() or 1))
 
     @property
     def busy(self) -> bool:
-        return self.others > BUSY
+        """Other processes used more than :data:`BUSY` cores, over a section long enough to tell (the kernel
+        counts CPU time in 10 ms ticks: a shorter one says nothing)."""
+        return self.others > BUSY and self.wall >= MIN_WALL
 
     def warning(self, what: str) -> str:
         """What a busy timing means and what to do, or empty on a quiet machine."""

@@ -9,7 +9,7 @@ An edge set is judged as ACDC judges it: on the clean run, every candidate node 
 circuit is corrupted (as in the node search), and each candidate edge outside the set is corrupted
 *as an edge*: its receiver's input gets ``input - (current sender output - corrupted sender output)``,
 the sender's current output read during that same forward (so a sender changed upstream is accounted
-for). The search (:func:`~p0circuit.patching.circuit_search.prune`) starts from every candidate edge
+for). The search (:func:`~p0circuit.patching.circuit_search.acdc_prune`) starts from every candidate edge
 kept, drops the weakest single edges (by path patching, each alone) in bulk, then visits the rest
 from the last receiver block back, dropping an edge when the faithfulness moves by at most
 ``tolerance`` and stays within ``1 - target`` of 1. What is kept is measured two ways, each a share
@@ -26,27 +26,24 @@ no edge of their own (experts).
 """
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Union
-
-from torch import Tensor
-from transformer_lens import HookedTransformer
+import copy
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
 
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
-from p0circuit.core.types import Edge, Input, Kind, Node
+from p0circuit.core.types import Circuit, Edge, Input, Kind, Node
 from p0circuit.patching.circuit_search import (
-    TARGET, TOLERANCE, FaithfulCircuit, _share, check_bounds, prune, result_job,
+    TARGET, TOLERANCE, FaithfulCircuit, _share, acdc_prune, check_bounds, same_clean, search_job, searched,
 )
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import among, candidate_edges, post_norm, receiver_site, sender_hook
 from p0circuit.patching.faithfulness import edges_ablated
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import MetricSpec
 from p0circuit.patching.methods import path_patch
 from p0circuit.patching.ops import node_op
-from p0circuit.patching.result import PatchResult
+from p0circuit.patching.inputs import Setup
+from p0circuit.patching.result import finite
 from p0circuit.patching.sites import named_positions, site_of
 
 
@@ -74,13 +71,26 @@ class EdgeCircuit:
     settings: dict[str, Any] = field(default_factory=dict)
     """target, tolerance, ``held`` (edge or node name -> why it is held as it is, never corrupted as an
     edge), the node circuit's faithfulness in this forward, evaluations, how the search ran."""
+    circuit: Optional[FaithfulCircuit] = field(default=None, repr=False, compare=False)
+    """The node circuit whose edges these are (its result and setup with it); not in :meth:`to_dict`."""
+
+    @property
+    def setup(self) -> Optional[Setup]:
+        """The checked setup the edges were searched with."""
+        return None if self.circuit is None else self.circuit.setup
+
+    def to_circuit(self) -> Circuit:
+        """The one :class:`~p0circuit.core.types.Circuit` type: the node circuit's nodes with these edges."""
+        if self.circuit is None:
+            raise BadInputError("this edge circuit carries no node circuit (made by hand?): use faithful_edges(circuit)")
+        return self.circuit.to_circuit(self)
 
     @property
     def size(self) -> int:
         return len(self.edges)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "circuit"}
         out["size"] = self.size
         return out
 
@@ -100,45 +110,35 @@ def _candidates(model: Any, job: PatchJob, senders: list[Node], inside: list[Nod
 
 @entry_point
 def faithful_edges(
-    model: HookedTransformer,
-    tokens: Tensor,
-    *,
     circuit: FaithfulCircuit,
-    result: PatchResult,
-    corruption: Union[str, Corruption],
-    metric: Optional[MetricSpec],
-    bos: Optional[bool] = None,
+    *,
+    setup: Optional[Setup] = None,
     target: float = TARGET,
     tolerance: float = TOLERANCE,
     max_candidates: Optional[int] = None,
 ) -> EdgeCircuit:
-    """The edges of the node ``circuit`` found on the activation-patching ``result`` (both made with
-    the same ``corruption``, ``metric`` and ``bos``), pruned as the module docstring says. With more
-    than ``max_candidates`` candidate edges (each evaluation of the pruning is a whole forward up to the
-    metric) nothing is searched and the record says so."""
+    """The edges of the node ``circuit`` (what :func:`~p0circuit.patching.circuit_search.faithful_circuit`
+    returned: it carries the result it was found on and that result's setup), pruned as the module docstring
+    says. With more than ``max_candidates`` candidate edges (each evaluation of the pruning is a whole forward
+    up to the metric) nothing is searched and the record says so. ``setup``: only to assert which one."""
     if max_candidates is not None and (isinstance(max_candidates, bool) or not isinstance(max_candidates, int)
                                        or max_candidates < 1):
         raise BadInputError(f"max_candidates must be None or an int >= 1, got {max_candidates!r}")
     check_bounds(target, tolerance)
     if not isinstance(circuit, FaithfulCircuit):
         raise BadInputError(f"circuit must be what faithful_circuit returned, got {type(circuit).__name__}")
-    if not isinstance(result, PatchResult) or result.level != "node" or not result.signal:
-        raise BadInputError("faithful_edges needs the node-level PatchResult with a signal that the circuit was found on")
-    missing = [n for n in circuit.nodes if n not in result.raw]
-    found_on = {k: circuit.settings.get(k) for k in ("corruption", "metric", "clean", "corrupted")}
-    given = {"corruption": result.corruption, "metric": result.metric, "clean": result.clean_metric,
-             "corrupted": result.corrupted_metric}
-    if missing or any(found_on[k] is not None and found_on[k] != given[k] for k in given):
-        why = (f"its nodes {missing[:4]} are not candidates of this result" if missing else
-               f"it was found with {found_on}, this result has {given}")
-        raise BadInputError(f"the circuit was not found on this result ({why}): pass the result the circuit was "
-                            "found on")
-    job = result_job(model, tokens, result, corruption, metric, bos)
+    result = circuit.result
+    if result is None:
+        raise BadInputError("this circuit carries no result (made by hand or read back from a file): find it with "
+                            "faithful_circuit(result) first")
+    setup = searched(result, setup, "faithful_edges")
+    model, tokens = setup.model, setup.tokens
+    job = search_job(setup)
     items = [Node.parse(n) for n in result.raw]
     named = named_positions(items)
     inside = [Node.parse(n) for n in circuit.nodes]
     settings: dict[str, Any] = {"target": target, "tolerance": tolerance, "corruption": result.corruption,
-                                "metric": result.metric, "held": {}}
+                                "metric": result.metric, "setup": setup.describe(), "held": {}}
     held: dict[str, str] = settings["held"]
     for n in inside:  # nodes that send no edge of their own: said, not dropped silently
         if n.kind == Kind.EXPERT:
@@ -155,11 +155,14 @@ def faithful_edges(
         why = (f"{len(cands)} candidate edges, more than max_candidates={max_candidates}: not searched" if cands else
                "no edge between the circuit's nodes can be corrupted as an edge" if held else
                "no edge between the circuit's nodes")
-        return EdgeCircuit([], len(cands), None, None, False, why=why, searched=False, settings=settings)
-    single = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos, min_signal=0.0)
+        return EdgeCircuit([], len(cands), None, None, False, why=why, searched=False, settings=settings,
+                           circuit=circuit)
+    single = path_patch(model, tokens, edges=cands, corruption=setup.prep.corruption, metric=setup.metric,
+                        bos=setup.options.bos, min_signal=0.0)
     effects = {e.name: float(single.normalized[e.name]) for e in cands}
     outside = [n for n in items if n not in set(inside) and job.reaches(site_of(n, model).hook)]
     job.cache({site_of(n, model).read.name for n in outside} | {sender_hook(e.src) for e in cands})
+    same_clean(job, result)
     ops = [node_op(job, n, "noise", named) for n in outside]
     clean, corrupted = result.clean_metric, result.corrupted_metric
     evaluations = 0
@@ -167,12 +170,15 @@ def faithful_edges(
     def share(dropped: list[Edge], node_ops: Any = ops) -> float:
         nonlocal evaluations
         evaluations += 1
-        return _share(edges_ablated(job, dropped, named, node_ops), clean, corrupted)
+        value = finite(edges_ablated(job, dropped, named, node_ops), setup,
+                       f"corrupting {len(dropped)} of {len(cands)} candidate edges together (faithful_edges' evaluation "
+                       f"{evaluations})")
+        return _share(value, clean, corrupted)
 
     strength = {e: abs(effects[e.name]) if math.isfinite(effects[e.name]) else 0.0 for e in cands}
     with receiver_hooks(model, split_qkv=True):
         nodes_only = share([])
-        kept, faithfulness, bulk = prune(cands, strength.__getitem__, lambda e: e.dst.layer, share, target, tolerance)
+        kept, faithfulness, bulk = acdc_prune(cands, strength.__getitem__, lambda e: e.dst.layer, share, target, tolerance)
         completeness = 1.0 - share(kept, ())
     kept = sorted(kept, key=lambda e: -strength[e])
     settings.update(nodes_only_faithfulness=nodes_only, evaluations=evaluations, bulk_dropped=bulk,
@@ -181,4 +187,5 @@ def faithful_edges(
                            "receiver block first")
     short = "" if faithfulness >= target else f"faithfulness {faithfulness:.3f} < {target}"
     return EdgeCircuit(edges=[e.name for e in kept], candidates=len(cands), faithfulness=faithfulness,
-                       completeness=completeness, faithful=not short, effects=effects, why=short, settings=settings)
+                       completeness=completeness, faithful=not short, effects=effects, why=short, settings=settings,
+                       circuit=circuit)

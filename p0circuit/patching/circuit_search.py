@@ -27,24 +27,22 @@ clean-to-corrupted change ``M_clean - M_corrupted`` of the metric:
 ``denoising``, where defined) reach ``target``; otherwise the record says which fell short.
 """
 
-import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence, Union
+import copy
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
-from p0circuit.core.types import Node
-from p0circuit.patching.corruptions import Corruption
+from p0circuit.core.circuits import searched_circuit
+from p0circuit.core.types import Circuit, Node
 from p0circuit.patching.engine import run_groups, start_layer
+from p0circuit.core.io import strict
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.metrics import MetricSpec
 from p0circuit.patching.ops import node_op
-from p0circuit.patching.options import PatchOptions
-from p0circuit.patching.result import PatchResult
+from p0circuit.patching.result import PatchResult, finite
 from p0circuit.patching.sites import named_positions, site_of
 
 TARGET = 0.9
@@ -53,7 +51,7 @@ TOLERANCE = 0.05
 """Largest change of the faithfulness one dropped node may cause (ACDC's threshold tau, as a share of the change;
 the total drift is bounded apart, by ``1 - target``)."""
 CHUNK = 4
-"""Candidates tried together after the bulk drop (then in halves, down to one): see ``prune`` in
+"""Candidates tried together after the bulk drop (then in halves, down to one): see ``acdc_prune`` in
 :func:`faithful_circuit`."""
 MAX_SIZE = 20
 """Nodes a reported circuit may hold and still count as found."""
@@ -78,23 +76,37 @@ class FaithfulCircuit:
     why: str = ""
     """What fell short, when not ``faithful``."""
     settings: dict[str, Any] = field(default_factory=dict)
-    """target, tolerance, max_size, corruption, metric, clean and corrupted metric, evaluations."""
+    """target, tolerance, max_size, corruption, metric, the setup's description, clean and corrupted metric,
+    evaluations."""
+    result: Optional[PatchResult] = field(default=None, repr=False, compare=False)
+    """The activation-patching result it was found on (its setup among it); not in :meth:`to_dict`."""
 
     @property
     def size(self) -> int:
         return len(self.nodes)
 
+    @property
+    def setup(self) -> Optional[Setup]:
+        """The checked setup it was found with (the result's)."""
+        return None if self.result is None else self.result.setup
+
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "result"}
         out["size"] = self.size
         return out
+
+    def to_circuit(self, edges: Any = None) -> Circuit:
+        """The one :class:`~p0circuit.core.types.Circuit` type (figures draw it, ``p0.compare`` scores it): its
+        nodes with every candidate's effect, and the edges of ``edges`` (what ``faithful_edges`` found for it)."""
+        effects = {} if self.result is None else dict(self.result.normalized)
+        return searched_circuit(self.to_dict(), None if edges is None else edges.to_dict(), effects)
 
 
 def _share(value: float, clean: float, corrupted: float) -> float:
     return (value - corrupted) / (clean - corrupted)
 
 
-def prune(live: Sequence[Any], strength: Callable[[Any], float], layer: Callable[[Any], int],
+def acdc_prune(live: Sequence[Any], strength: Callable[[Any], float], layer: Callable[[Any], int],
           share: Callable[[list[Any]], float], target: float, tolerance: float,
           on_bulk: Optional[Callable[[list[Any]], None]] = None) -> tuple[list[Any], float, int]:
     """ACDC-style pruning of the candidates ``live`` (nodes or edges), as the module docstring says:
@@ -190,51 +202,72 @@ def check_bounds(target: float, tolerance: float) -> None:
             raise BadInputError(f"{name} must be a number in (0, 1], got {value!r}")
 
 
-def result_job(model: Any, tokens: Tensor, result: PatchResult, corruption: Union[str, Corruption],
-               metric: Optional[MetricSpec], bos: Optional[bool]) -> PatchJob:
-    """The noising job of a search on ``result``, refused before any search when its corruption, metric
-    or tokens are not the ones the result was computed with (the clean metric is compared)."""
-    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos))
-    if job.prep.name != result.corruption or job.metric.name != result.metric:
-        raise BadInputError(f"the result was computed with corruption {result.corruption!r} and metric "
-                            f"{result.metric!r}; pass those (got {job.prep.name!r}, {job.metric.name!r})")
-    job.cache(set())  # two forwards up to the metric
+RECORDED = ("corruption_params", "metric_params", "bos", "tokens", "dtype")
+"""The parts of a setup's description a result records in its settings (beside its corruption and metric names)."""
+
+
+def searched(result: Any, setup: Optional[Setup], what: str) -> Setup:
+    """The setup a search of ``result`` runs on: the one the result carries, or ``setup`` for a result read
+    back from a file; refused before any work when the two differ (or ``setup`` differs from what the result
+    recorded), naming what differs."""
+    if not isinstance(result, PatchResult):
+        raise BadInputError(f"{what} takes the PatchResult to search (from activation_patch; its model, tokens, BOS "
+                            f"choice, corruption and metric come with it), got {type(result).__name__}")
+    if result.setup is not None:
+        return result.setup.same_as(setup, "the result")
+    if setup is None:
+        raise BadInputError("this result carries no setup (read back from a file?): pass setup=p0.Setup.of(model, "
+                            "tokens, corruption=..., metric=..., bos=...) with what it was computed with")
+    mine = setup.describe()
+    recorded = {"corruption": result.corruption, "metric": result.metric,
+                **{k: result.settings[k] for k in RECORDED if k in result.settings}}
+    differ = [f"{k}: result {v!r:.100}, setup {mine[k]!r:.100}" for k, v in recorded.items() if strict(v) != strict(mine[k])]
+    if differ:
+        raise BadInputError(f"the setup is not the one the result was computed with ({'; '.join(differ)}): pass that one")
+    return setup
+
+
+def search_job(setup: Setup) -> PatchJob:
+    """The noising job of a search (:meth:`PatchJob.cache` it with the hooks it reads, then :func:`same_clean`)."""
+    return PatchJob.of(setup.but(direction="noise") if setup.options.direction != "noise" else setup)
+
+
+def same_clean(job: PatchJob, result: PatchResult) -> None:
+    """Refuse a search whose cached job no longer gives the result's clean metric (the model's weights
+    changed since the result was computed)."""
     clean = result.clean_metric
-    if abs(job.clean_metric - clean) > 1e-4 * max(abs(clean), abs(result.corrupted_metric)):
-        raise BadInputError(f"these tokens give a clean metric of {job.clean_metric:.6g}, the result's is {clean:.6g}: "
-                            "pass the tokens the result was computed on")
-    return job
+    if abs(job.clean_metric - clean) > 1e-4 * max(abs(clean), abs(result.corrupted_metric), 1e-12):
+        raise BadInputError(f"the model now gives a clean metric of {job.clean_metric:.6g}, the result's is {clean:.6g}: "
+                            "its weights changed since the result was computed; patch again")
 
 
 @entry_point
 def faithful_circuit(
-    model: HookedTransformer,
-    tokens: Tensor,
-    *,
     result: PatchResult,
-    corruption: Union[str, Corruption],
-    metric: Optional[MetricSpec],
-    bos: Optional[bool] = None,
+    *,
+    setup: Optional[Setup] = None,
     target: float = TARGET,
     tolerance: float = TOLERANCE,
     max_size: int = MAX_SIZE,
 ) -> FaithfulCircuit:
-    """The node circuit of an activation-patching ``result`` (made with the same ``corruption``,
-    ``metric`` and ``bos``), pruned as the module docstring says."""
-    if not isinstance(result, PatchResult) or result.level != "node":
-        raise BadInputError("faithful_circuit needs a node-level PatchResult (from activation_patch), got "
-                            f"{type(result).__name__}{'' if not isinstance(result, PatchResult) else ' of edges'}")
+    """The node circuit of an activation-patching ``result``, pruned as the module docstring says, on the
+    setup the result carries (``setup``: only for a result read back from a file, or to assert which one)."""
+    setup = searched(result, setup, "faithful_circuit")
+    if result.level != "node":
+        raise BadInputError("faithful_circuit needs a node-level PatchResult (from activation_patch), got one of edges")
     if not result.signal:
         raise BadInputError(f"this result has no signal ({result.message}): there is no change for a circuit to keep")
     check_bounds(target, tolerance)
     if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
         raise BadInputError(f"max_size must be an int >= 1, got {max_size!r}")
-    noise = result_job(model, tokens, result, corruption, metric, bos)
+    model = setup.model
+    noise = search_job(setup)
     effects = result.strengths()  # a node a screen left unexamined is a candidate too (ranked by its estimate)
     items = [Node.parse(n) for n in effects]
     live = [n for n in items if noise.reaches(site_of(n, model).hook)]
     named = named_positions(items)
     noise.cache({site_of(n, model).read.name for n in live})
+    same_clean(noise, result)
     clean, corrupted = result.clean_metric, result.corrupted_metric
     rows = noise.rows_per_forward
     evaluations = 0
@@ -242,26 +275,27 @@ def faithful_circuit(
     noising = Noising(noise, named)
 
     def noised(dropped: Sequence[Node]) -> float:
-        """The metric of the clean run with ``dropped`` corrupted."""
+        """The metric of the clean run with ``dropped`` corrupted (a NaN or inf refused, naming the step)."""
         nonlocal evaluations
         evaluations += 1
-        return noising(dropped)
+        return finite(noising(dropped), setup, f"corrupting {len(dropped)} of {len(live)} candidate nodes together "
+                                               f"(faithful_circuit's evaluation {evaluations})")
 
-    kept, faithfulness, bulk = prune(live, lambda n: effects[n.name], lambda n: n.layer,
+    kept, faithfulness, bulk = acdc_prune(live, lambda n: effects[n.name], lambda n: n.layer,
                                      lambda dropped: _share(noised(dropped), clean, corrupted), target, tolerance,
                                      noising.fix)
     circuit = sorted(kept, key=lambda n: -effects[n.name])
     completeness = 1.0 - _share(noised(circuit), clean, corrupted)
     denoising = None
     if not noise.prep.is_ablation:
-        restore = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos,
-                                                       direction="denoise"))
+        restore = PatchJob.of(setup.but(direction="denoise"))
         restore.cache({site_of(n, model).read.name for n in live})
         evaluations += 1
         with torch.no_grad():
             value = (run_groups(restore.base(), [[node_op(restore, n, "denoise", named) for n in circuit]], rows)[0]
                      if circuit else corrupted)
-        denoising = _share(value, clean, corrupted)
+        denoising = _share(finite(value, setup, f"restoring the circuit's {len(circuit)} nodes into the corrupted run"),
+                           clean, corrupted)
     short = []
     if len(circuit) > max_size:
         short.append(f"{len(circuit)} nodes, more than the budget of {max_size}")
@@ -274,8 +308,9 @@ def faithful_circuit(
         completeness=completeness,
         faithful=not short, why="; ".join(short),
         settings={"target": target, "tolerance": tolerance, "max_size": max_size, "corruption": result.corruption,
-                  "metric": result.metric, "clean": clean, "corrupted": corrupted, "evaluations": evaluations,
-                  "bulk_dropped": bulk,
+                  "metric": result.metric, "setup": setup.describe(), "clean": clean, "corrupted": corrupted,
+                  "evaluations": evaluations, "bulk_dropped": bulk,
                   "search": f"the {bulk} weakest candidates dropped at once (binary search), then ACDC-style pruning of "
                             f"the rest: last layer first, weakest single effect first, groups of {CHUNK} split in "
-                            "halves when they move too much"})
+                            "halves when they move too much"},
+        result=result)

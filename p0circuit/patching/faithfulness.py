@@ -10,24 +10,22 @@ during the forward pass, so senders changed upstream are accounted for.
 
 import math
 from functools import partial
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from p0circuit.core.errors import BadInputError
-from p0circuit.core.io import strict
 from p0circuit.core.args import entry_point
-from p0circuit.patching.corruptions import Corruption
+from p0circuit.patching.circuit_search import same_clean, search_job, searched
 from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, sender_output
 from p0circuit.patching.engine import PatchOp, apply_ops, run_groups, stop_layer
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.options import PatchOptions
-from p0circuit.patching.metrics import MetricSpec, RunView
+from p0circuit.patching.inputs import Setup
+from p0circuit.patching.metrics import RunView
 from p0circuit.patching.ops import node_op, sender_delta
-from p0circuit.patching.result import PatchResult
+from p0circuit.patching.result import PatchResult, finite
 from p0circuit.patching.sites import named_positions, site_of
 from p0circuit.core.types import Edge, Node
 
@@ -102,30 +100,16 @@ def edges_ablated(job: PatchJob, ablated: Sequence[Edge], named: Sequence[int],
 
 @entry_point
 def faithfulness_curve(
-    model: HookedTransformer,
-    tokens: Tensor,
-    *,
     result: PatchResult,
-    corruption: Union[str, Corruption],
-    metric: Optional[MetricSpec],
+    *,
+    setup: Optional[Setup] = None,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
 ) -> list[tuple[float, int, float]]:
-    """``(fraction, number kept, faithfulness)`` for each fraction, for a node or edge result.
-
-    ``corruption`` and ``metric`` must be the ones ``result`` was computed with."""
-    if not isinstance(result, PatchResult):
-        raise BadInputError(f"result must be a PatchResult (from a patching method), got {type(result).__name__}")
-    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric))
-    given = {"corruption": job.prep.name, "corruption_params": job.prep.corruption.params(), "metric": job.metric.name,
-             "metric_params": job.metric.params()}
-    recorded = {"corruption": result.corruption, "metric": result.metric,
-                **{k: result.settings[k] for k in ("corruption_params", "metric_params") if k in result.settings}}
-    differ = [k for k in recorded if strict(recorded[k]) != strict(given[k])]
-    if differ:
-        raise BadInputError(
-            f"the result was computed with another {' and '.join(differ)} ("
-            + "; ".join(f"{k}: result {recorded[k]!r:.120}, given {given[k]!r:.120}" for k in differ)
-            + "): pass the corruption and metric the result was made with")
+    """``(fraction, number kept, faithfulness)`` for each fraction, for a node or edge ``result``, on the
+    setup the result carries (``setup``: only for a result read back from a file, or to assert which one)."""
+    setup = searched(result, setup, "faithfulness_curve")
+    model = setup.model
+    job = search_job(setup)
     if not len(fractions) or any(not 0.0 <= f <= 1.0 for f in fractions):
         raise BadInputError(f"fractions must be one or more numbers in [0, 1], got {list(fractions)}")
     ranked = _ranked(result)
@@ -141,6 +125,7 @@ def faithfulness_curve(
     # items that cannot reach the metric change nothing whether dropped or kept: never patched
     live = {x for x in items if job.reaches(receiver_site(x, model)[0] if is_edge else site_of(x, model).hook)}
     job.cache(extra)
+    same_clean(job, result)
     gap = result.clean_metric - result.corrupted_metric
     kept = [math.ceil(f * len(items)) for f in fractions]
     dropped = [[x for x in items[k:] if x in live] for k in kept]
@@ -152,5 +137,8 @@ def faithfulness_curve(
             todo = [i for i, d in enumerate(dropped) if d]
             groups = [[node_op(job, n, "noise", named) for n in dropped[i]] for i in todo]
             values = dict(zip(todo, run_groups(job.clean_base(), groups, job.rows_per_forward)))
+    for i, value in values.items():
+        finite(value, setup, f"corrupting the {len(dropped[i])} {'edges' if is_edge else 'nodes'} outside the top "
+                             f"{kept[i]} together (faithfulness_curve at fraction {fractions[i]})")
     return [(float(f), k, (values.get(i, job.clean_metric) - result.corrupted_metric) / gap)
             for i, (f, k) in enumerate(zip(fractions, kept))]

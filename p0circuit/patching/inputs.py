@@ -1,14 +1,23 @@
-"""A patching call's inputs, checked once where they enter: the model, the tokens (against the
-run's BOS claim), the metric (by name or object, against the model), the prepared corruption and
-the options. Every later step (:class:`~p0circuit.patching.job.PatchJob`, the methods) takes this
-checked value and checks nothing again."""
+"""What a study patches, checked once where it enters: the :class:`Setup`.
 
+The model, the tokens (against the run's BOS claim), the metric (by name or object, against the
+model), the prepared corruption with all its parameters and the options are checked together, before
+any forward. Every later step takes this checked value and checks nothing again: the patching job
+(:class:`~p0circuit.patching.job.PatchJob`) and its methods, the result they return (which carries it,
+``PatchResult.setup``), and the circuit searches that read a result (``faithful_circuit(result)``,
+``faithful_edges(circuit)``, ``faithfulness_curve(result)``). A search handed another setup is refused,
+naming what differs (:meth:`Setup.differences`). Records keep its description (:meth:`Setup.describe`),
+never the model itself.
+"""
+
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from torch import Tensor
 
 from p0circuit.core.errors import BadInputError, ConfigError
+from p0circuit.core.io import describe
 from p0circuit.models.checks import check_model
 from p0circuit.models.tokens import check_tokens
 from p0circuit.patching.corruptions import Prepared, get_corruption
@@ -17,11 +26,13 @@ from p0circuit.patching.metrics import PatchMetric, check_metric, default_metric
 from p0circuit.patching.options import PatchOptions
 
 
-@dataclass(frozen=True)
-class PatchInputs:
-    """What one patching call runs on, checked (make it with :meth:`check`)."""
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What one study patches, checked: make it with :meth:`of` (or :meth:`check`), or take it from a
+    result (``result.setup``)."""
 
     model: Any
+    """The ``HookedTransformer`` (checked: finite weights, no hooks of its own on the fast path)."""
     tokens: Tensor
     """The clean prompts ``[batch, pos]``, checked against the model and ``options.bos``."""
     metric: PatchMetric
@@ -29,9 +40,57 @@ class PatchInputs:
     prep: Prepared
     """The corruption's prepared runs and alignment."""
     options: PatchOptions
+    """The call's options: the corruption and metric as given, the BOS choice, direction, signal threshold."""
 
     @classmethod
-    def check(cls, model: Any, tokens: Any, options: PatchOptions) -> "PatchInputs":
+    def of(cls, model: Any, tokens: Any, **options: Any) -> "Setup":
+        """A checked setup from keywords (``corruption=``, ``metric=``, ``bos=``, any :class:`PatchOptions` field)."""
+        try:
+            return cls.check(model, tokens, PatchOptions(**options))
+        except TypeError as err:
+            raise BadInputError(f"Setup.of: {err}; the options are {[f.name for f in dataclasses.fields(PatchOptions)]}"
+                                ) from None
+
+    def but(self, **changes: Any) -> "Setup":
+        """The same checked setup with options that change how patches run, not what is patched
+        (``direction``, ``min_signal``, ``rows_per_forward``, ``progress``): nothing is checked again."""
+        how = {"direction", "min_signal", "rows_per_forward", "progress"}
+        if set(changes) - how:
+            raise BadInputError(f"Setup.but changes only {sorted(how)}; for another corruption, metric, BOS choice or "
+                                "tokens make a new Setup.of(...)")
+        options = self.options.but(**changes)
+        if options.direction == "denoise" and self.prep.is_ablation:
+            raise ConfigError(f"direction='denoise' needs a corrupted run, but {self.prep.name!r} is an ablation of the "
+                              "clean run")
+        return dataclasses.replace(self, options=options)
+
+    def describe(self) -> dict[str, Any]:
+        """The record of what was patched (JSON-able; the model by name and dtype, the tokens by digest)."""
+        cfg = self.model.cfg
+        return {"model": str(cfg.model_name), "architecture": str(getattr(cfg, "original_architecture", None)),
+                "dtype": str(cfg.dtype).replace("torch.", ""), "tokens": describe(self.tokens),
+                "bos": self.options.bos, "corruption": self.prep.name, "corruption_params": self.prep.corruption.params(),
+                "metric": self.metric.name, "metric_params": self.metric.params()}
+
+    def differences(self, other: "Setup") -> list[str]:
+        """What differs between two setups, one phrase each (empty: the same study)."""
+        out = [] if self.model is other.model else ["the model (another HookedTransformer object)"]
+        mine, theirs = self.describe(), other.describe()
+        return out + [f"{k}: {mine[k]!r:.100} vs {theirs[k]!r:.100}" for k in mine if mine[k] != theirs[k]
+                      and not (k in ("model", "architecture") and out)]
+
+    def same_as(self, other: Optional["Setup"], what: str) -> "Setup":
+        """``self`` when ``other`` is None or the same study, else an error naming what differs."""
+        if other is None or other is self:
+            return self
+        differ = self.differences(other)
+        if differ:
+            raise BadInputError(f"{what} was made with another setup ({'; '.join(differ)}): search the result of "
+                                "the setup you mean, or patch again with this one")
+        return self
+
+    @classmethod
+    def check(cls, model: Any, tokens: Any, options: PatchOptions) -> "Setup":
         """Check everything a patching call is given, before any forward runs."""
         if not isinstance(options, PatchOptions):
             raise ConfigError(f"a patching call takes a PatchOptions, got {type(options).__name__}")
@@ -54,3 +113,7 @@ class PatchInputs:
                 "run; use direction='noise' or corruption 'shift'/'resample'"
             )
         return cls(model, tokens, metric, prep, options)
+
+
+PatchInputs = Setup
+"""The former name of :class:`Setup` (kept for code written against it)."""

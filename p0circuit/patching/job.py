@@ -26,7 +26,7 @@ from p0circuit.core.progress import tqdm
 
 from p0circuit.core.errors import NonFiniteError, non_finite_fix
 from p0circuit.core.hooks import HookRef
-from p0circuit.patching.inputs import PatchInputs
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.engine import (
     BaseRun, PatchOp, apply_ops, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer,
 )
@@ -56,8 +56,18 @@ class PatchJob:
     """
 
     def __init__(self, model: Any, tokens: Any, options: PatchOptions) -> None:
-        inputs = PatchInputs.check(model, tokens, options)  # every check, once, before any forward
-        self.inputs = inputs
+        self._start(Setup.check(model, tokens, options))  # every check, once, before any forward
+
+    @classmethod
+    def of(cls, setup: Setup) -> "PatchJob":
+        """The job of a checked :class:`Setup` (a result's: nothing is checked again)."""
+        job = cls.__new__(cls)
+        job._start(setup)
+        return job
+
+    def _start(self, inputs: Setup) -> None:
+        model, options = inputs.model, inputs.options
+        self.inputs = self.setup = inputs
         self.model, self.tokens, self.metric, self.prep, self.options = (
             inputs.model, inputs.tokens, inputs.metric, inputs.prep, inputs.options)
         self.direction = options.direction

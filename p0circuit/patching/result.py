@@ -50,7 +50,11 @@ class PatchResult:
     message: str = ""
     """Why there is no signal, or notes."""
     settings: dict[str, Any] = field(default_factory=dict)
-    """Everything needed to reproduce the result."""
+    """Everything needed to reproduce the result (the setup's description among it: ``Setup.describe``)."""
+    setup: Any = field(default=None, repr=False, compare=False)
+    """The checked :class:`~p0circuit.patching.inputs.Setup` it was computed on (model, tokens, BOS choice,
+    corruption and metric with their parameters), which the circuit searches read; None for a result
+    read back from a file (records keep only its description)."""
 
     @property
     def names(self) -> list[str]:
@@ -174,6 +178,15 @@ def normalize(
     return {k: (v - corrupted) / gap for k, v in raw.items()}, True, ""
 
 
+def finite(value: float, setup: Any, where: str) -> float:
+    """``value`` when it is a finite number, else the engine's :class:`NonFiniteError` naming ``where`` (which
+    patch, search step or run gave it) and the fix: every number of a result or a search passes here."""
+    if value is None or not math.isfinite(value):
+        raise NonFiniteError(non_finite_fix(setup.model.cfg.dtype,
+                                            f"the metric {setup.metric.name} is {value} after {where}"))
+    return value
+
+
 def make_result(inputs: Any, clean_metric: float, base_metric: float, method: str, level: str,
                 raw: dict[str, float], corrupted: float, candidates: Optional[Sequence[str]], min_signal: float,
                 **settings: Any) -> PatchResult:
@@ -186,10 +199,9 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     patches went into."""
     names = list(raw) if candidates is None else list(candidates)
     bad = [n for n, v in raw.items() if not math.isfinite(v)]
-    if bad or not math.isfinite(corrupted):
-        where = f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)" if bad else "the fully corrupted run"
-        raise NonFiniteError(non_finite_fix(inputs.model.cfg.dtype,
-                                            f"the metric {inputs.metric.name} is NaN or inf after {where}"))
+    if bad:
+        finite(math.nan, inputs, f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)")
+    finite(corrupted, inputs, "the fully corrupted run")
     unreachable = [n for n in names if n not in raw]
     raw = {n: raw.get(n, base_metric) for n in names}
     settings = {**settings, "unreachable": len(unreachable)}
@@ -198,11 +210,12 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     norm, signal, msg = normalize(clean_metric, corrupted, raw, inputs.options.direction, min_signal,
                                   advice(inputs.prep.name, at_p0))
     tokens = inputs.prep.clean_tokens
+    described = {k: v for k, v in inputs.describe().items() if k not in ("corruption", "metric")}  # (fields of their own)
     return PatchResult(
         method=method, level=level, corruption=inputs.prep.name, metric=inputs.metric.name,
         direction=inputs.options.direction, clean_metric=clean_metric, corrupted_metric=corrupted, raw=raw,
         normalized=norm, signal=signal, message=msg,
-        settings={**settings, "corruption_params": inputs.prep.corruption.params(), "metric_params": inputs.metric.params(),
-                  "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
+        settings={**settings, **described, "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
                   "n_layers": int(inputs.model.cfg.n_layers), "n_heads": int(inputs.model.cfg.n_heads)},
+        setup=inputs,
     )

@@ -94,6 +94,7 @@ def triage_patch(
         signal=exact.signal, message=message,
         settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed,
                   "estimates": {n: float(v) for n, v in approx.normalized.items() if math.isfinite(v)}},
+        setup=exact.setup,
     )
 
 

@@ -9,6 +9,7 @@ edges, the faithful circuit and the verdict on the paper's claim in its three pa
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from p0circuit.studies.analysis.records import AnalysisRecord
 from p0circuit.studies.analysis.run import analyze, sink_label
 from p0circuit.core.entries import check_model_entry
 from p0circuit.core.io import run_dir, write_atomic
@@ -50,23 +51,29 @@ def _circuit_cell(c: dict[str, Any]) -> str:
             f"{denoise}{edges}")
 
 
-def rows(d: dict[str, Any]) -> list[list[str]]:
-    """The atlas rows of one analysis (one per BOS setting)."""
+def _record(data: Union[dict[str, Any], AnalysisRecord]) -> AnalysisRecord:
+    """The record of an analysis' content (its schema version and keys checked), or the record itself."""
+    return data if isinstance(data, AnalysisRecord) else AnalysisRecord.from_dict(data, "an analysis in the atlas")
+
+
+def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:
+    """The atlas rows of one analysis (``analysis.json``'s content, or its record; one per BOS setting)."""
+    d = _record(data)
     out = []
     for tag, title in _SETTINGS:
-        s = d["sinks"].get(tag)
+        s = d.sinks.get(tag)
         if s is None:
             continue
         if "skipped" in s:
-            out.append([d["model"], title, "not measured (no start token)"] + [""] * 6)
+            out.append([d.model, title, "not measured (no start token)"] + [""] * 6)
             continue
-        onsets = [o for o in d["onsets"].get(tag, []) if o["where"] == "P0"]
+        onsets = [o for o in d.onsets.get(tag, []) if o["where"] == "P0"]
         first = onsets[0] if onsets else None
         others = sorted({sink_label(p) for p in s["sink_positions"] if not p["where"].startswith("P0")})
         where = ", ".join((["P0"] if any(p["where"].startswith("P0") for p in s["sink_positions"]) else []) + others)
         if first is None:
             circuit = edges = faith = "no P0 onset"
-            other = [o for o in d["onsets"].get(tag, []) if o["where"] != "P0" and o.get("signal")]
+            other = [o for o in d.onsets.get(tag, []) if o["where"] != "P0" and o.get("signal")]
             if other:
                 circuit = f"at {other[0]['where']} (layer {other[0]['layer']}): {_top(other[0]['nodes'], 3)}"
                 edges = _top(other[0]["edges"], 2)
@@ -77,18 +84,19 @@ def rows(d: dict[str, Any]) -> list[list[str]]:
             edges = _top(first["edges"], 3)
             faith = _circuit_cell(first.get("circuit") or {})
         dims = ", ".join(str(m["dim"]) for m in s["massive_dims"][:3]) or "none"
-        out.append([d["model"], title, f"{s['sink_rate']:.2f}",
+        out.append([d.model, title, f"{s['sink_rate']:.2f}",
                     ", ".join(str(l) for k, l, _ in s["norm_stages"] if k == "onset") or "none", dims,
                     where or "none", circuit, edges, faith])
     return out
 
 
-def page(analyses: Sequence[dict[str, Any]]) -> str:
-    """The atlas as Markdown."""
+def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
+    """The atlas as Markdown (each analysis: ``analysis.json``'s content, or its record)."""
+    records = [_record(d) for d in analyses]
     head = ["model", "BOS", "Sink_0^0.3", "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
             "edges", "faithful circuit at the first onset"]
-    sizes = sorted({f"{d['settings']['n_prompts']} English prompts x {d['settings']['length']} tokens"
-                    for d in analyses}) or ["no analysis"]
+    sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens"
+                    for d in records}) or ["no analysis"]
     lines = ["# The P0-sink atlas", "",
              f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY`, {' or '.join(sizes)}; "
              "random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
@@ -99,7 +107,7 @@ def page(analyses: Sequence[dict[str, Any]]) -> str:
              "keeps at least 0.9 of the change (faithfulness), and set clean in the corrupted run it restores at "
              "least 0.9 (denoising; not defined for an ablation).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for d in analyses:
+    for d in records:
         for row in rows(d):
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
     lines += ["", "## BOS in training and the paper's claim, in three parts", "",
@@ -108,23 +116,23 @@ def page(analyses: Sequence[dict[str, Any]]) -> str:
               "other layers, or fails; the evidence is in each model's analysis.md.", "",
               "| model | position 0 in training | BOS | (a) sink | (b) circuit | (c) amplification |",
               "|---|---|---|---|---|---|"]
-    for d in analyses:
+    for d in records:
         for tag, title in _SETTINGS:
-            part = (d["verdict"].get("parts") or {}).get(tag)
+            part = (d.verdict.get("parts") or {}).get(tag)
             if part is None:
                 continue
-            cells = [d["model"], TRAINED_WITH.get(d["model"], "unknown"), title,
+            cells = [d.model, TRAINED_WITH.get(d.model, "unknown"), title,
                      *(f"**{part[k]['status']}**: {part[k]['evidence']}" for k in ("sink", "circuit", "amplification"))]
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     lines += ["", "## What each analysis cost", "",
               "Seconds of the analysis' own steps (model loading left out), in forwards of its prompt batch timed "
               "in the same run, and the share the faithful-circuit search (nodes, then edges) took.", "",
               "| model | steps | forwards of the batch | circuit search |", "|---|---|---|---|"]
-    for d in analyses:
-        t = d["timing"]
+    for d in records:
+        t = d.timing
         search = sum(c.get("seconds", 0.0) + (c.get("edge_circuit") or {}).get("seconds", 0.0)
-                     for ons in d["onsets"].values() for o in ons for c in [o.get("circuit") or {}])
-        lines.append(f"| {d['model']} | {t['seconds']:.0f} s | {t['forwards']} | {search:.0f} s "
+                     for ons in d.onsets.values() for o in ons for c in [o.get("circuit") or {}])
+        lines.append(f"| {d.model} | {t['seconds']:.0f} s | {t['forwards']} | {search:.0f} s "
                      f"({search / max(t['seconds'], 1e-9):.0%}) |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
               "directory; the command prints where.", ""]

@@ -28,6 +28,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, SINK_EPS
 from p0circuit.studies.analysis import cost, steps
 from p0circuit.studies.analysis.eta import Bar
+from p0circuit.studies.analysis.records import ABSENT, AnalysisRecord, OnsetRow, StateFile, StateHeader
 from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, precheck, read_state
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
@@ -95,7 +96,7 @@ def fingerprint(tokens: Tensor) -> str:
 class _State:
     """The finished steps of one analysis directory, saved after each."""
 
-    def __init__(self, out: Optional[Path], header: dict[str, Any], resume: bool) -> None:
+    def __init__(self, out: Optional[Path], header: StateHeader, resume: bool) -> None:
         self.path = None if out is None else out / STATE
         self.header = header
         self.done: dict[str, Any] = {}
@@ -103,12 +104,12 @@ class _State:
         """The process's peak resident memory before the last reset (bytes)."""
         if self.path is not None and self.path.is_file():
             if resume:
-                old = read_state(self.path)
-                if old.get("header") != header:
+                old = read_state(self.path)  # its schema version checked (records.py)
+                if old.header != header:
                     raise ConfigError(
-                        f"{self.path.parent} holds an analysis of {old.get('header', {}).get('model')!r} with other "
+                        f"{self.path.parent} holds an analysis of {old.header.model!r} with other "
                         f"settings or prompts; write to another directory, or pass fresh=True (--fresh) to replace it")
-                self.done = old.get("steps", {})
+                self.done = dict(old.steps)
             else:
                 self.path.unlink()
 
@@ -119,7 +120,7 @@ class _State:
 
     def _save(self) -> None:
         if self.path is not None:
-            write_atomic(self.path, json.dumps({"header": self.header, "steps": self.done}, allow_nan=False))
+            write_atomic(self.path, json.dumps(StateFile(self.header, self.done).to_dict(), allow_nan=False))
 
     def run(self, key: str, fn: Callable[[], Any], bar: "Bar") -> Any:
         if key not in self.done:
@@ -245,9 +246,9 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}; "
                             "pass bos_token= (--bos-token) to choose one, or measure without BOS too")
     tokens = {b: prompts(model, s.n_prompts, s.length, b, s.seed) for b in tags}
-    header = {"model": label, "settings": json.loads(json.dumps(asdict(s))),
-              "prompt_source": prompt_label(model, s.n_prompts, s.length, False).split(" x ")[0],
-              "prompts": {SETTINGS[b]: fingerprint(t) for b, t in tokens.items()}}
+    header = StateHeader(model=label, settings=json.loads(json.dumps(asdict(s))),
+                         prompt_source=prompt_label(model, s.n_prompts, s.length, False).split(" x ")[0],
+                         prompts={SETTINGS[b]: fingerprint(t) for b, t in tokens.items()})
     state = _State(out, header, resume)
     first = tokens[tags[0]]
     at_start = memory.resident()  # the model loaded, before any step
@@ -290,23 +291,25 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                 variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
     finally:
         bar.close()
-    data = {
-        "model": label, "settings": header["settings"], "prompt_source": header["prompt_source"],
-        "n_layers": int(model.cfg.n_layers),
-        "n_heads": int(model.cfg.n_heads), "sinks": sinks, "onsets": onsets, "variations": variations,
-        "verdict": verdict(sinks, onsets, s.threshold),
-        "timing": {"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
-                   "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
-                   "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
-                   "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
-                   "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
-                   "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},
-                   "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
-                   "eta": bar.log()},
-        "memory": _memory(model, at_start, state),
-    }
-    if truth is not None:
-        data["truth"] = {"nodes": [n.name for n in truth.nodes], "edges": [e.name for e in truth.edges]}
+    data = AnalysisRecord(  # the keys are the record's fields (records.py); each onset row checked as an OnsetRow
+        model=label, settings=header.settings, prompt_source=header.prompt_source,
+        n_layers=int(model.cfg.n_layers),
+        n_heads=int(model.cfg.n_heads), sinks=sinks,
+        onsets={tag: [OnsetRow.from_dict(o, f"the analysis' onsets[{tag!r}][{i}]").to_dict()
+                      for i, o in enumerate(rows)] for tag, rows in onsets.items()}, variations=variations,
+        verdict=verdict(sinks, onsets, s.threshold),
+        timing={"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
+                "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
+                "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
+                "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
+                "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
+                "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},
+                "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
+                "eta": bar.log()},
+        memory=_memory(model, at_start, state),
+        truth=ABSENT if truth is None else {"nodes": [n.name for n in truth.nodes],
+                                            "edges": [e.name for e in truth.edges]},
+    ).to_dict()
     result = Analysis(data, out, reports)
     if out is not None:
         write_all(result, out)
@@ -371,9 +374,9 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed)
         out["corruption_choice"] = choice
         bar.part(key + "/nodes", "pass")
-        out["faithfulness"] = steps.faithfulness(model, toks, res, corruption, metric)
+        out["faithfulness"] = steps.faithfulness(res)
         bar.part(key + "/nodes", "curve")
-        out["circuit"] = steps.circuit(model, toks, bos, res, corruption, metric, s.max_edges)
+        out["circuit"] = steps.circuit(res, s.max_edges)
         return out
 
     entry.update(state.run(key + "/nodes", node_step, bar))

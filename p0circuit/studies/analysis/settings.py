@@ -5,11 +5,12 @@ directory holding another analysis, in well under a second, before the model is 
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from p0circuit.core import choices
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
 from p0circuit.core.errors import ConfigError
+from p0circuit.studies.analysis.records import StateFile
 
 STATE = "analysis.state.json"
 """The file an analysis directory keeps its finished steps in."""
@@ -81,25 +82,22 @@ class AnalysisSettings:
                 raise ConfigError(f"analysis setting {_named(name)} must be a number > 0, got {value!r}")
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    """The state file's content, or a clear error for a damaged one."""
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
-                          "to start over") from None
+def read_state(path: Path) -> StateFile:
+    """The state file's content, or a clear error for a damaged one or one of another schema version
+    (:mod:`.records`: no version, or an older or newer one, is refused with what to do)."""
+    return StateFile.read(path)
 
 
 def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume: bool) -> None:
-    """Refuse, before any model is loaded, a directory that holds an analysis of another model or
-    other settings (``resume=False`` replaces it instead)."""
+    """Refuse, before any model is loaded, a directory that holds an analysis of another model, other
+    settings or another schema version (``resume=False`` replaces it instead)."""
     path = None if out is None else out / STATE
     if path is None or not path.is_file() or not resume:
         return
-    old = read_state(path).get("header", {})
+    old = read_state(path).header
     mine = json.loads(json.dumps(asdict(settings)))
-    if old.get("model") != label or old.get("settings") != mine:
-        diff = sorted(k for k in mine if old.get("settings", {}).get(k) != mine[k])
-        raise ConfigError(f"{out} holds an analysis of {old.get('model')!r}"
+    if old.model != label or old.settings != mine:
+        diff = sorted(k for k in mine if old.settings.get(k) != mine[k])
+        raise ConfigError(f"{out} holds an analysis of {old.model!r}"
                           + (f" with other settings ({', '.join(diff)})" if diff else "")
                           + "; write to another directory, or pass fresh=True (--fresh) to replace it")

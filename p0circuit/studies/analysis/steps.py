@@ -233,7 +233,7 @@ def neurons(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer
     if exact.signal:
         fr = [k / len(ranked) for k in (1, 2, 4, 8, 16) if k <= len(ranked)]
         curve = [(int(kept), round(f, 4)) for _, kept, f in
-                 faithfulness_curve(model, tokens, result=exact, corruption=corruption, metric=metric, fractions=fr)]
+                 faithfulness_curve(exact, fractions=fr)]
     return {"metric": metric.name, "mlps": mlps, "candidates": len(cands), "confirmed": len(ranked),
             "clean": exact.clean_metric, "corrupted": exact.corrupted_metric, "signal": exact.signal,
             "message": exact.message, "neurons": strong(exact, threshold),
@@ -242,34 +242,30 @@ def neurons(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer
                       f"top {len(ranked)}", "seconds": {"screen": round(screen_s, 2), "confirm": round(confirm_s, 2)}}
 
 
-def faithfulness(model: Any, tokens: Tensor, result: PatchResult, corruption: Corruption,
-                 metric: PatchMetric) -> dict[str, float]:
+def faithfulness(result: PatchResult) -> dict[str, float]:
     """Share of the clean-to-corrupted change kept with the top-k nodes clean and every other one corrupted."""
     if not result.signal:
         return {}
     n = len(result.raw)
     ks = [k for k in FAITHFULNESS_K if k <= n]
-    curve = faithfulness_curve(model, tokens, result=result, corruption=corruption, metric=metric,
-                               fractions=[k / n for k in ks])
+    curve = faithfulness_curve(result, fractions=[k / n for k in ks])
     return {str(int(kept)): round(f, 4) for _, kept, f in curve}
 
 
-def circuit(model: Any, tokens: Tensor, bos: bool, result: PatchResult, corruption: Corruption,
-            metric: PatchMetric, max_edges: Optional[int] = None) -> dict[str, Any]:
+def circuit(result: PatchResult, max_edges: Optional[int] = None) -> dict[str, Any]:
     """The onset's faithful circuit (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), or why
     there is none; the top-k faithfulness curve stays beside it as a screen."""
     if not result.signal:
         return {"note": f"no signal: {result.message}"}
     t = time.perf_counter()
-    circuit_ = faithful_circuit(model, tokens, result=result, corruption=corruption, metric=metric, bos=bos)
+    circuit_ = faithful_circuit(result)
     found = circuit_.to_dict()
     found["seconds"] = round(time.perf_counter() - t, 2)
     if not circuit_.faithful:
         found["edge_circuit"] = {"note": "the node circuit is not faithful, so its edges were not searched"}
         return found
     t = time.perf_counter()
-    found["edge_circuit"] = faithful_edges(model, tokens, circuit=circuit_, result=result, corruption=corruption,
-                                           metric=metric, bos=bos, max_candidates=max_edges).to_dict()
+    found["edge_circuit"] = faithful_edges(circuit_, max_candidates=max_edges).to_dict()
     found["edge_circuit"]["seconds"] = round(time.perf_counter() - t, 2)
     return found
 

@@ -7,11 +7,13 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
+from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.types import Circuit, Edge, Kind, Node
+from p0circuit.studies.analysis.records import Absent, AnalysisRecord
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
 from p0circuit.figures.drawing import draw, to_html
 
@@ -78,18 +80,24 @@ def _edge_line(e: dict[str, Any]) -> str:
             f"removes {e['completeness']:.3f}.{held_said}")
 
 
-def markdown(d: dict[str, Any]) -> str:
-    """The analysis as Markdown."""
-    s = d["settings"]
-    lines = [f"# P0-sink analysis of {d['model']}", "",
-             f"{d.get('prompt_source', str(s['n_prompts']) + ' prompts')} x {s['length']} tokens (a BOS token adds one); "
+def _record(data: Union[dict[str, Any], AnalysisRecord]) -> AnalysisRecord:
+    """The record of an analysis' content (its schema version and keys checked), or the record itself."""
+    return data if isinstance(data, AnalysisRecord) else AnalysisRecord.from_dict(data, "the analysis")
+
+
+def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
+    """The analysis (``analysis.json``'s content, or its record) as Markdown."""
+    d = _record(data)
+    s = d.settings
+    lines = [f"# P0-sink analysis of {d.model}", "",
+             f"{d.prompt_source} x {s['length']} tokens (a BOS token adds one); "
              "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
              f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. Measured in "
-             f"{d['timing']['seconds']:.0f} s of steps, {d['timing']['forwards']} times one forward of the batch "
-             f"({d['timing']['forward_s'] * 1000:.0f} ms) timed in the same run.", "",
-             f"**The paper's claim** (without BOS, position 0 becomes a sink): {d['verdict']['claim']}.", ""]
-    parts = d["verdict"].get("parts") or {}
+             f"{d.timing['seconds']:.0f} s of steps, {d.timing['forwards']} times one forward of the batch "
+             f"({d.timing['forward_s'] * 1000:.0f} ms) timed in the same run.", "",
+             f"**The paper's claim** (without BOS, position 0 becomes a sink): {d.verdict['claim']}.", ""]
+    parts = d.verdict.get("parts") or {}
     if parts:
         lines += ["**The claim in three parts** (a: position 0 becomes a sink; b: the first onset's faithful circuit "
                   "lies in layer-0 attention and the layer-0/1 MLPs; c: those MLPs' neurons write the massive "
@@ -99,7 +107,7 @@ def markdown(d: dict[str, Any]) -> str:
                 lines.append(f"- {_TITLES[tag]}, ({label}) **{p[key]['status']}**: {p[key]['evidence']}.")
         lines.append("")
     for tag, title in _TITLES.items():
-        sk = d["sinks"].get(tag)
+        sk = d.sinks.get(tag)
         if sk is None:
             continue
         lines += [f"## {title[0].upper() + title[1:]}", ""]
@@ -122,7 +130,7 @@ def markdown(d: dict[str, Any]) -> str:
                          f"{peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
                              f"{t!r} x{c}" for t, c in peak.get("tokens", [])[:3])) if where == "other" else "") + ".")
         lines.append("")
-        for o in d["onsets"].get(tag, []):
+        for o in d.onsets.get(tag, []):
             lines += [f"### Onset at layer {o['layer']}, {o['where']}", ""]
             if "skipped" in o:
                 lines += [f"Not measured: {o['skipped']}", ""]
@@ -164,7 +172,7 @@ def markdown(d: dict[str, Any]) -> str:
             elif npass.get("note"):
                 lines.append(f"- Neurons: {npass['note']}.")
             lines.append("")
-        v = d["variations"].get(tag)
+        v = d.variations.get(tag)
         if v:
             lines += [f"### What changes at layer {v['layer']}", "",
                       "Every corruption on the same prompts (metric `NormRatio` at this layer):", ""]
@@ -185,9 +193,9 @@ def markdown(d: dict[str, Any]) -> str:
                         f"nodes {_effects(row)}" if row.get("signal") else "no signal")
                 lines.append(text)
             lines.append("")
-    if "truth" in d:
-        lines += ["## Planted ground truth", "", "Nodes: " + ", ".join(d["truth"]["nodes"]),
-                  "", "Edges: " + ", ".join(d["truth"]["edges"]), ""]
+    if not isinstance(d.truth, Absent):
+        lines += ["## Planted ground truth", "", "Nodes: " + ", ".join(d.truth["nodes"]),
+                  "", "Edges: " + ", ".join(d.truth["edges"]), ""]
     return "\n".join(lines)
 
 
@@ -204,19 +212,19 @@ def _img(src: str, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="{src}">'
 
 
-def _truth(d: dict[str, Any]) -> Optional[Circuit]:
-    if "truth" not in d:
+def _truth(d: AnalysisRecord) -> Optional[Circuit]:
+    if isinstance(d.truth, Absent):
         return None
-    return Circuit(nodes=tuple(Node.parse(n) for n in d["truth"]["nodes"]),
-                   edges=tuple(Edge.parse(e) for e in d["truth"]["edges"]))
+    return Circuit(nodes=tuple(Node.parse(n) for n in d.truth["nodes"]),
+                   edges=tuple(Edge.parse(e) for e in d.truth["edges"]))
 
 
-def _onset_panels(d: dict[str, Any], o: dict[str, Any]) -> Any:
+def _onset_panels(d: AnalysisRecord, o: dict[str, Any]) -> Any:
     """The node effects at P0 and at the other positions (@rest) as layer x head (+ MLP) maps, and
     the faithfulness of the top-k screen beside the faithful circuit's own point."""
     import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
-    heads = d["n_heads"]
+    heads = d.n_heads
     fig, axes = plt.subplots(1, 3, figsize=(13, max(3.4, 1.9 + 0.35 * (o["layer"] + 1))),
                              gridspec_kw={"width_ratios": [1, 1, 0.9]})
     grids = {}
@@ -258,7 +266,7 @@ def _onset_panels(d: dict[str, Any], o: dict[str, Any]) -> Any:
     return fig
 
 
-def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
+def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
     """HTML snippets per BOS setting (the P0 norm ratio and the strongest head's attention per layer,
     the alpha_0 heatmap) and per onset (its effect maps @0 and @rest with the faithfulness curve, and
     its faithful circuit, static and interactive)."""
@@ -267,13 +275,13 @@ def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
     figs: dict[str, list[str]] = {}
     truth = _truth(d)
     for tag, title in _TITLES.items():
-        sk = d["sinks"].get(tag)
+        sk = d.sinks.get(tag)
         if not sk or "skipped" in sk:
             continue
         fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
         layers = range(len(sk["norm_ratio"]))
         axes[0].plot(layers, [x if x and math.isfinite(x) else float("nan") for x in sk["norm_ratio"]], marker="o")
-        axes[0].axhline(d["settings"]["norm_threshold"], color="grey", ls=":")
+        axes[0].axhline(d.settings["norm_threshold"], color="grey", ls=":")
         axes[0].set(yscale="log", xlabel="layer", ylabel="||h_0|| / mean over t>0 of ||h_t||", title=f"P0 norm ratio, {title}")
         axes[1].plot(layers, [max(a) for a in sk["alpha"]], marker="o", label="strongest head")
         axes[1].plot(layers, sk["sink_rate_per_layer"], marker="s", label="share of heads > 0.3")
@@ -285,7 +293,7 @@ def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
         fig.colorbar(im, ax=axes[2], label="alpha_0: mean attention to P0")
         fig.tight_layout()
         figs[tag] = [_img(_png(fig), "norm ratio and attention to P0 per layer")]
-        for o in d["onsets"].get(tag, []):
+        for o in d.onsets.get(tag, []):
             if not o.get("effects"):
                 continue
             key = f"{tag}/{o['where']}@L{o['layer']}"
@@ -293,13 +301,8 @@ def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
             c = o.get("circuit") or {}
             if c.get("nodes"):
                 ec = c.get("edge_circuit") or {}
-                held = [n for n in ((ec.get("settings") or {}).get("held") or {}) if "->" in n]  # kept as they are
-                circuit = Circuit(nodes=tuple(Node.parse(n) for n in c["nodes"]),
-                                  edges=tuple(Edge.parse(n) for n in [*ec.get("edges", []), *held]),
-                                  node_effects=dict(o["effects"]), edge_effects=dict(ec.get("effects", {})),
-                                  settings={"method": "faithful circuit", "corruption": o["corruption"],
-                                            "metric": o["metric"], "threshold": d["settings"]["threshold"],
-                                            "signal": True, "level": "edge" if ec.get("edges") else "node"})
+                circuit = searched_circuit(c, ec, o["effects"], corruption=o["corruption"], metric=o["metric"],
+                                           threshold=d.settings["threshold"])
                 name = (f"{'faithful' if c['faithful'] else 'best (not faithful)'} circuit, layer-{o['layer']} onset"
                         + (f", {len(ec['edges'])} edges" if ec.get("edges") else ""))
                 figs[key].append(_img(_png(draw(circuit, truth, name)), name))
@@ -308,8 +311,9 @@ def _figures(d: dict[str, Any]) -> dict[str, list[str]]:
     return figs
 
 
-def report_html(d: dict[str, Any]) -> str:
+def report_html(data: Union[dict[str, Any], AnalysisRecord]) -> str:
     """A self-contained page: the Markdown's content as HTML with the figures."""
+    d = _record(data)
     figs = _figures(d)
     body = []
     current = ""
@@ -334,7 +338,7 @@ def report_html(d: dict[str, Any]) -> str:
              "img,svg{max-width:100%;height:auto;display:block;margin:0.5em 0}code{background:#eee;padding:0 3px;"
              "overflow-wrap:anywhere}li,p{overflow-wrap:anywhere}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
-            f"<title>P0-sink analysis of {html.escape(d['model'])}</title><style>{style}</style></head><body>"
+            f"<title>P0-sink analysis of {html.escape(d.model)}</title><style>{style}</style></head><body>"
             f"{''.join(body)}</body></html>")
 
 
@@ -350,7 +354,7 @@ def _inline(text: str) -> str:
 
 def write_all(result: Any, out: Path) -> None:
     """``analysis.json``, ``analysis.md`` and ``report.html`` in ``out``."""
-    d = result.data
-    write_atomic(out / "analysis.json", json.dumps(strict(d), indent=1, allow_nan=False))
+    d = AnalysisRecord.from_dict(result.data, "the analysis")  # its schema version and keys checked
+    write_atomic(out / "analysis.json", json.dumps(strict(d.to_dict()), indent=1, allow_nan=False))
     write_atomic(out / "analysis.md", markdown(d))
     write_atomic(out / "report.html", report_html(d))

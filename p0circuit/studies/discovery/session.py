@@ -13,7 +13,7 @@ from torch import Tensor
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.studies.discovery.discover import discover
 from p0circuit.core.errors import BadInputError, ConfigError
-from p0circuit.figures.graphs import compare
+from p0circuit.core.circuits import compare
 from p0circuit.measures import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
 from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method

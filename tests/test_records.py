@@ -1,0 +1,134 @@
+"""The analysis' records (``p0circuit/studies/analysis/records.py``): a state file or an ``analysis.json``
+of another schema version, or with none, is refused with what to do, a state before any model is loaded;
+``from_dict`` names a missing or unknown key. (That docs/records.md names only keys the planted model's
+``analysis.json`` has is checked in tests/test_analysis.py, on its analysis.)"""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+import p0circuit as p0
+from p0circuit.studies.analysis import AnalysisSettings, analyze
+from p0circuit.studies.analysis import run as analysis_run
+from p0circuit.studies.analysis.atlas import page
+from p0circuit.studies.analysis.records import (ABSENT, SCHEMA_VERSION, AnalysisRecord, OnsetRow, StateFile,
+                                                StateHeader)
+from p0circuit.studies.analysis.settings import STATE, precheck, read_state
+from p0circuit.studies.analysis.write import markdown
+from p0circuit.surfaces.cli import main
+
+SMALL = dict(n_prompts=4, length=8, bos=(False,))
+
+
+def _header(settings: AnalysisSettings, model: str = "planted:rope") -> dict:
+    return {"model": model, "settings": json.loads(json.dumps(asdict(settings))),
+            "prompt_source": "4 regular random-id prompts", "prompts": {"without_bos": "0123456789abcdef"}}
+
+
+def _write_state(tmp_path, **extra) -> None:
+    """A state file as p0circuit wrote it before the records were versioned, plus ``extra`` keys."""
+    steps = {analysis_run.UNIT: {"value": None, "seconds": 0.01}}
+    (tmp_path / STATE).write_text(json.dumps({**extra, "header": _header(AnalysisSettings(**SMALL)), "steps": steps}))
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any model load fails the test: a refusal must come first."""
+    from p0circuit.models import resolve
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was loaded before the state file's version was checked")
+
+    monkeypatch.setattr(resolve, "load_model", no_build)
+    monkeypatch.setattr(analysis_run, "load_model", no_build)
+
+
+def test_a_state_without_a_version_is_refused_before_the_model_loads(tmp_path, no_model, capsys):
+    _write_state(tmp_path)  # today's matching header and settings: only the version is wrong
+    said = [f"{tmp_path / STATE} has no schema version", f"reads schema version {SCHEMA_VERSION} only",
+            "--fresh"]
+    with pytest.raises(p0.ConfigError) as err:
+        precheck(tmp_path, "planted:rope", AnalysisSettings(**SMALL), resume=True)
+    assert all(s in str(err.value) for s in said), str(err.value)
+    with pytest.raises(p0.ConfigError, match="has no schema version"):
+        analyze("planted:rope", out=tmp_path, progress=False, **SMALL)
+    code = main(["analyze", "--model", "planted:rope", "--out", str(tmp_path), "--n-prompts", "4", "--length", "8",
+                 "--bos", "without", "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert all(s in err for s in said), err
+    precheck(tmp_path, "planted:rope", AnalysisSettings(**SMALL), resume=False)  # --fresh: replaced, not read
+
+
+def test_a_state_of_a_newer_version_is_refused_before_the_model_loads(tmp_path, no_model):
+    _write_state(tmp_path, schema=SCHEMA_VERSION + 1)
+    with pytest.raises(p0.ConfigError) as err:
+        analyze("planted:rope", out=tmp_path, progress=False, **SMALL)
+    text = str(err.value)
+    assert f"has schema version {SCHEMA_VERSION + 1}" in text and "newer p0circuit" in text, text
+    assert f"reads schema version {SCHEMA_VERSION} only" in text and "--fresh" in text, text
+    for bad in ("1", True, 0):  # not the version: a string, a bool, an older number
+        _write_state(tmp_path, schema=bad)
+        with pytest.raises(p0.ConfigError, match=f"has schema version {bad!r}"):
+            read_state(tmp_path / STATE)
+
+
+def test_a_state_of_this_version_reads_back_as_its_record(tmp_path):
+    _write_state(tmp_path, schema=SCHEMA_VERSION)
+    state = read_state(tmp_path / STATE)
+    assert isinstance(state, StateFile) and isinstance(state.header, StateHeader)
+    assert state.header.model == "planted:rope" and list(state.steps) == [analysis_run.UNIT]
+    assert state.to_dict() == json.loads((tmp_path / STATE).read_text())
+    assert list(state.to_dict())[0] == "schema"
+    precheck(tmp_path, "planted:rope", AnalysisSettings(**SMALL), resume=True)  # the same analysis: no refusal
+    (tmp_path / STATE).write_text("[1, 2]")
+    with pytest.raises(p0.ConfigError, match="holds a JSON list, not an object"):
+        read_state(tmp_path / STATE)
+    (tmp_path / STATE).write_text("{")
+    with pytest.raises(p0.ConfigError, match="not valid JSON"):
+        read_state(tmp_path / STATE)
+
+
+def test_from_dict_names_an_unknown_or_missing_key():
+    row = {"layer": 2, "where": "first ','", "prompt_set": "8 passages", "skipped": "no prompt holds ','"}
+    skipped = OnsetRow.from_dict(row)
+    assert skipped.nodes is ABSENT and skipped.to_dict() == row  # an absent key stays absent
+    with pytest.raises(p0.ConfigError, match=r"unknown key\(s\) \['bogus'\]"):
+        OnsetRow.from_dict({**row, "bogus": 1})
+    with pytest.raises(p0.ConfigError, match=r"lacks the key\(s\) \['where'\]"):
+        OnsetRow.from_dict({k: v for k, v in row.items() if k != "where"})
+    state = {"schema": SCHEMA_VERSION, "header": _header(AnalysisSettings()), "steps": {}}
+    with pytest.raises(p0.ConfigError, match=r"its 'header' has the unknown key\(s\) \['extra'\]"):
+        StateFile.from_dict({**state, "header": {**state["header"], "extra": 0}})
+    with pytest.raises(p0.ConfigError, match=r"lacks the key\(s\) \['steps'\]"):
+        StateFile.from_dict({"schema": SCHEMA_VERSION, "header": state["header"]})
+
+
+def _analysis(**changes) -> dict:
+    """A small analysis.json of this version (no onset measured)."""
+    d = AnalysisRecord(model="planted:rope", settings=json.loads(json.dumps(asdict(AnalysisSettings()))),
+                       prompt_source="8 regular random-id prompts", n_layers=4, n_heads=4, sinks={}, onsets={},
+                       variations={}, verdict={"claim": "not measured (no run without BOS)", "parts": {}},
+                       timing={"seconds": 0.0, "forwards": 0, "forward_s": 0.01}, memory={}).to_dict()
+    return {**d, **changes}
+
+
+def test_an_analysis_of_another_version_is_refused_by_its_readers(tmp_path):
+    good = _analysis()
+    assert good["schema"] == SCHEMA_VERSION and "truth" not in good
+    assert AnalysisRecord.from_dict(good).to_dict() == good
+    assert "P0-sink analysis of planted:rope" in markdown(good) and "planted:rope" in page([good])
+    old = {k: v for k, v in good.items() if k != "schema"}
+    for reader in (markdown, lambda d: page([d]), AnalysisRecord.from_dict):
+        with pytest.raises(p0.ConfigError, match=f"has no schema version.*reads schema version {SCHEMA_VERSION}"):
+            reader(old)
+    path = tmp_path / "analysis.json"
+    path.write_text(json.dumps(_analysis(schema=SCHEMA_VERSION + 1)))
+    with pytest.raises(p0.ConfigError, match=f"{path} has schema version {SCHEMA_VERSION + 1}.*--fresh"):
+        AnalysisRecord.read(path)
+    bad_row = _analysis(onsets={"without_bos": [{"layer": 1, "where": "P0", "prompt_set": "x", "nodez": {}}]})
+    with pytest.raises(p0.ConfigError, match=r"onsets\['without_bos'\]\[0\] has the unknown key\(s\) \['nodez'\]"):
+        AnalysisRecord.from_dict(bad_row)
+    with pytest.raises(p0.ConfigError, match=r"unknown key\(s\) \['extra'\]"):
+        AnalysisRecord.from_dict(_analysis(extra=1))

@@ -1,0 +1,188 @@
+"""One checked setup, carried by every result and circuit made from it, and every number of the search
+layer guarded like the engine's (p0circuit/patching/inputs.py, circuit_search.py, circuit_edges.py,
+faithfulness.py)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import p0circuit as p0
+from p0circuit.patching.inputs import Setup
+
+LAYER = 1
+
+
+@pytest.fixture(scope="module")
+def screened(planted):
+    toks = p0.probe_tokens(planted.model, 12, 16, seed=3, regular=True)
+    res = p0.activation_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    return toks, res
+
+
+def test_a_result_carries_its_setup_and_a_circuit_its_result(planted, screened):
+    toks, res = screened
+    assert res.setup.model is planted.model and torch.equal(res.setup.tokens, toks) and res.setup.options.bos is False
+    assert res.settings["bos"] is False and res.settings["tokens"]["sha256"] == res.setup.describe()["tokens"]["sha256"]
+    found = p0.faithful_circuit(res)
+    assert found.result is res and found.setup is res.setup and found.faithful
+    assert found.settings["setup"]["corruption_params"]["k"] == 1
+    edges = p0.faithful_edges(found)
+    assert edges.circuit is found and edges.setup is res.setup
+    assert "result" not in found.to_dict() and "circuit" not in edges.to_dict()  # records keep the description only
+    assert "setup" in found.to_dict()["settings"]
+
+
+def test_a_search_given_another_setup_is_refused_naming_what_differs(planted, screened):
+    toks, res = screened
+    other = Setup.of(planted.model, toks, corruption=p0.Shift(2), metric=p0.NormRatio(LAYER), bos=False)
+    for call in (lambda: p0.faithful_circuit(res, setup=other), lambda: p0.faithfulness_curve(res, setup=other)):
+        with pytest.raises(p0.BadInputError, match=r"another setup \(corruption_params: \{'k': 1.*'k': 2"):
+            call()
+    other_bos = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=None)
+    with pytest.raises(p0.BadInputError, match="bos: False vs None"):
+        p0.faithful_circuit(res, setup=other_bos)
+    # the same study given again is accepted (a setup made anew equals the result's)
+    same = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    assert p0.faithful_circuit(res, setup=same).nodes == p0.faithful_circuit(res).nodes
+
+
+def test_a_swap_result_searched_with_another_token_is_refused(planted):
+    """The issue's case: a circuit searched under Swap(token=2) on a result made with Swap(token=3)."""
+    toks = p0.probe_tokens(planted.model, 12, 16, seed=3, regular=True)
+    res = p0.activation_patch(planted.model, toks, corruption=p0.Swap(token=3), metric=p0.NormRatio(LAYER),
+                              bos=False, nodes=["A0.H0@0", "M0@0", "M1@0", "E@0"])
+    other = Setup.of(planted.model, toks, corruption=p0.Swap(token=2), metric=p0.NormRatio(LAYER), bos=False)
+    with pytest.raises(p0.BadInputError, match="corruption_params"):
+        p0.faithful_circuit(res, setup=other)
+
+
+def test_a_result_read_back_without_its_setup(planted, screened):
+    toks, res = screened
+    bare = dataclasses.replace(res, setup=None)  # what a result read back from a file is
+    with pytest.raises(p0.BadInputError, match=r"carries no setup .*setup=p0.Setup.of"):
+        p0.faithful_circuit(bare)
+    wrong = Setup.of(planted.model, toks, corruption=p0.Shift(2), metric=p0.NormRatio(LAYER), bos=False)
+    with pytest.raises(p0.BadInputError, match="not the one the result was computed with"):
+        p0.faithful_circuit(bare, setup=wrong)
+    other_tokens = Setup.of(planted.model, toks.flip(0), corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    with pytest.raises(p0.BadInputError, match="tokens"):
+        p0.faithful_circuit(bare, setup=other_tokens)
+    right = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    assert p0.faithful_circuit(bare, setup=right).nodes == p0.faithful_circuit(res).nodes
+
+
+def test_the_old_call_form_says_the_new_one(planted, screened):
+    toks, res = screened
+    with pytest.raises(p0.BadCallError, match=r"faithful_circuit\(result"):
+        p0.faithful_circuit(planted.model, toks, result=res, corruption="shift", metric=p0.NormRatio(LAYER))
+    with pytest.raises(p0.BadInputError, match="is not PatchResult; pass the PatchResult of activation_patch"):
+        p0.faithfulness_curve(planted.model)
+
+
+def test_weights_changed_since_the_result_are_refused(planted, screened):
+    toks, res = screened
+    model = planted.model
+    w = model.blocks[0].mlp.W_out
+    with torch.no_grad():
+        w.mul_(1.5)
+    try:
+        with pytest.raises(p0.BadInputError, match="weights changed since the result was computed"):
+            p0.faithful_circuit(res)
+    finally:
+        with torch.no_grad():
+            w.div_(1.5)
+
+
+class _FailsOnNewRuns:
+    """A metric that is finite on every run it has seen, and NaN on any other once ``strict``: one that
+    fails only on some runs (as a float16 overflow of several patches together does)."""
+
+    def __init__(self):
+        self.strict, self.learning, self.seen = False, True, set()
+
+    def __call__(self, acts, p0_):
+        resid = acts[p0.hooks.resid_post(LAYER)].float()
+        norms = resid.norm(dim=-1)
+        value = (norms[:, p0_] / norms[:, p0_ + 1:].mean(-1)).mean()
+        key = round(float(value), 4)
+        if self.strict and key not in self.seen:
+            return torch.tensor(float("nan"))
+        if self.learning:
+            self.seen.add(key)
+        return value
+
+
+def _metric(fn):
+    return p0.CacheMetric(fn, [(LAYER, p0.hooks.resid_post(LAYER))])
+
+
+def test_a_non_finite_search_step_raises_the_engines_error(planted):
+    """NaN in a multi-node evaluation never stands beside faithful=True: the search raises NonFiniteError,
+    naming the step, in every search of the layer."""
+    toks = p0.probe_tokens(planted.model, 12, 16, seed=3, regular=True)
+    fn = _FailsOnNewRuns()
+    res = p0.activation_patch(planted.model, toks, corruption="shift", metric=_metric(fn), bos=False)
+    fn.learning = False  # from here on only the clean, corrupted and single-node runs are known
+    found = p0.faithful_circuit(res)  # every value finite: a circuit
+    fn.strict = True
+    with pytest.raises(p0.NonFiniteError, match=r"after corrupting \d+ of \d+ candidate nodes together"):
+        p0.faithful_circuit(res)
+    with pytest.raises(p0.NonFiniteError, match="faithfulness_curve at fraction"):
+        p0.faithfulness_curve(res, fractions=(0.05, 0.5))
+    with pytest.raises(p0.NonFiniteError):
+        p0.faithful_edges(found)
+
+
+def test_setup_but_changes_only_how_patches_run(planted, screened):
+    _, res = screened
+    assert res.setup.but(direction="denoise").options.direction == "denoise"
+    with pytest.raises(p0.BadInputError, match="make a new Setup.of"):
+        res.setup.but(corruption="zero")
+    zero = Setup.of(planted.model, res.setup.tokens, corruption="zero", metric=p0.NormRatio(LAYER))
+    with pytest.raises(p0.ConfigError, match="needs a corrupted run"):
+        zero.but(direction="denoise")
+
+
+def test_one_circuit_type_scored_without_a_plotting_library(planted, screened):
+    """A search's node and edge circuits become the one Circuit type that p0.compare scores and the figures
+    draw; compare, prune and auroc live beside the type and import no graphviz."""
+    import subprocess
+    import sys
+
+    _, res = screened
+    found = p0.faithful_circuit(res)
+    edges = p0.faithful_edges(found)
+    nodes_c, edges_c = found.to_circuit(), edges.to_circuit()
+    assert nodes_c.level == "node" and edges_c.level == "edge" and nodes_c.node_names == set(found.nodes)
+    assert edges_c.edge_names == set(edges.edges) and edges_c.settings["faithfulness"] == found.faithfulness
+    assert edges_c.settings["edge_faithfulness"] == edges.faithfulness
+    assert edges_c.settings["setup"] == res.setup.describe()
+    assert p0.compare(nodes_c, planted.truth)["node_recall"] == 1.0
+    assert p0.prune(nodes_c, top_k=1).node_names <= nodes_c.node_names
+    code = ("import sys, p0circuit.core.circuits as c; c.compare, c.prune, c.auroc; "
+            "sys.exit(int('graphviz' in sys.modules or 'torch' in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    from p0circuit.patching import circuit_search
+    assert not hasattr(circuit_search, "prune")  # one prune: the search's own is acdc_prune
+
+
+def test_moved_names_point_at_what_exists():
+    """Every replacement _moved.py names (module.attribute) imports: a doc never sends users to nothing."""
+    import importlib
+    import re
+
+    from p0circuit import _moved
+
+    said = " ".join(list(_moved.MODULES.values()) + list(_moved.NAMES.values()))
+    for path in sorted(set(re.findall(r"p0circuit(?:\.\w+)+", said))):
+        parts = path.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:]:
+                assert hasattr(obj, attr), f"_moved.py names {path}, which does not exist"
+                obj = getattr(obj, attr)
+            break
