@@ -52,11 +52,19 @@ def test_attribution_edges_through_discover_gives_an_edge_circuit(planted, gener
 
 
 @pytest.mark.parametrize("fn", [p0.activation_patch, p0.path_patch, p0.attribution_patch, p0.discover, locate,
-                                p0.faithfulness_curve, p0.check_attribution])
+                                p0.check_attribution])
 def test_everything_after_tokens_is_keyword_only(fn):
     params = list(inspect.signature(fn).parameters.values())
     assert [p.name for p in params[:2]] == ["model", "tokens"]
     assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[2:])
+
+
+@pytest.mark.parametrize("fn", [p0.faithful_circuit, p0.faithful_edges, p0.faithfulness_curve])
+def test_a_search_takes_what_it_searches_and_keywords(fn):
+    """A search reads its setup from the result (or circuit) it is given: nothing else positional."""
+    params = list(inspect.signature(fn).parameters.values())
+    assert params[0].name in ("result", "circuit") and "setup" in [p.name for p in params]
+    assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[1:])
 
 
 def test_the_positional_trap_is_a_type_error_not_a_wrong_call(planted):

@@ -35,7 +35,7 @@ FIXES: dict[str, str] = {
     "Circuit": "pass a p0circuit.Circuit (from discover, prune or Circuit.from_json)",
     "PatchResult": "pass the PatchResult of activation_patch, path_patch or attribution_patch",
     "PatchOptions": "pass p0circuit.PatchOptions(...), or the options as keywords",
-    "PatchMetric": "pass a metric such as p0circuit.NormRatio(layer) or AttnToP0(heads=...)",
+    "PatchMetric": "METRIC_FIX",  # replaced below
     "Corruption": "pass a corruption name (one of p0circuit.CORRUPTIONS, e.g. 'shift') or object (p0circuit.Shift())",
     "int": "pass a whole number",
     "float": "pass a finite number",
@@ -43,6 +43,18 @@ FIXES: dict[str, str] = {
     "str": "pass a string",
     "Path": "pass a path (str or pathlib.Path)",
 }
+
+METRIC_FIX = (
+    "pass a metric such as p0circuit.NormRatio(layer), AttnToP0(heads=...) or a metric name ('attn_to_p0', "
+    "'norm_ratio:2'). A function of your own is not a metric until wrapped, as one of: "
+    "p0.LogitMetric(fn) for fn(logits [batch, pos, vocab]) -> a scalar, e.g. "
+    "p0.LogitMetric(lambda logits: logits[:, -1, 0].mean()); "
+    "p0.CacheMetric(fn, hooks_needed=[(layer, hook name), ...]) for fn(acts: dict[hook name, Tensor], p0) -> a "
+    "scalar, e.g. p0.CacheMetric(lambda acts, p0: acts['blocks.1.hook_resid_post'][:, p0].norm(), "
+    "hooks_needed=[(1, 'blocks.1.hook_resid_post')])")
+"""What to pass as a patching metric: the one wording of every refusal of a metric (a plain function
+included), here and in :func:`p0circuit.patching.metrics.check_metric`."""
+FIXES["PatchMetric"] = METRIC_FIX
 
 
 def describe(hint: Any) -> str:
@@ -65,6 +77,8 @@ def describe(hint: Any) -> str:
 def _fix(hint: Any) -> str:
     words = describe(hint)
     fixes = [fix for name, fix in FIXES.items() if name in words.split(" or ") or f"of {name}" in words]
+    if METRIC_FIX in fixes:  # it names the metric names (strings) itself, and is long enough alone
+        return METRIC_FIX
     return "; ".join(fixes[:2]) or f"pass {words}"
 
 

@@ -24,3 +24,9 @@ NODE_BUDGET = 5000
 
 EDGE_BUDGET = 5000
 """Candidate edges above which path patching's senders come from an activation pass."""
+
+
+def sink_rate_label(eps: float = SINK_EPS) -> str:
+    """The name of the sink rate at threshold ``eps``, as the literature writes it: ``Sink_0^0.3``
+    (share of (layer, head) pairs whose mean attention to position 0 exceeds ``eps``; Gu et al., 2025)."""
+    return f"Sink_0^{eps:g}"

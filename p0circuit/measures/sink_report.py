@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from transformer_lens import ActivationCache, HookedTransformer
 
-from p0circuit.core.defaults import MASSIVE_RATIO, NORM_THRESHOLD, SINK_EPS
+from p0circuit.core.defaults import MASSIVE_RATIO, NORM_THRESHOLD, SINK_EPS, sink_rate_label
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError, MissingHookError, NonFiniteError, non_finite_fix
 from p0circuit.core.args import entry_point
@@ -149,7 +149,7 @@ class SinkReport:
                 f"     {f(self.sink_rate_per_layer[layer])} | {f(max(self.alpha[layer]))} | {f(cos)}"
             )
         lines.append(
-            f"Sink_0^{self.eps} = {self.sink_rate:.3f}; norm onset layer = {self.norm_onset_layer} "
+            f"{sink_rate_label(self.eps)} = {self.sink_rate:.3f}; norm onset layer = {self.norm_onset_layer} "
             f"(ratio >= {self.norm_threshold}); head onset layer = {self.head_onset_layer}; "
             f"sink position = {self.sink_position}"
         )

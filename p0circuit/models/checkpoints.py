@@ -14,6 +14,7 @@ every load. The result is a plain ``HookedTransformer``, so every hook the toolk
 choice explicit.
 """
 
+import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -21,11 +22,12 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from p0circuit.core.errors import BadInputError, CheckpointError
+from p0circuit.core.errors import BadInputError, CheckpointError, ConfigError
 from p0circuit.core.args import entry_point
 from p0circuit.core.entries import checkpoint_problem
 from p0circuit.models.families import BY_ARCHITECTURE, family_of, tl_config, tl_state_dict
 from p0circuit.models.layout import linear_layout
+from p0circuit.models.spec import check_fits_memory
 from p0circuit.models.verify import check_finite, check_loading_info, check_logits, read_json
 
 def _cached(name: str) -> bool:
@@ -63,6 +65,58 @@ def read_architecture(path: Path) -> str:
         raise CheckpointError(f"{str(cfg_file)!r} names no architecture (\"architectures\": {archs!r:.60}); "
                               f"set it to one of {sorted(BY_ARCHITECTURE)}")
     return family_of(archs[0], repr(str(path))).architecture
+
+
+SIZE_KEYS: tuple[tuple[str, ...], ...] = (
+    ("hidden_size", "n_embd", "d_model"), ("num_hidden_layers", "n_layer", "num_layers"),
+    ("num_attention_heads", "n_head"), ("num_key_value_heads",), ("head_dim",),
+    ("intermediate_size", "n_inner", "ffn_dim", "d_ff"), ("vocab_size",), ("max_position_embeddings", "n_positions"),
+    ("num_local_experts", "num_experts"), ("num_experts_per_tok",), ("sliding_window",),
+)
+"""Size fields of a Hugging Face config (each with the names families give it): whole numbers >= 1 where
+given (null allowed)."""
+BASE_KEYS = ("rope_theta", "rope_local_base_freq")
+"""Rotary base fields: finite numbers > 0 where given (flat, or in ``rope_parameters``, flat or per layer type)."""
+
+
+def _first(config: dict, names: tuple[str, ...]) -> Any:
+    return next((config[n] for n in names if config.get(n) is not None), None)
+
+
+def check_config_values(config: dict, where: str, dtype: torch.dtype) -> None:
+    """Refuse, before transformers reads ``config`` (a checkpoint's config.json, as a dict), a size that
+    is not a whole number >= 1, a rotary base that is not a finite number > 0 (transformers would fail
+    deep inside the model's construction, or take a default), and a model whose weights alone would
+    not fit in this machine's memory (estimated from the sizes, a lower bound: never a real model)."""
+    for names in SIZE_KEYS:
+        for name in names:
+            value = config.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{where}: {name}={value!r:.40} is not a whole number >= 1; fix the config "
+                                  "(a size of the architecture)")
+    params = config.get("rope_parameters")
+    found = [(name, config.get(name)) for name in BASE_KEYS]
+    if isinstance(params, dict):
+        found += [(f"rope_parameters.{n}", params.get(n)) for n in BASE_KEYS]
+        found += [(f"rope_parameters.{kind}.{n}", sub.get(n)) for kind, sub in params.items() if isinstance(sub, dict)
+                  for n in BASE_KEYS]
+    for name, value in found:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"{where}: {name}={value!r:.40} is not a finite number > 0; fix the config (the "
+                              "rotary base, e.g. 10000.0)")
+    sizes = [_first(config, names) for names in SIZE_KEYS[:7]]
+    d_model, layers, heads, kv_heads, head_dim, d_mlp, vocab = sizes
+    if d_model is None or layers is None:
+        return
+    heads = heads or 1
+    head_dim = head_dim or max(d_model // heads, 1)
+    attn = d_model * head_dim * (2 * heads + 2 * (kv_heads or heads))
+    experts = _first(config, SIZE_KEYS[8]) or 1
+    mlp = 2 * d_model * (d_mlp or d_model) * experts
+    check_fits_memory(layers * (attn + mlp) + (vocab or 0) * d_model, dtype, where,
+                      "the config's sizes (num_hidden_layers, hidden_size, intermediate_size, vocab_size) are too "
+                      "large for this machine: fix them, or load on a machine with more memory", error=ConfigError)
 
 
 def hooked_config(hf_config: Any, architecture: str, *, device: str = "cpu", dtype: Any = torch.float32,
@@ -197,6 +251,7 @@ def load_checkpoint(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise BadInputError(f"dtype must be a floating torch dtype (torch.float32, torch.float16, torch.bfloat16), "
                             f"got {dtype!r}")
+    check_config_values(read_json(path / "config.json", "the model config"), repr(str(path / "config.json")), dtype)
     try:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
         hf_model, info = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,

@@ -21,13 +21,14 @@ A family that cannot be converted exactly is listed with ``refuse``: loading it 
 """
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from p0circuit.core.errors import CheckpointError
+from p0circuit.core.errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,15 @@ SIZE_FIELDS: dict[str, str] = {
 the structure comes from the template)."""
 
 
+def _base(value: Any, name: str) -> float:
+    """A rotary base from a config: a finite number > 0, else a :class:`ConfigError` naming the field
+    (never a default in its place)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"the model config's {name}={value!r:.40} is not a finite number > 0; fix the config (the "
+                          "rotary base, e.g. 10000.0)")
+    return float(value)
+
+
 def _rope_bases(hf: Any) -> dict[str, float]:
     """``rotary_base`` (global layers) and ``rotary_base_local`` (sliding layers) from either the
     flat ``rope_theta`` / ``rope_local_base_freq`` fields or transformers 5's ``rope_parameters``
@@ -135,17 +145,17 @@ def _rope_bases(hf: Any) -> dict[str, float]:
     if isinstance(params, dict) and "full_attention" in params:
         full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
         if "rope_theta" in full:
-            out["rotary_base"] = float(full["rope_theta"])
+            out["rotary_base"] = _base(full["rope_theta"], "rope_parameters.full_attention.rope_theta")
         if "rope_theta" in local:
-            out["rotary_base_local"] = float(local["rope_theta"])
+            out["rotary_base_local"] = _base(local["rope_theta"], "rope_parameters.sliding_attention.rope_theta")
         return out
     theta = getattr(hf, "rope_theta", None)
     if theta is None and isinstance(params, dict):
         theta = params.get("rope_theta")
     if theta is not None:
-        out["rotary_base"] = float(theta)
+        out["rotary_base"] = _base(theta, "rope_theta")
     if getattr(hf, "rope_local_base_freq", None) is not None:
-        out["rotary_base_local"] = float(hf.rope_local_base_freq)
+        out["rotary_base_local"] = _base(hf.rope_local_base_freq, "rope_local_base_freq")
     return out
 
 

@@ -8,8 +8,9 @@ NoPE is not a TransformerLens option: a NoPE model is built with learned absolut
 table ``W_pos`` is zeroed and frozen, so no positional signal reaches the residual stream.
 """
 
+import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -20,6 +21,28 @@ from p0circuit.core.args import entry_point
 
 MAX_PARAMETERS = 10**10
 """The largest model a spec builds (40 GB of float32 weights): a bigger ask is a typo."""
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+"""The dtypes a spec builds in, by name."""
+
+
+def machine_memory() -> int:
+    """This machine's total memory in bytes (physical pages times page size)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits_memory(n_parameters: int, dtype: torch.dtype, what: str, fix: str,
+                      error: type = ConfigError) -> None:
+    """Refuse, before any tensor is allocated, a model whose ``n_parameters`` weights in ``dtype``
+    alone exceed this machine's memory (:func:`machine_memory`): building it would swap for minutes,
+    then fail. ``what`` names the model, ``fix`` says what to do."""
+    size = n_parameters * torch.empty((), dtype=dtype).element_size()
+    limit = machine_memory()
+    if size > limit:
+        raise error(f"{what} would hold about {n_parameters:.3g} parameters, {size / 2**30:,.1f} GiB in "
+                    f"{str(dtype).removeprefix('torch.')}, more than this machine's memory ({limit / 2**30:,.1f} GiB "
+                    f"in all): {fix}")
+
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pos": ("rope", "nope", "learned"),
@@ -67,8 +90,16 @@ class ModelSpec:
     query heads share each); None gives every query head its own keys and values."""
     seed: int = 0
     """Seed for the weight initialization."""
+    dtype: Union[str, torch.dtype] = "float32"
+    """The built model's dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"`` (or the torch dtype); kept as
+    its name, so that :meth:`to_dict` stays plain JSON."""
 
     def __post_init__(self) -> None:
+        name = str(self.dtype).removeprefix("torch.") if isinstance(self.dtype, torch.dtype) else self.dtype
+        if name not in DTYPES:
+            raise ConfigError(f"ModelSpec.dtype={self.dtype!r} is not a dtype a spec builds in; choose one of "
+                              f"{tuple(DTYPES)} (a string, or torch.float32, torch.float16, torch.bfloat16)")
+        object.__setattr__(self, "dtype", name)
         if self.n_kv_heads is not None and (
             isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1
             or not isinstance(self.n_heads, int) or self.n_heads % self.n_kv_heads
@@ -89,6 +120,8 @@ class ModelSpec:
             raise ConfigError(f"ModelSpec would hold {size:.3g} parameters ({size * 4 / 2**30:.3g} GiB in float32), "
                               f"more than the {MAX_PARAMETERS:.0e} p0circuit builds from a spec; use smaller sizes "
                               "(or load a trained checkpoint)")
+        check_fits_memory(size, DTYPES[self.dtype], "ModelSpec", "use smaller sizes (n_layers, d_model, d_mlp, "
+                          "d_vocab), or a smaller dtype")
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
             raise ConfigError(f"ModelSpec.window must be None or a positive int, got {self.window!r}")
         if self.rotary_dim is not None:
@@ -113,8 +146,13 @@ class ModelSpec:
         return from_known_keys(cls, d, "ModelSpec")  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict; :meth:`from_dict` inverts it."""
-        return asdict(self)
+        """Plain dict; :meth:`from_dict` inverts it. ``dtype`` is left out when it is the default,
+        float32, so that the records written before specs had a dtype (a training run's spec.json, which
+        a resume compares) read the same."""
+        out = asdict(self)
+        if out["dtype"] == "float32":
+            del out["dtype"]
+        return out
 
     def to_config(self, device: str = "cpu") -> HookedTransformerConfig:
         """The TransformerLens config this spec stands for."""
@@ -140,6 +178,7 @@ class ModelSpec:
             default_prepend_bos=False,
             seed=self.seed,
             device=device,
+            dtype=DTYPES[self.dtype],
             model_name=f"p0circuit-spec-{self.pos}-{self.norm}",
         )
 

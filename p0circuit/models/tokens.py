@@ -34,37 +34,60 @@ START_OF_TEXT = ("<s>", "<bos>", "<|begin_of_text|>", "<|endoftext|>", "<|starto
 """Tokenizer BOS strings p0circuit accepts as a start-of-text token without being told."""
 
 
+def _token_id(model: HookedTransformer, token: Union[str, int], where: str) -> int:
+    """The id of ``token`` (a token string of the model's tokenizer, or an id inside its vocabulary)."""
+    if isinstance(token, bool) or not isinstance(token, (str, int)):
+        raise BadInputError(f"{where}: token must be a token string or id, got {token!r}")
+    if isinstance(token, str):
+        if model.tokenizer is None:
+            raise BadInputError(f"{where}: this model has no tokenizer; pass the token id instead of a string")
+        ids = model.tokenizer.convert_tokens_to_ids([token])
+        if not ids or ids[0] is None or (model.tokenizer.unk_token_id is not None and ids[0] == model.tokenizer.unk_token_id
+                                         and token != model.tokenizer.unk_token):
+            raise BadInputError(f"{where}: {token!r} is not a token of this tokenizer")
+        token = int(ids[0])
+    if not 0 <= token < model.cfg.d_vocab:
+        raise BadInputError(f"{where}: id {token} is outside the vocabulary 0..{model.cfg.d_vocab - 1}")
+    return int(token)
+
+
 @entry_point
 def set_bos(model: HookedTransformer, token: Union[str, int]) -> int:
     """Say which token ``prepend_bos=True`` puts at position 0 of ``model`` (a token string or id);
     returns its id. Needed when the tokenizer's ``bos_token`` is not a start-of-text token, e.g.
     SmolLM2's ``<|im_start|>`` (a chat-turn marker; its documents were separated by
     ``<|endoftext|>``), or to choose another start token on purpose."""
-    if isinstance(token, bool) or not isinstance(token, (str, int)):
-        raise BadInputError(f"set_bos: token must be a token string or id, got {token!r}")
-    if isinstance(token, str):
-        if model.tokenizer is None:
-            raise BadInputError("set_bos: this model has no tokenizer; pass the token id instead of a string")
-        ids = model.tokenizer.convert_tokens_to_ids([token])
-        if not ids or ids[0] is None or (model.tokenizer.unk_token_id is not None and ids[0] == model.tokenizer.unk_token_id
-                                         and token != model.tokenizer.unk_token):
-            raise BadInputError(f"set_bos: {token!r} is not a token of this tokenizer")
-        token = int(ids[0])
-    if not 0 <= token < model.cfg.d_vocab:
-        raise BadInputError(f"set_bos: id {token} is outside the vocabulary 0..{model.cfg.d_vocab - 1}")
-    setattr(model, BOS_ATTR, int(token))
-    return int(token)
+    token = _token_id(model, token, "set_bos")
+    setattr(model, BOS_ATTR, token)
+    return token
 
 
 @entry_point
-def bos_label(model: HookedTransformer) -> str:
-    """What ``prepend_bos=True`` prepends, e.g. ``"BOS '<|endoftext|>' (id 0)"``; ``"no BOS id"`` when none."""
-    bid = bos_id(model)
-    if bid is None:
-        return "no BOS id"
+def bos_label(model: HookedTransformer, token: Optional[Union[str, int]] = None) -> str:
+    """The BOS token in words, e.g. ``"BOS '<|endoftext|>' (id 0)"``: ``token`` (a token string or id) when
+    given, else what ``prepend_bos=True`` prepends (:func:`set_bos`'s choice, else the tokenizer's BOS);
+    ``"no BOS id"`` when there is none.
+
+    Without ``token`` it describes the model as it stands. A run that prepends another token names that
+    one: :func:`p0circuit.analyze` on a model entry prepends the entry's start token when the
+    tokenizer's BOS is not a start-of-text token (``real:smollm2``: ``'<|endoftext|>'``, id 0, while its
+    tokenizer's ``bos_token`` is the chat marker ``'<|im_start|>'``, id 1), so its with-BOS run is named
+    by ``bos_label(model, "<|endoftext|>")`` (the analysis' record names the token it actually
+    prepends). A tokenizer BOS that ``prepend_bos=True`` would refuse (no start-of-text token, and no
+    :func:`set_bos`) is labelled as such."""
+    if token is not None:
+        bid = _token_id(model, token, "bos_label")
+    else:
+        bid = bos_id(model)
+        if bid is None:
+            return "no BOS id"
     tok = getattr(model, "tokenizer", None)
     text = tok.convert_ids_to_tokens([bid])[0] if tok is not None else None
-    return f"BOS {text!r} (id {bid})" if text is not None else f"BOS id {bid}"
+    label = f"BOS {text!r} (id {bid})" if text is not None else f"BOS id {bid}"
+    if token is None and getattr(model, BOS_ATTR, None) is None and tok is not None and tok.bos_token not in START_OF_TEXT:
+        label += (" (the tokenizer's bos_token, not a start-of-text token: prepend_bos=True refuses it until "
+                  "p0circuit.set_bos(model, token) chooses one)")
+    return label
 
 
 def prepend_id(model: HookedTransformer) -> int:

@@ -9,17 +9,17 @@ so a shifted run is compared with the clean one token by token, not index by ind
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import ClassVar, Any, Callable, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from p0circuit.core.entries import METRICS, check_metric_entry, metric_entries
+from p0circuit.core.entries import METRICS, check_metric_entry
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError, ConfigError, MissingHookError
 from p0circuit.core.args import entry_point
-from p0circuit.core.args import at_least
+from p0circuit.core.args import METRIC_FIX, at_least
 from p0circuit.core.hooks import HookRef
 from p0circuit.core.io import describe
 from p0circuit.models.planted.build import SINK_HEADS_ATTR
@@ -43,6 +43,10 @@ class PatchMetric:
 
     needs_logits: bool = False
     name: str = "metric"
+    signal_unit: ClassVar[str] = ""
+    """How ``min_signal`` judges this metric's clean-to-corrupted change: empty, relative to the larger of
+    |clean| and |corrupted| (ratios and shares, whose scale is their size); a unit (``"logits"``), an
+    absolute change in that unit (a logit difference can sit near 0 while a change of 0.45 is plain signal)."""
 
     def needs(self, n_layers: int) -> list[HookRef]:
         """Hooks this metric reads."""
@@ -237,6 +241,7 @@ class LogitMetric(PatchMetric):
     label: str = "logit_metric"
     """Name shown in results."""
     needs_logits: bool = True
+    signal_unit: ClassVar[str] = "logits"
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -315,31 +320,72 @@ def default_metric(n_layers: int) -> PatchMetric:
     return AttnToP0(layers=list(range(first, n_layers)))
 
 
-def _metric_classes() -> list[type]:
-    """Every PatchMetric subclass defined so far (a user's included)."""
-    found, todo = [], list(PatchMetric.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        found.append(cls)
-        todo += cls.__subclasses__()
-    return found
+GATED_HOOKS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("attn.hook_result",), "use_attn_result"),
+    (("hook_q_input", "hook_k_input", "hook_v_input"), "use_split_qkv_input"),
+    (("hook_mlp_in",), "use_hook_mlp_in"),
+    (("hook_attn_in",), "use_attn_in"),
+    (("hook_tokens",), "use_hook_tokens"),
+)
+"""TransformerLens hooks that fire only with a config flag on (name suffixes, flag): the rule of its own
+``TransformerBridge._gated_hook_reason``. With the flag off the hook exists but never fires, so no cached
+run holds it."""
+
+CACHED_KINDS = ("hook_embed", "blocks.L.hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out",
+                "hook_mlp_out", "attn.hook_q/k/v", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+                "mlp.hook_pre/post", "ln1/ln2.hook_scale")
+"""The hook kinds a patching cache can hold on a model as TransformerLens builds it by default (the
+engine caches every hook the metric declares, as long as it fires in the model's forward)."""
+
+
+def _instead(name: str, model: Any) -> str:
+    """What a metric on the gated hook ``name`` can read instead, from hooks that always fire."""
+    block = name.split(".")[:2]
+    prefix = ".".join(block) + "." if block[0] == "blocks" else ""
+    if name.endswith("attn.hook_result"):
+        return (f"{prefix}attn.hook_z (per head, before W_O): head h's result is "
+                f"acts['{prefix}attn.hook_z'][:, :, h] @ model.W_O[{block[1] if prefix else 'L'}, h]")
+    if name.endswith("hook_mlp_in"):
+        src = "hook_resid_pre" if model.cfg.parallel_attn_mlp else "hook_resid_mid"
+        return f"{prefix}{src}, which holds the same values (the MLP's input before its norm)"
+    if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")):
+        return f"{prefix}hook_resid_pre, which every head takes as its input (the same values, without the head axis)"
+    return "the token ids you pass (they are the input, not an activation)"
+
+
+def _gated(name: str, model: Any) -> Optional[str]:
+    """The config flag that is off and keeps hook ``name`` from firing, or None."""
+    for suffixes, flag in GATED_HOOKS:
+        if name.endswith(suffixes) and not getattr(model.cfg, flag, False):
+            return flag
+    return None
 
 
 def check_metric(metric: Any, model: Any) -> None:
-    """Raise unless ``metric`` is a patching metric that fits ``model``."""
+    """Raise unless ``metric`` is a patching metric that fits ``model``: the metric's hooks exist,
+    fire in the model's forward as configured (so the patching cache holds them) and sit in the
+    blocks it says."""
     if not isinstance(metric, PatchMetric):
-        raise BadInputError(
-            f"metric must be a p0circuit PatchMetric ({', '.join(sorted(c.__name__ for c in _metric_classes()))}) "
-            f"or a metric entry ({', '.join(metric_entries())}), got {type(metric).__name__}; wrap a function on "
-            "logits as LogitMetric(fn)"
-        )
+        raise BadInputError(f"metric={metric!r:.60} ({type(metric).__name__}) is not a patching metric; "
+                            f"{METRIC_FIX}")
     metric.validate(model.cfg.n_layers, model.cfg.n_heads)
     missing = [h.name for h in metric.needs(model.cfg.n_layers) if h.name not in model.hook_dict]
     if missing:
         raise MissingHookError(f"the model has no hook {missing[0]!r} that metric {metric.name!r} reads")
     n_layers = model.cfg.n_layers
-    owner = {id(point): layer for layer, block in enumerate(model.blocks) for point in block.modules()}
     order = hook_order(model)
+    for h in metric.needs(n_layers):
+        flag = _gated(h.name, model)
+        silent = flag is None and h.name not in order.first and ".experts." not in h.name
+        if flag is not None or silent:
+            why = (f"which TransformerLens computes only with model.cfg.{flag} on (off on this model)" if flag
+                   else "which never fires in this model's forward")
+            raise MissingHookError(
+                f"metric {metric.name!r} reads hook {h.name!r}, {why}, so the patching cache never holds it (p0circuit "
+                "patches the model as it is configured and does not switch such hooks on). Read instead: "
+                f"{_instead(h.name, model) if flag else 'a hook that fires'}. The cache holds every hook that fires in "
+                f"the model's forward: {', '.join(CACHED_KINDS)}")
+    owner = {id(point): layer for layer, block in enumerate(model.blocks) for point in block.modules()}
     for h in metric.needs(n_layers):
         actual = owner.get(id(model.hook_dict[h.name]))
         if actual is None:  # outside the blocks: the embeddings before them, ln_final and the unembedding after

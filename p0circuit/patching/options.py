@@ -45,7 +45,8 @@ class PatchOptions:
     direction: Direction = "noise"
     """``noise``: corrupted values into the clean run; ``denoise``: clean values into the corrupted run."""
     min_signal: float = 0.05
-    """The smallest |clean - corrupted| metric change, relative to their scale, that counts as signal."""
+    """The smallest |clean - corrupted| metric change that counts as signal: a share of the larger of the two,
+    or an absolute change in the metric's unit where it has one (``LogitMetric``: logits)."""
     bos: Optional[bool] = None
     """The run's BOS choice, checked against the tokens (None makes no claim)."""
     rows_per_forward: Optional[int] = None

@@ -161,16 +161,21 @@ class PatchResult:
 
 def normalize(
     clean: float, corrupted: float, raw: dict[str, float], direction: str, min_signal: float, hint: str = "",
+    unit: str = "",
 ) -> tuple[dict[str, float], bool, str]:
     """Normalized effects, whether there is signal, and a message when there is not (ending with
-    ``hint``: which corruption fits instead, :func:`p0circuit.patching.corruptions.advice`)."""
+    ``hint``: which corruption fits instead, :func:`p0circuit.patching.corruptions.advice`). ``unit``
+    (the metric's ``signal_unit``): empty, ``min_signal`` is a share of the metric's scale; else an
+    absolute change in that unit."""
     gap = clean - corrupted
     scale = max(abs(clean), abs(corrupted), 1e-12)
-    if abs(gap) < min_signal * scale or gap == 0:
+    bound = min_signal if unit else min_signal * scale
+    if abs(gap) < bound or gap == 0:
+        judged = (f"less than min_signal={min_signal} {unit} (an absolute change: this metric is in {unit})" if unit
+                  else f"less than min_signal={min_signal} of their scale (a relative change: {bound:.3g} here)")
         msg = (
-            f"clean ({clean:.6g}) and corrupted ({corrupted:.6g}) metrics differ by {abs(gap):.3g}, less "
-            f"than min_signal={min_signal} of their scale: this corruption does not change the metric, "
-            "so no component can be credited" + (f" ({hint})" if hint else "")
+            f"clean ({clean:.6g}) and corrupted ({corrupted:.6g}) metrics differ by {abs(gap):.3g}, {judged}: this "
+            "corruption does not change the metric, so no component can be credited" + (f" ({hint})" if hint else "")
         )
         return {k: math.nan for k in raw}, False, msg
     if direction == "noise":
@@ -183,7 +188,7 @@ def finite(value: float, setup: Any, where: str) -> float:
     patch, search step or run gave it) and the fix: every number of a result or a search passes here."""
     if value is None or not math.isfinite(value):
         raise NonFiniteError(non_finite_fix(setup.model.cfg.dtype,
-                                            f"the metric {setup.metric.name} is {value} after {where}"))
+                                            f"the metric {setup.metric.name} is NaN or inf after {where} ({value})"))
     return value
 
 
@@ -200,7 +205,7 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     names = list(raw) if candidates is None else list(candidates)
     bad = [n for n, v in raw.items() if not math.isfinite(v)]
     if bad:
-        finite(math.nan, inputs, f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)")
+        finite(raw[bad[0]], inputs, f"patching {bad[0]} ({len(bad)} of {len(raw)} patches)")
     finite(corrupted, inputs, "the fully corrupted run")
     unreachable = [n for n in names if n not in raw]
     raw = {n: raw.get(n, base_metric) for n in names}
@@ -208,7 +213,7 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     bos = bos_id(inputs.model)
     at_p0 = bos is not None and bool((inputs.prep.clean_tokens[:, 0] == bos).all())
     norm, signal, msg = normalize(clean_metric, corrupted, raw, inputs.options.direction, min_signal,
-                                  advice(inputs.prep.name, at_p0))
+                                  advice(inputs.prep.name, at_p0), inputs.metric.signal_unit)
     tokens = inputs.prep.clean_tokens
     described = {k: v for k, v in inputs.describe().items() if k not in ("corruption", "metric")}  # (fields of their own)
     return PatchResult(

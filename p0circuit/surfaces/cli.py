@@ -134,6 +134,8 @@ def _discover(args: argparse.Namespace) -> int:
         args.seq_len = 24 if large else 32
     if args.bos_token is not None:
         set_bos(model, int(args.bos_token) if args.bos_token.isdigit() else args.bos_token)
+    elif args.bos and resolved.start_token is not None:  # the entry's start token, as analyze prepends it
+        set_bos(model, resolved.start_token)
     if args.text:
         tokens = text_windows(model, Path(args.text).read_text(encoding="utf-8"), args.n_prompts, args.seq_len,
                               prepend_bos=args.bos)

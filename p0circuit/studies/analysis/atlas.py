@@ -9,6 +9,7 @@ edges, the faithful circuit and the verdict on the paper's claim in its three pa
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from p0circuit.core.defaults import sink_rate_label
 from p0circuit.studies.analysis.records import AnalysisRecord
 from p0circuit.studies.analysis.run import analyze, sink_label
 from p0circuit.core.entries import check_model_entry
@@ -93,7 +94,7 @@ def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:
 def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     """The atlas as Markdown (each analysis: ``analysis.json``'s content, or its record)."""
     records = [_record(d) for d in analyses]
-    head = ["model", "BOS", "Sink_0^0.3", "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
+    head = ["model", "BOS", sink_rate_label(), "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
             "edges", "faithful circuit at the first onset"]
     sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens"
                     for d in records}) or ["no analysis"]

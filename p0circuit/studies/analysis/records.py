@@ -240,6 +240,9 @@ class AnalysisRecord(_Record):
     """Each step's seconds, the unit forward, forwards measured and predicted, the threads, the ETA log."""
     memory: dict[str, Any]
     """The model's size, resident memory at the start, each step's peak and the process' peak (GiB)."""
+    bos_token: Optional[str]
+    """The token the with-BOS setting prepends at position 0, in words (``"BOS '<|endoftext|>' (id 0)"``; None
+    when that setting did not run)."""
     truth: Maybe[dict[str, list[str]]] = ABSENT
     """A planted model's ground truth (``nodes``, ``edges``); absent for any other model."""
     schema: int = SCHEMA_VERSION

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.core.defaults import CIRCUIT_THRESHOLD, SINK_EPS
+from p0circuit.core.defaults import CIRCUIT_THRESHOLD, SINK_EPS, sink_rate_label
 from p0circuit.studies.analysis import cost, steps
 from p0circuit.studies.analysis.eta import Bar
 from p0circuit.studies.analysis.records import ABSENT, AnalysisRecord, OnsetRow, StateFile, StateHeader
@@ -43,7 +43,7 @@ from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked
 from p0circuit.models.planted import PlantedModel
 from p0circuit.core.progress import tqdm
-from p0circuit.models.tokens import BOS_ATTR, english_prompts, prepend_id, probe_tokens, set_bos
+from p0circuit.models.tokens import BOS_ATTR, bos_label, english_prompts, prepend_id, probe_tokens, set_bos
 
 UNIT = "forward of the batch"
 """The state's record of the cost unit: one forward of the prompt batch, timed when the analysis started."""
@@ -307,6 +307,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                 "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
                 "eta": bar.log()},
         memory=_memory(model, at_start, state),
+        bos_token=bos_label(model, prepend_id(model)) if True in tags else None,
         truth=ABSENT if truth is None else {"nodes": [n.name for n in truth.nodes],
                                             "edges": [e.name for e in truth.edges]},
     ).to_dict()
@@ -468,8 +469,8 @@ def _sink_part(summary: dict[str, Any]) -> dict[str, Any]:
     text = ("the P0 norm ratio " + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the "
             "threshold") + (f" (there its strongest head's alpha_0, mean attention to P0, is "
                             f"{max(summary['alpha'][first]):.2f})" if onset else "")
-            + f", the strongest head's alpha_0 from then on is {strongest:.2f} (layer {where}) and Sink_0^0.3 (share of "
-            f"heads giving P0 over 0.3) = {summary['sink_rate']:.3f}")
+            + f", the strongest head's alpha_0 from then on is {strongest:.2f} (layer {where}) and {sink_rate_label()} (share of "
+            f"heads giving P0 over {SINK_EPS:g}) = {summary['sink_rate']:.3f}")
     elsewhere = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
     if elsewhere:
         text += "; other sink states sit at " + ", ".join(elsewhere)

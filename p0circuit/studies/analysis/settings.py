@@ -3,6 +3,7 @@ directory it is to go to. Imports no torch, so that ``p0circuit analyze`` refuse
 directory holding another analysis, in well under a second, before the model is loaded."""
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -65,7 +66,10 @@ class AnalysisSettings:
             low = 0 if name in ("seed", "exact_nodes") else (2 if name in ("n_prompts", "length") else 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"analysis setting {_named(name)} must be a whole number >= {low}, "
-                                  f"got {value!r}")
+                                  f"got {value!r:.40}")
+        if self.seed > 2**32 - 1:
+            raise ConfigError(f"analysis setting {_named('seed')} must be a whole number in 0..{2**32 - 1} (what the "
+                              f"prompt and corruption generators take), got {self.seed!r:.40}")
         if self.ig_steps > MAX_IG_STEPS:
             raise ConfigError(f"analysis setting ig_steps (--ig-steps) is {self.ig_steps}, more than {MAX_IG_STEPS}: each "
                               "point costs a forward and backward per MLP screened (up to four), and the default, 4, "
@@ -76,10 +80,13 @@ class AnalysisSettings:
             raise ConfigError(f"analysis setting bos must list False and/or True once each, got {self.bos!r}")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in self.lengths):
             raise ConfigError(f"analysis setting lengths must be whole numbers >= 2, got {self.lengths!r}")
-        for name in ("threshold", "norm_threshold"):
+        for name, meaning in (("threshold", "the |normalized effect| at which a component is kept"),
+                              ("norm_threshold", "the norm ratio at which a position counts as a sink state")):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"analysis setting {_named(name)} must be a number > 0, got {value!r}")
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or not value > 0):
+                raise ConfigError(f"analysis setting {_named(name)} must be a finite number > 0 ({meaning}), "
+                                  f"got {value!r:.40}")
 
 
 def read_state(path: Path) -> StateFile:

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from p0circuit.core.defaults import sink_rate_label
 from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core.circuits import searched_circuit
@@ -114,7 +115,9 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
         if "skipped" in sk:
             lines += [f"Not measured: {sk['skipped']}", ""]
             continue
-        lines += [f"- Sink_0^0.3 = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
+        if tag == "with_bos" and d.bos_token:
+            lines += [f"Every prompt starts with {d.bos_token}.", ""]
+        lines += [f"- {sink_rate_label()} = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
                   f"||h_t|| of the other positions): {_stages(sk['norm_stages'])}.",
                   "- Massive dimensions at P0 (dimension: layers, peak): " + ("; ".join(
                       f"{m['dim']}: {m['first_layer']}-{m['last_layer']}, {m['peak_value']:.4g} at layer "
@@ -186,7 +189,7 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             chosen = v.get("chosen_corruption")
             lines += ["", f"Other prompt lengths, each patched with the corruption chosen above (`{chosen}`):", ""]
             for n, row in v["length"].items():
-                text = f"- {row.get('prompts', f'{n} tokens')}: Sink_0^0.3 = {row['sink_rate']:.3f}; stages " \
+                text = f"- {row.get('prompts', f'{n} tokens')}: {sink_rate_label()} = {row['sink_rate']:.3f}; stages " \
                        f"{_stages(row['norm_stages'])}"
                 if "metric" in row:
                     text += f"; corruption `{row['corruption']}`, {_signal(row)}; " + (
