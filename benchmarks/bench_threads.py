@@ -11,7 +11,8 @@ one of these policies:
 * ``spin=N``: ``GOMP_SPINCOUNT=N``, a shorter spin than libgomp's 300,000 (the alternative policy, measured).
 
 and two workloads: ``forward`` (SmolLM2-135M, 8 x 24 tokens, median of several forwards after a warm-up)
-and ``analysis`` (``p0.analyze`` of the planted RoPE model, wall time). Each runs quiet and beside
+and ``analysis`` (``p0.analyze`` of SmolLM2-135M without BOS, 4 prompts x 16 tokens: a short analysis, wall
+time). Each runs quiet and beside
 ``--busy`` processes that spin in plain Python (one per core by default: two on this machine), started
 before and stopped after that measurement.
 
@@ -54,9 +55,9 @@ if what == "forward":
             t = time.perf_counter(); model(tokens); times.append(time.perf_counter() - t)
     print(json.dumps({"seconds": statistics.median(times), "threads": torch.get_num_threads()}))
 else:
-    pm = p0.build_planted()
+    model = p0.load_smollm2()
     t = time.perf_counter()
-    p0.analyze(pm, progress=False, n_prompts=8, bos=(False,))
+    p0.analyze(model, progress=False, n_prompts=4, length=16, bos=(False,))
     print(json.dumps({"seconds": time.perf_counter() - t, "threads": torch.get_num_threads()}))
 """
 
@@ -99,18 +100,21 @@ def busy(n: int, kind: str) -> list[subprocess.Popen]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default="p0circuit,torch,passive,one")
+    parser.add_argument("--analysis-policies", default="p0circuit,torch,one")
     parser.add_argument("--what", default="forward,analysis")
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 2, help="busy processes beside the busy runs")
     parser.add_argument("--burner", choices=sorted(BURNERS), default="torch", help="what the busy processes run")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the policies (the median is kept)")
+    parser.add_argument("--analysis-rounds", type=int, default=1, help="rounds of the (longer) analysis")
     parser.add_argument("--repeats", type=int, default=5, help="forwards timed per process (the median is kept)")
     args = parser.parse_args()
     rows = []
     for what in args.what.split(","):
         for load in ("quiet", "busy"):
             seconds: dict[str, list[float]] = {}
-            for _ in range(args.rounds):  # the policies interleaved, so a slow spell of the machine hits them all
-                for name in args.policies.split(","):
+            for _ in range(args.rounds if what == "forward" else args.analysis_rounds):  # the policies interleaved,
+                # so that a slow spell of the machine hits them all
+                for name in args.policies.split(",") if what == "forward" else args.analysis_policies.split(","):
                     burners = busy(args.busy, args.burner) if load == "busy" else []
                     try:
                         time.sleep(2 if burners else 0)
@@ -126,7 +130,7 @@ def main() -> None:
     for what in args.what.split(","):
         get = {(r["load"], r["policy"]): r["seconds"] for r in rows if r["what"] == what}
         for load in ("quiet", "busy"):
-            for name in args.policies.split(","):
+            for name in [n for (l, n) in get if l == load]:
                 if name != "one" and (load, "one") in get:
                     ratios[f"{what} {load}: {name} / one thread"] = round(get[load, name] / get[load, "one"], 2)
                 if name != "torch" and (load, "torch") in get:
@@ -142,8 +146,8 @@ def main() -> None:
     table += "\n\n" + "\n".join(f"- {k}: **{v}**" for k, v in ratios.items())
     publish("docs/performance.md", "threads",
             f"Measured by `python benchmarks/bench_threads.py` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU "
-            f"cores; busy = beside {args.busy} processes spinning in plain Python (one per core), running {args.burner} ({BURNERS[args.burner]!r}); medians of {args.rounds} rounds with the "
-            "policies interleaved, each a fresh process.\n\n" + table)
+            f"cores; busy = beside {args.busy} busy processes (one per core), each running `{BURNERS[args.burner].replace(chr(10), '; ')}`; forwards: medians of {args.rounds} rounds, "
+            f"the analysis: {args.analysis_rounds}, the policies interleaved, each a fresh process.\n\n" + table)
 
 
 if __name__ == "__main__":

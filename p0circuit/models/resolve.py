@@ -30,10 +30,6 @@ from p0circuit.models.planted import PlantedModel, build_planted
 from p0circuit.models.trained import load_trained
 from p0circuit.core.types import Circuit
 
-KINDS = ("planted", "spec", "checkpoint", "real", "hub")
-"""The prefixes of a model entry."""
-
-
 @dataclass
 class Resolved:
     """A model from an entry, with its ground truth when it is planted."""

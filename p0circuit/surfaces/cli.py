@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.core import choices
 from p0circuit.core.io import run_dir
-from p0circuit.core.entries import PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
+from p0circuit.core.entries import FROM_FILES, PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -176,9 +176,10 @@ def _analyze(args: argparse.Namespace) -> int:
     settings = AnalysisSettings(bos=bos, **given)
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
-    if not args.quiet and kind in ("real", "checkpoint", "hub"):
-        print(f"p0circuit: loading {args.model} (a GGUF file's first load converts it: a minute or two)",
-              file=sys.stderr)
+    if not args.quiet and kind in FROM_FILES:
+        slow = kind == "real" or (kind == "checkpoint" and args.model.endswith(".gguf"))
+        print(f"p0circuit: loading {args.model}" + (" (a GGUF file's first load converts it: a minute or two)"
+                                                   if slow else ""), file=sys.stderr)
     from p0circuit.studies.analysis.run import analyze
 
     bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token

@@ -183,6 +183,9 @@ def write_report(directory: Any, attention: bool = True) -> Path:
     out = Path(directory)
     index = out / "results.jsonl"
     if not index.is_file() and not (out / "cells").is_dir():
+        if (out / "analysis.json").is_file():  # an analysis' directory: its report is already there
+            raise BadInputError(f"{out} holds an analysis, not a sweep: `p0circuit report` reads a sweep's results; "
+                                f"the analysis' own report is {out / 'report.html'} (written by `p0circuit analyze`)")
         raise BadInputError(f"{out} has no results.jsonl: run `p0circuit sweep CONFIG --out {out}` first")
     records, notes = read_records(out)
     if (out / "cells").is_dir() and index.is_file():

@@ -12,16 +12,14 @@ from torch import Tensor
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.studies.discovery.discover import discover
-from p0circuit.core.errors import BadInputError, ConfigError
+from p0circuit.core.errors import BadInputError
 from p0circuit.core.circuits import compare
 from p0circuit.measures import SinkReport, sink_report
 from p0circuit.models.resolve import Resolved
-from p0circuit.patching import Corruption, NormRatio, PatchMetric, candidate_edges, candidate_nodes, get_method
-from p0circuit.patching.edges import among
-from p0circuit.patching.engine import reaches, stop_layer
-from p0circuit.patching.sites import site_of
+from p0circuit.patching import Corruption, NormRatio, PatchMetric, get_method
+from p0circuit.patching.budget import edges_within, live_nodes
 from p0circuit.patching.metrics import metric_from_entry
-from p0circuit.core.types import Circuit, Edge, Node
+from p0circuit.core.types import Circuit, Node
 from p0circuit.models.checks import checked
 
 
@@ -83,13 +81,6 @@ def choose_metric(resolved: Resolved, report: SinkReport) -> tuple[PatchMetric, 
     return metric_from_entry("attn_to_p0", resolved.model), "no norm onset: attention to P0 of layers >= 2"
 
 
-def pruned_edges(model: Any, node_circuit: Circuit, metric: PatchMetric) -> list[Edge]:
-    """Candidate edges from the nodes a node pass kept into every receiver that can reach the metric
-    (a receiver need not matter as a node: the sink heads' outputs do not change their own attention)."""
-    stop = stop_layer(model, metric)
-    return candidate_edges(model, sorted(node_circuit.nodes), receiver_layers=stop, metric=metric)
-
-
 def run_discovery(
     resolved: Resolved, tokens: Tensor, *, methods: Sequence[str], corruption: Union[str, Corruption],
     metric: Optional[PatchMetric] = None, threshold: float = CIRCUIT_THRESHOLD, bos: Optional[bool] = False,
@@ -121,30 +112,17 @@ def _run_discovery(resolved: Resolved, tokens: Tensor, methods: Sequence[str], c
     common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
                               "progress": progress, **options}
     node_list = list(nodes) if nodes is not None else None
-    candidates = node_list if node_list is not None else candidate_nodes(model)
-    live = [n for n in candidates if reaches(model, site_of(n, model).hook, metric)]
-    if len(live) > node_budget:
-        raise ConfigError(
-            f"{len(live)} candidate nodes can reach metric {metric.name!r}, more than the node budget of {node_budget}: "
-            "narrow them (--layers, --nodes), read the metric at an earlier layer, screen with method 'triage', "
-            "or raise the budget (--node-budget)"
-        )
+    live_nodes(model, metric, node_list, node_budget)  # refused past the budget, before any forward
 
-    def within(edges: list[Edge]) -> list[Edge]:  # receivers restricted like the nodes, when nodes are given
-        return edges if node_list is None else among(model, edges, node_list)
+    def node_pass() -> Circuit:  # (reported only when "activation" is among the methods)
+        return found.circuits.get("activation") or discover(model, tokens, method="activation", nodes=node_list,
+                                                             **common)
 
     for method in methods:
         if get_method(method).level == "node":
             found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
             continue
-        edges = within(candidate_edges(model, candidates, receiver_layers=stop_layer(model, metric), metric=metric))
-        note = f"{len(edges)} candidate edges"
-        if len(edges) > edge_budget:
-            node_pass = found.circuits.get("activation") or discover(model, tokens, method="activation",
-                                                                     nodes=node_list, **common)
-            edges = within(pruned_edges(model, node_pass, metric))
-            note = (f"{len(edges)} edges from the {len(node_pass.nodes)} nodes of an activation pass (the full set "
-                    f"would exceed the edge budget of {edge_budget})")
+        edges, note = edges_within(model, metric, node_list, edge_budget, node_pass)
         if not edges:
             raise BadInputError(f"{method}: no candidate edges ({note}); lower the threshold or widen the nodes")
         found.circuits[method] = discover(model, tokens, method=method, edges=edges, record={"candidates": note},
