@@ -11,6 +11,7 @@ for a :class:`Circuit` of :class:`Node` and :class:`Edge`).
 import importlib
 
 from p0circuit import _moved
+from p0circuit.core import threads as _threads
 from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.resid_post(2)); no imports of its own
 
 # Names are imported on first use (PEP 562), so that ``import p0circuit.surfaces.cli`` and
@@ -34,6 +35,8 @@ _WHERE = {
     **dict.fromkeys(['bos_label', 'check_tokens', 'english_prompts', 'make_prompts', 'probe_tokens', 'set_bos', 'text_windows', 'to_tokens'], 'p0circuit.models.tokens'),
     **dict.fromkeys(['Circuit', 'Edge', 'Input', 'Kind', 'Node'], 'p0circuit.core.types'),
 }
+
+_threads.note_import()  # a thread count set before this import (torch imported first) is the user's
 
 __all__ = sorted(_WHERE)
 """The public names: the one list is ``_WHERE`` (name -> the module that defines it). Jupyter's and

@@ -87,7 +87,7 @@ def test_weights_changed_since_the_result_are_refused(planted, screened):
     with torch.no_grad():
         w.mul_(1.5)
     try:
-        with pytest.raises(p0.BadInputError, match="weights changed since the result was computed"):
+        with pytest.raises(p0.BadInputError, match=r"\(its weights or hooks\) changed since the result was computed"):
             p0.faithful_circuit(res)
     finally:
         with torch.no_grad():
@@ -130,7 +130,15 @@ def test_a_non_finite_search_step_raises_the_engines_error(planted):
         p0.faithful_circuit(res)
     with pytest.raises(p0.NonFiniteError, match="faithfulness_curve at fraction"):
         p0.faithfulness_curve(res, fractions=(0.05, 0.5))
-    with pytest.raises(p0.NonFiniteError):
+    # the edge search: every single edge's value known (learned from path patching its candidates alone), so
+    # the NaN comes from the search's own evaluations of many edges together
+    fn.strict = False
+    candidates = list(p0.faithful_edges(found).effects)
+    fn.learning = True
+    p0.path_patch(planted.model, toks, edges=candidates, corruption="shift", metric=_metric(fn), bos=False,
+                  min_signal=0)
+    fn.learning, fn.strict = False, True
+    with pytest.raises(p0.NonFiniteError, match="faithful_edges' evaluation"):
         p0.faithful_edges(found)
 
 
@@ -186,3 +194,42 @@ def test_moved_names_point_at_what_exists():
                 assert hasattr(obj, attr), f"_moved.py names {path}, which does not exist"
                 obj = getattr(obj, attr)
             break
+
+
+def test_a_search_refuses_a_model_that_now_carries_hooks(planted):
+    """A result made on the slow path (reference=True) is searched on the fast path, which refuses the model's
+    own hooks, as patching does."""
+    toks = p0.probe_tokens(planted.model, 8, 12, seed=4, regular=True)
+    res = p0.activation_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False,
+                              nodes=["A0.H0@0", "M0@0", "M1@0"], reference=True)
+    planted.model.blocks[0].hook_resid_pre.add_hook(lambda act, hook: act, is_permanent=True)
+    try:
+        with pytest.raises(p0.BadInputError, match="carries hooks of its own"):
+            p0.faithful_circuit(res)
+    finally:
+        planted.model.reset_hooks(including_permanent=True)
+
+
+def test_a_subclass_that_keeps_a_builtin_name_is_told_apart(planted):
+    """``class MyShift(Shift)`` records as 'shift', but its setup names its class: a search given a real Shift
+    setup is refused."""
+    from p0circuit.patching.corruptions import Shift
+
+    class MyShift(Shift):
+        pass
+
+    toks = p0.probe_tokens(planted.model, 8, 12, seed=4, regular=True)
+    mine = Setup.of(planted.model, toks, corruption=MyShift(), metric=p0.NormRatio(LAYER), bos=False)
+    theirs = Setup.of(planted.model, toks, corruption=Shift(), metric=p0.NormRatio(LAYER), bos=False)
+    assert mine.describe()["corruption"] == "shift"
+    assert any("corruption_class" in d for d in mine.differences(theirs))
+
+
+def test_a_result_pickles_without_its_model(screened):
+    import pickle
+
+    _, res = screened
+    copy = pickle.loads(pickle.dumps(res))
+    assert copy.setup is None and copy.raw == res.raw and res.setup is not None
+    with pytest.raises(p0.BadInputError, match="carries no setup"):
+        p0.faithful_circuit(copy)

@@ -49,8 +49,8 @@ def non_finite_fix(dtype: object, found: str) -> str:
         return (f"float16 overflow: {found}; float16 holds values up to {FLOAT16_MAX:,.0f}, and the residual stream at "
                 "position 0 (massive activations) can pass that: load the model in bfloat16 or float32 "
                 "(load_checkpoint(path, dtype=torch.bfloat16), or model.to(torch.float32))")
-    return (f"{found}: check that block's weights (torch.isfinite(p).all() for its parameters) and the metric (a "
-            "division by zero?)")
+    return (f"{found}: check the model's weights (torch.isfinite(p).all() for its parameters; where a hook is named, "
+            "that block's) and the metric (a division by zero?)")
 
 
 class CheckpointError(P0CircuitError, OSError):

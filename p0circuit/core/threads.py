@@ -11,14 +11,17 @@ case but was measured 10-40% slower on a quiet machine, and libgomp reads it onl
 So the policy is on the thread count, which torch can change at any time: :func:`adapt`, called by the
 engine between its batches of patched forwards and by the analysis between steps, samples at most once
 a second how many cores *other* processes used since its last look (``/proc/stat`` less this process's
-own CPU time). Above :data:`BUSY` cores it drops torch to one thread (a single thread never waits for
-another, so nothing spins); when the machine is quiet again it goes back to the count it started from.
+own CPU time). Above :data:`BUSY` cores it gives torch no more threads than the cores the others leave
+free: one on a small machine they keep busy (a single thread never waits for another, so nothing spins);
+when the machine is quiet again it goes back to the count it started from.
 A quiet machine pays nothing (two file reads a second), and it works the same when a notebook imported
 torch before p0circuit.
 
 A user's own choice always wins: with ``OMP_NUM_THREADS`` set (by the user, by :func:`set_threads` or
-``--threads``), or after the user calls ``torch.set_num_threads`` themselves, p0circuit never changes
-the thread count; it also never raises it above the count it found.
+``--threads``), or a thread count other than torch's own default (:func:`default_threads`) found at the
+first look, or one changed later to anything but what p0circuit set, p0circuit never changes the thread
+count again; it also never raises it above the count it found. (One case cannot be told apart: a user
+who sets exactly the count p0circuit chose; use ``OMP_NUM_THREADS`` or :func:`set_threads` to fix it.)
 """
 
 import os
@@ -29,7 +32,8 @@ from typing import Optional
 from p0circuit.core.args import entry_point
 
 BUSY = 0.3
-"""Cores' worth of other processes' CPU use, since the last look, above which p0circuit uses one thread."""
+"""Cores' worth of other processes' CPU use, since the last look, above which p0circuit uses no more threads
+than the cores the others leave free (one, on a machine they keep busy)."""
 MIN_WALL = 0.25
 """Seconds a timed section must last for :class:`Contention` to judge it."""
 INTERVAL = 1.0
@@ -50,16 +54,35 @@ def _own_cpu() -> float:
     return sum(os.times()[:2])
 
 
+def default_threads() -> int:
+    """The thread count torch starts with when nobody chose one: one per physical core (hyper-threads
+    counted once, as torch counts them), from /sys; the logical CPUs where that cannot be read."""
+    try:
+        cores = set()
+        for cpu in os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1):
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/core_cpus_list") as f:
+                cores.add(f.read().strip())
+        return max(1, len(cores))
+    except OSError:
+        return os.cpu_count() or 1
+
+
 class _Policy:
     """The adaptive thread count's state, one per process (see the module docstring)."""
 
     def __init__(self) -> None:
         self.found: Optional[int] = None  # torch's thread count at the first look: the most p0circuit uses
-        self.chosen: Optional[int] = None  # what p0circuit last set (None: nothing yet)
+        self.chosen: Optional[int] = None  # what p0circuit last set or found: any other count is the user's
         self.off: Optional[str] = None  # why p0circuit leaves the thread count alone
         self.sample: Optional[tuple[float, float, float]] = None  # (time, machine CPU, own CPU) at the last look
         self.others = 0.0  # cores' worth of other processes' use over the last interval
-        self.drops = 0  # how often it went down to one thread
+        self.drops = 0  # how often it went below the count it found
+
+    def first_look(self, current: int) -> None:
+        """A count torch did not start with was the user's choice: left alone from then on."""
+        if current != default_threads():
+            self.off = f"the thread count was set to {current} before p0circuit's first look (torch.set_num_threads)"
+        self.found = self.chosen = current
 
     def adapt(self) -> None:
         if self.off is not None:
@@ -75,9 +98,11 @@ class _Policy:
             return
         current = torch.get_num_threads()
         if self.found is None:
-            self.found = current
-        elif self.chosen is not None and current != self.chosen:
-            self.off = f"the thread count was set to {current} outside p0circuit"
+            self.first_look(current)
+            if self.off is not None:
+                return
+        elif current != self.chosen:
+            self.off = f"the thread count was set to {current} outside p0circuit (torch.set_num_threads)"
             return
         machine, own = _machine_cpu(), _own_cpu()
         if machine is None:
@@ -86,10 +111,11 @@ class _Policy:
         if self.sample is not None:
             t0, m0, o0 = self.sample
             self.others = max(0.0, (machine - m0) - (own - o0)) / (now - t0)
-            want = 1 if self.others > BUSY else self.found
+            free = (os.cpu_count() or 1) - self.others  # the cores the others leave: one thread each at most
+            want = self.found if self.others <= BUSY else max(1, min(self.found, int(free)))
             if want != current:
                 torch.set_num_threads(want)
-                self.drops += want == 1
+                self.drops += want < self.found
             self.chosen = want
         self.sample = (now, machine, own)
 
@@ -98,10 +124,18 @@ _POLICY = _Policy()
 
 
 def adapt() -> None:
-    """One look at the machine, at most once every :data:`INTERVAL` seconds: one thread while other
-    processes use more than :data:`BUSY` cores, else the thread count found at the first look (unless
-    the user chose a count: the module docstring)."""
+    """One look at the machine, at most once every :data:`INTERVAL` seconds: while other processes use
+    more than :data:`BUSY` cores, as many threads as the cores they leave free (at least one), else the
+    thread count found at the first look (unless the user chose a count: the module docstring)."""
     _POLICY.adapt()
+
+
+def note_import() -> None:
+    """Called when p0circuit is imported: if torch is loaded already (a notebook that imported it first),
+    its thread count is looked at now, so that a count the user set before is known as theirs."""
+    torch = sys.modules.get("torch")
+    if torch is not None and _POLICY.found is None and "OMP_NUM_THREADS" not in os.environ:
+        _POLICY.first_look(torch.get_num_threads())
 
 
 @entry_point
@@ -128,9 +162,10 @@ def status() -> dict:
     return {
         "threads": torch.get_num_threads() if torch is not None else None,
         "policy": (f"fixed: {_POLICY.off}" if _POLICY.off else
-                   f"adaptive: one thread while other processes use more than {BUSY} cores, else {_POLICY.found}"),
+                   f"adaptive: while other processes use more than {BUSY} cores, as many threads as the cores they "
+                   f"leave (at least one), else {_POLICY.found}"),
         "others_cores": round(_POLICY.others, 2),
-        "dropped_to_one": _POLICY.drops,
+        "dropped": _POLICY.drops,
         "cpus": os.cpu_count(),
     }
 

@@ -202,13 +202,13 @@ def check_bounds(target: float, tolerance: float) -> None:
             raise BadInputError(f"{name} must be a number in (0, 1], got {value!r}")
 
 
-RECORDED = ("corruption_params", "metric_params", "bos", "tokens", "dtype")
+RECORDED = ("model", "corruption_params", "corruption_class", "metric_params", "metric_class", "bos", "tokens", "dtype")
 """The parts of a setup's description a result records in its settings (beside its corruption and metric names)."""
 
 
 def searched(result: Any, setup: Optional[Setup], what: str) -> Setup:
-    """The setup a search of ``result`` runs on: the one the result carries, or ``setup`` for a result read
-    back from a file; refused before any work when the two differ (or ``setup`` differs from what the result
+    """The setup a search of ``result`` runs on: the one the result carries, or ``setup`` for a result that
+    carries none (rebuilt from its saved numbers, or unpickled: a result is pickled without its model); refused before any work when the two differ (or ``setup`` differs from what the result
     recorded), naming what differs."""
     if not isinstance(result, PatchResult):
         raise BadInputError(f"{what} takes the PatchResult to search (from activation_patch; its model, tokens, BOS "
@@ -216,7 +216,7 @@ def searched(result: Any, setup: Optional[Setup], what: str) -> Setup:
     if result.setup is not None:
         return result.setup.same_as(setup, "the result")
     if setup is None:
-        raise BadInputError("this result carries no setup (read back from a file?): pass setup=p0.Setup.of(model, "
+        raise BadInputError("this result carries no setup (rebuilt from saved numbers, or unpickled?): pass setup=p0.Setup.of(model, "
                             "tokens, corruption=..., metric=..., bos=...) with what it was computed with")
     mine = setup.describe()
     recorded = {"corruption": result.corruption, "metric": result.metric,
@@ -228,17 +228,19 @@ def searched(result: Any, setup: Optional[Setup], what: str) -> Setup:
 
 
 def search_job(setup: Setup) -> PatchJob:
-    """The noising job of a search (:meth:`PatchJob.cache` it with the hooks it reads, then :func:`same_clean`)."""
-    return PatchJob.of(setup.but(direction="noise") if setup.options.direction != "noise" else setup)
+    """The noising job of a search, on the fast path whatever the result's (a model's own hooks refused);
+    :meth:`PatchJob.cache` it with the hooks it reads, then :func:`same_clean`."""
+    return PatchJob.of(setup.but(direction="noise", reference=False))
 
 
 def same_clean(job: PatchJob, result: PatchResult) -> None:
     """Refuse a search whose cached job no longer gives the result's clean metric (the model's weights
     changed since the result was computed)."""
-    clean = result.clean_metric
-    if abs(job.clean_metric - clean) > 1e-4 * max(abs(clean), abs(result.corrupted_metric), 1e-12):
+    clean, corrupted = result.clean_metric, result.corrupted_metric
+    bound = max(1e-4 * max(abs(clean), abs(corrupted)), 1e-3 * abs(clean - corrupted), 1e-12)
+    if abs(job.clean_metric - clean) > bound:
         raise BadInputError(f"the model now gives a clean metric of {job.clean_metric:.6g}, the result's is {clean:.6g}: "
-                            "its weights changed since the result was computed; patch again")
+                            "the model (its weights or hooks) changed since the result was computed; patch again")
 
 
 @entry_point
@@ -288,7 +290,7 @@ def faithful_circuit(
     completeness = 1.0 - _share(noised(circuit), clean, corrupted)
     denoising = None
     if not noise.prep.is_ablation:
-        restore = PatchJob.of(setup.but(direction="denoise"))
+        restore = PatchJob.of(setup.but(direction="denoise", reference=False))
         restore.cache({site_of(n, model).read.name for n in live})
         evaluations += 1
         with torch.no_grad():

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from torch import Tensor
 
-from p0circuit.core.errors import BadInputError, ConfigError
+from p0circuit.core.errors import BadInputError, ConfigError, source_of
 from p0circuit.core.io import describe
 from p0circuit.models.checks import check_model
 from p0circuit.models.tokens import check_tokens
@@ -24,6 +24,19 @@ from p0circuit.patching.corruptions import Prepared, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.metrics import PatchMetric, check_metric, default_metric, resolve_metric
 from p0circuit.patching.options import PatchOptions
+
+
+def refuse_user_hooks(model: Any, fix: str = ", or pass reference=True, which runs every patch as a full forward "
+                                                "with them") -> None:
+    """Refuse a model that carries hooks of its own: the fast path (and every circuit search) runs only the
+    blocks and positions a patch can change and reuses cached activations."""
+    left = user_hooks(model)
+    if left:
+        raise BadInputError(
+            f"the model carries hooks of its own at {', '.join(left[:5])}{' and more' if len(left) > 5 else ''}: the "
+            "fast path runs only the blocks and positions a patch can change and reuses cached activations, so "
+            "those hooks would fire on other tensors than in a full forward. Remove them (model.reset_hooks("
+            f"including_permanent=True)){fix}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,12 +66,15 @@ class Setup:
 
     def but(self, **changes: Any) -> "Setup":
         """The same checked setup with options that change how patches run, not what is patched
-        (``direction``, ``min_signal``, ``rows_per_forward``, ``progress``): nothing is checked again."""
-        how = {"direction", "min_signal", "rows_per_forward", "progress"}
+        (``direction``, ``min_signal``, ``rows_per_forward``, ``progress``, ``reference``): nothing is checked
+        again but the model's own hooks, which the fast path refuses."""
+        how = {"direction", "min_signal", "rows_per_forward", "progress", "reference"}
         if set(changes) - how:
             raise BadInputError(f"Setup.but changes only {sorted(how)}; for another corruption, metric, BOS choice or "
                                 "tokens make a new Setup.of(...)")
         options = self.options.but(**changes)
+        if not options.reference:
+            refuse_user_hooks(self.model)
         if options.direction == "denoise" and self.prep.is_ablation:
             raise ConfigError(f"direction='denoise' needs a corrupted run, but {self.prep.name!r} is an ablation of the "
                               "clean run")
@@ -70,7 +86,9 @@ class Setup:
         return {"model": str(cfg.model_name), "architecture": str(getattr(cfg, "original_architecture", None)),
                 "dtype": str(cfg.dtype).replace("torch.", ""), "tokens": describe(self.tokens),
                 "bos": self.options.bos, "corruption": self.prep.name, "corruption_params": self.prep.corruption.params(),
-                "metric": self.metric.name, "metric_params": self.metric.params()}
+                "corruption_class": source_of(type(self.prep.corruption)),
+                "metric": self.metric.name, "metric_params": self.metric.params(),
+                "metric_class": source_of(type(self.metric))}
 
     def differences(self, other: "Setup") -> list[str]:
         """What differs between two setups, one phrase each (empty: the same study)."""
@@ -99,13 +117,8 @@ class Setup:
         metric = resolve_metric(options.metric, model)  # a metric by name, as corruptions are: "norm_ratio:2"
         metric = metric if metric is not None else default_metric(model.cfg.n_layers)
         check_metric(metric, model)
-        left = user_hooks(model)
-        if left and not options.reference:
-            raise BadInputError(
-                f"the model carries hooks of its own at {', '.join(left[:5])}{' and more' if len(left) > 5 else ''}: the "
-                "fast path runs only the blocks and positions a patch can change and reuses cached activations, so "
-                "those hooks would fire on other tensors than in a full forward. Remove them (model.reset_hooks("
-                "including_permanent=True)), or pass reference=True, which runs every patch as a full forward with them")
+        if not options.reference:
+            refuse_user_hooks(model)
         prep = get_corruption(options.corruption).prepare(model, tokens)
         if options.direction == "denoise" and prep.is_ablation:
             raise ConfigError(

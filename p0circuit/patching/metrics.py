@@ -240,8 +240,10 @@ class LogitMetric(PatchMetric):
     """The user's metric on logits."""
     label: str = "logit_metric"
     """Name shown in results."""
+    signal_unit: str = "logits"
+    """The unit ``min_signal`` judges the change in (a logit difference: ``"logits"``); ``""`` for a function whose
+    change is better judged relative to its size (a probability, a loss ratio)."""
     needs_logits: bool = True
-    signal_unit: ClassVar[str] = "logits"
 
     @property
     def name(self) -> str:  # type: ignore[override]

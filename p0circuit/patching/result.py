@@ -54,7 +54,12 @@ class PatchResult:
     setup: Any = field(default=None, repr=False, compare=False)
     """The checked :class:`~p0circuit.patching.inputs.Setup` it was computed on (model, tokens, BOS choice,
     corruption and metric with their parameters), which the circuit searches read; None for a result
-    read back from a file (records keep only its description)."""
+    rebuilt from its saved numbers or unpickled (records keep only its description)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (and deep-copied) without its setup, which holds the model: a copy carries the numbers and
+        ``settings`` (the setup's description); a search on it takes ``setup=`` again."""
+        return {**self.__dict__, "setup": None}
 
     @property
     def names(self) -> list[str]:

@@ -334,9 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and model families it registers become choices everywhere (repeatable; see "
                         "p0circuit.core.plugins)")
     parser.add_argument("--threads", type=int, metavar="N",
-                        help="CPU threads for torch (default: OMP_NUM_THREADS, else one per core). p0circuit makes idle "
-                        "OpenMP threads give their core back quickly, so the default shares a busy machine; "
-                        "docs/performance.md measures it")
+                        help="a fixed number of CPU threads for torch (default: OMP_NUM_THREADS if set, else one per "
+                        "core, fewer while other processes keep the cores busy; docs/performance.md measures it)")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")

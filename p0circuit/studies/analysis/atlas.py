@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from p0circuit.core.defaults import sink_rate_label
-from p0circuit.studies.analysis.records import AnalysisRecord
+from p0circuit.studies.analysis.records import as_record, AnalysisRecord
 from p0circuit.studies.analysis.run import analyze, sink_label
 from p0circuit.core.entries import check_model_entry
 from p0circuit.core.io import run_dir, write_atomic
@@ -53,8 +53,7 @@ def _circuit_cell(c: dict[str, Any]) -> str:
 
 
 def _record(data: Union[dict[str, Any], AnalysisRecord]) -> AnalysisRecord:
-    """The record of an analysis' content (its schema version and keys checked), or the record itself."""
-    return data if isinstance(data, AnalysisRecord) else AnalysisRecord.from_dict(data, "an analysis in the atlas")
+    return as_record(data, "an analysis in the atlas")
 
 
 def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:

@@ -263,3 +263,9 @@ class AnalysisRecord(_Record):
         except ValueError:
             raise ConfigError(f"{path} is not valid JSON; {cls.FIX}") from None
         return cls.from_dict(data, str(path))
+
+
+def as_record(data: Any, what: str = "the analysis") -> "AnalysisRecord":
+    """The record of an analysis' content (``analysis.json``'s dict: its schema version and keys checked), or
+    the record itself."""
+    return data if isinstance(data, AnalysisRecord) else AnalysisRecord.from_dict(data, what)

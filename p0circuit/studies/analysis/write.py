@@ -14,7 +14,7 @@ from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.types import Circuit, Edge, Kind, Node
-from p0circuit.studies.analysis.records import Absent, AnalysisRecord
+from p0circuit.studies.analysis.records import as_record, Absent, AnalysisRecord
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
 from p0circuit.figures.drawing import draw, to_html
 
@@ -82,8 +82,7 @@ def _edge_line(e: dict[str, Any]) -> str:
 
 
 def _record(data: Union[dict[str, Any], AnalysisRecord]) -> AnalysisRecord:
-    """The record of an analysis' content (its schema version and keys checked), or the record itself."""
-    return data if isinstance(data, AnalysisRecord) else AnalysisRecord.from_dict(data, "the analysis")
+    return as_record(data, "the analysis")
 
 
 def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:

@@ -31,6 +31,7 @@ from p0circuit.core.io import strict, write_atomic
 from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.corruptions import get_corruption
 from p0circuit.patching.metrics import metric_from_entry
+from p0circuit.core.threads import set_threads
 from p0circuit.core.plugins import load_plugins
 from p0circuit.surfaces.sweep.config import Cell, SweepConfig
 from p0circuit.surfaces.sweep.store import check_owner, done_keys, rebuild_index
@@ -83,8 +84,9 @@ def _start_worker(plugins: list[str], threads: int) -> None:
     """A pool worker's start: the config's plugins, and its share of the cores for torch. Workers
     that each take every core slow one another down many times over (measured here: a planted-model
     CLI test took 66 s instead of 2.3 s while a second torch process also ran two threads on the
-    same two cores)."""
-    torch.set_num_threads(threads)
+    same two cores). A fixed share (``set_threads``): the siblings' work is the worker's own load, not a
+    reason to drop to one thread."""
+    set_threads(threads)
     load_plugins(plugins)
 
 
