@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from p0circuit.studies.analysis.settings import number_fields
+
 from p0circuit.surfaces.cli import main
 
 
@@ -119,13 +121,12 @@ def test_the_command_line_offers_what_the_registries_hold():
 
 
 def test_the_analyze_options_are_the_settings_fields():
-    """``p0circuit analyze``'s number options, defaults and help are read from ``AnalysisSettings``' source."""
+    """``p0circuit analyze``'s number options, defaults and help are ``AnalysisSettings``' own (every number
+    field, those whose default is a shared constant included)."""
     from dataclasses import fields
 
-    from p0circuit.core import choices
     from p0circuit.studies.analysis.settings import AnalysisSettings
 
-    numbers = {f.name: f.default for f in fields(AnalysisSettings) if type(f.default) in (int, float)
-               and f.name not in ("threshold", "norm_threshold")}  # (named constants, not offered)
-    assert {k: d for k, (d, _) in choices.analysis_fields().items()} == numbers
-    assert all(doc for _, doc in choices.analysis_fields().values())
+    numbers = {f.name: f.default for f in fields(AnalysisSettings) if type(f.default) in (int, float)}
+    assert {k: d for k, (d, _) in number_fields().items()} == numbers
+    assert all(doc for _, doc in number_fields().values())

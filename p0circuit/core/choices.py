@@ -8,9 +8,8 @@ method a ``register(Method("...", ...))`` call in a module of ``patching/methods
 second list to keep in step; ``tests/test_cli.py`` checks that what is read here equals the
 registries. When the registries are already imported (a corruption or method defined in the same
 process, or a ``--plugin`` module), :func:`offered` adds what they hold. ``p0circuit analyze``'s number
-options, their defaults and help, are read the same way from ``AnalysisSettings``
-(:func:`analysis_fields`). Model and metric entries and their named models are in
-:mod:`p0circuit.core.entries`.
+options come from ``AnalysisSettings`` itself (``studies/analysis/settings.py``, which imports no torch:
+``number_fields``). Model and metric entries and their named models are in :mod:`p0circuit.core.entries`.
 """
 
 import ast
@@ -58,20 +57,3 @@ def offered(what: str) -> list[str]:
     if registry is not None:
         names |= set(getattr(registry, what))
     return sorted(names)
-
-
-@functools.lru_cache(maxsize=None)
-def analysis_fields() -> dict[str, tuple[object, str]]:
-    """``name -> (default, first sentence of its docstring)`` of each number field of ``AnalysisSettings``
-    (``studies/analysis/settings.py``), read from its source: ``p0circuit analyze``'s options and their help."""
-    tree = ast.parse((PATCHING.parent / "studies" / "analysis" / "settings.py").read_text(encoding="utf-8"))
-    cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "AnalysisSettings")
-    out: dict[str, tuple[object, str]] = {}
-    for stmt, after in zip(cls.body, cls.body[1:] + [None]):
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(stmt.value, ast.Constant) and type(stmt.value.value) in (int, float)):
-            continue
-        doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
-        first = " ".join(str(doc).split()).split(". ")[0].rstrip(".")
-        out[stmt.target.id] = (stmt.value.value, first)
-    return out

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.core import choices
 from p0circuit.core.io import run_dir
+from p0circuit.studies.analysis.settings import number_fields  # (no torch: its own module says so)
 from p0circuit.core.entries import FROM_FILES, PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
 
 
@@ -172,7 +173,7 @@ def _analyze(args: argparse.Namespace) -> int:
     # the entry, the settings and the directory before torch is imported, in well under a second
     kind, _ = check_model_entry(args.model)
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
-    given = {name: getattr(args, name) for name in choices.analysis_fields() if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in number_fields() if getattr(args, name) is not None}
     settings = AnalysisSettings(bos=bos, **given)
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
@@ -381,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "without a start token)")
     a.add_argument("--bos-token", help="the start token of the with-BOS setting when the tokenizer's BOS is not one "
                    "(real:smollm2 uses <|endoftext|> by default)")
-    for name, (default, doc) in choices.analysis_fields().items():  # AnalysisSettings' own fields, defaults and words
+    for name, (default, doc) in number_fields().items():  # AnalysisSettings' own fields, defaults and words
         a.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
                        help=f"{doc[0].lower()}{doc[1:]} (default {default})".replace("%", "%%"))
     a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")

@@ -2,13 +2,16 @@
 directory it is to go to. Imports no torch, so that ``p0circuit analyze`` refuses a bad option, or a
 directory holding another analysis, in well under a second, before the model is loaded."""
 
+import ast
+import functools
+import inspect
 import json
 import math
-from dataclasses import asdict, dataclass
+import textwrap
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from p0circuit.core import choices
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
 from p0circuit.core.errors import ConfigError
 from p0circuit.studies.analysis.records import StateFile
@@ -22,7 +25,26 @@ patching in docs/guide.md)."""
 
 def _named(name: str) -> str:
     """``n_prompts (--n-prompts)``: the setting, and its option where ``p0circuit analyze`` has one."""
-    return f"{name} (--{name.replace('_', '-')})" if name in choices.analysis_fields() else name
+    return f"{name} (--{name.replace('_', '-')})" if name in number_fields() else name
+
+
+@functools.lru_cache(maxsize=None)
+def number_fields() -> dict[str, tuple[object, str]]:
+    """``name -> (default, first sentence of its docstring)`` of each number field of :class:`AnalysisSettings`:
+    ``p0circuit analyze``'s options and their help. The field docstrings are read from this class's own source
+    (Python keeps no attribute docstrings at run time)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(AnalysisSettings)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out: dict[str, tuple[object, str]] = {}
+    for stmt, after in zip(body, body[1:] + [None]):
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        default = {f.name: f.default for f in fields(AnalysisSettings)}[stmt.target.id]
+        if type(default) not in (int, float):
+            continue
+        doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
+        out[stmt.target.id] = (default, " ".join(str(doc).split()).split(". ")[0].rstrip("."))
+    return out
 
 
 @dataclass(frozen=True)
