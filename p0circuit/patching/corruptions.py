@@ -41,6 +41,7 @@ from typing import Any, ClassVar, Optional, Union
 import torch
 from torch import Tensor
 
+from p0circuit.core import names
 from p0circuit.core.errors import BadInputError, ConfigError, already_registered, check_key, nearest, source_of
 from p0circuit.core.io import describe
 from p0circuit.core.args import entry_point
@@ -173,7 +174,7 @@ class Shift(Corruption):
     """Seed of the random filler tokens."""
     filler: Optional[tuple[int, ...]] = None
     """Explicit filler token ids (length ``k``) instead of random ones."""
-    name: ClassVar[str] = "shift"
+    name: ClassVar[str] = names.SHIFT
     summary: ClassVar[str] = 'prepends tokens, so the first token no longer sits at position 0'
     sees_position: ClassVar[bool] = True
     sees_bos_token: ClassVar[bool] = False
@@ -214,7 +215,7 @@ class PosMean(Corruption):
 
     position: int = 0
     """The ablated position."""
-    name: ClassVar[str] = "pos_mean"
+    name: ClassVar[str] = names.POS_MEAN
     summary: ClassVar[str] = "replaces P0's output by the other positions' mean"
     sees_position: ClassVar[bool] = True
     sees_bos_token: ClassVar[bool] = True
@@ -255,7 +256,7 @@ class Swap(Corruption):
     """The replacement id; None: random ids (``seed``)."""
     seed: int = 0
     """Seed of the random replacements."""
-    name: ClassVar[str] = "swap"
+    name: ClassVar[str] = names.SWAP
     summary: ClassVar[str] = 'replaces one token in place (position 0 by default), every position kept'
     sees_position: ClassVar[bool] = False
     sees_bos_token: ClassVar[bool] = True
@@ -298,7 +299,7 @@ class Resample(Corruption):
     """Explicit corrupted prompts, shaped like the clean ones."""
     seed: int = 0
     """Seed for random prompts when the batch has a single row."""
-    name: ClassVar[str] = "resample"
+    name: ClassVar[str] = names.RESAMPLE
     summary: ClassVar[str] = 'another prompt of the same length (a control)'
     sees_position: ClassVar[bool] = False
     sees_bos_token: ClassVar[bool] = False
@@ -325,7 +326,7 @@ class Resample(Corruption):
 class Zero(Corruption):
     """Zero-ablate the component (a control)."""
 
-    name: ClassVar[str] = "zero"
+    name: ClassVar[str] = names.ZERO
     summary: ClassVar[str] = "removes a component's output"
     sees_position: ClassVar[bool] = True
     sees_bos_token: ClassVar[bool] = True

@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from p0circuit.core import names
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.job import PatchJob
@@ -80,5 +81,5 @@ def patch_nodes(job: PatchJob, node_list: Sequence[Node], candidates: Optional[S
     return job.result("activation", "node", raw, corrupted, candidates=[n.name for n in node_list])
 
 
-register(Method("activation", activation_patch, "node",
+register(Method(names.ACTIVATION, activation_patch, "node",
                 summary="patch each node (head or MLP output at a position class) alone"))

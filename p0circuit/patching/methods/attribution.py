@@ -30,6 +30,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.core import hooks
+from p0circuit.core import names
 from p0circuit.core.errors import ConfigError, BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, parse_edges, receiver_site, sender_hook
@@ -252,7 +253,7 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
     return job.result("attribution", level, raw, corrupted, candidates=names, min_signal=min_signal)
 
 
-register(Method("attribution", attribution_patch, "node", exact=False,
+register(Method(names.ATTRIBUTION, attribution_patch, "node", exact=False,
                 summary="gradient estimate of activation patching (one forward and backward)"))
-register(Method("attribution_edges", partial(attribution_patch, level="edge"), "edge", exact=False,
+register(Method(names.ATTRIBUTION_EDGES, partial(attribution_patch, level="edge"), "edge", exact=False,
                 summary="gradient estimate of path patching (EAP: one forward and backward)"))

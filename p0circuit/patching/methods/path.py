@@ -16,6 +16,7 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from p0circuit.core import names
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, is_valid_edge, parse_edges, receiver_site, sender_hook
@@ -75,5 +76,5 @@ def path_patch(
     return job.result("path", "edge", raw, corrupted, candidates=[e.name for e in edge_list])
 
 
-register(Method("path", path_patch, "edge",
+register(Method(names.PATH, path_patch, "edge",
                 summary="patch each edge (sender -> a head's q/k/v input, an MLP input or the metric's stream) alone"))

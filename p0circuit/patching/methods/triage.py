@@ -25,6 +25,7 @@ from typing import Optional, Sequence, Union
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from p0circuit.core import names
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.job import PatchJob
@@ -98,5 +99,5 @@ def triage_patch(
     )
 
 
-register(Method("triage", triage_patch, "node",
+register(Method(names.TRIAGE, triage_patch, "node",
                 summary="attribution over all nodes, then exact patching of the top ones and a random sample"))
