@@ -165,3 +165,12 @@ def test_sink_report_lists_every_norm_onset_and_erasure():
     assert rep.norm_stages == [("onset", 2, 9.7), ("erasure", 5, 1.1), ("onset", 7, 151.0)]
     assert rep.norm_onsets == [2, 7]
     assert "onset at layer 2 (9.7x), erasure at layer 5 (1.1x), onset at layer 7 (151x)" in str(rep)
+
+
+def test_every_metric_entry_has_one_route():
+    """Each built-in entry's name lives in core/entries (no torch) and its build in patching/metrics, once;
+    a plugin's entry carries its own build: no entry is built by a path of its own."""
+    from p0circuit.core.entries import METRICS
+    from p0circuit.patching.metrics import BUILT_IN
+
+    assert {n for n, e in METRICS.items() if e.build is None} == set(BUILT_IN)

@@ -410,18 +410,27 @@ def resolve_metric(metric: Any, model: Any) -> Any:
     return metric_from_entry(metric, model) if isinstance(metric, str) else metric
 
 
+def _sink_heads(model: Any, layer: Optional[int], sink_heads: Optional[Sequence[tuple[int, int]]]) -> PatchMetric:
+    sink_heads = sink_heads or getattr(model, SINK_HEADS_ATTR, None)
+    if not sink_heads:
+        raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' or 'norm_ratio:<layer>'")
+    return AttnToP0(heads=list(sink_heads))
+
+
+BUILT_IN: dict[str, Callable[..., PatchMetric]] = {
+    "sink_heads": _sink_heads,
+    "attn_to_p0": lambda model, layer, sink_heads: default_metric(model.cfg.n_layers),
+    "norm_ratio": lambda model, layer, sink_heads: NormRatio(int(layer)),  # type: ignore[arg-type]
+}
+"""How each built-in metric entry (:data:`p0circuit.core.entries.METRICS`, where the names and their grammar
+live, without torch) builds its metric: ``build(model, block, sink_heads)``."""
+
+
 def metric_from_entry(entry: str, model: Any, sink_heads: Optional[Sequence[tuple[int, int]]] = None) -> PatchMetric:
-    """The metric named by ``entry`` for ``model``: ``sink_heads`` (attention to P0 of a planted
-    model's sink heads: ``sink_heads`` if given, else the ones the planted model carries), ``attn_to_p0``
-    (:func:`default_metric`) or ``norm_ratio:<layer>``."""
+    """The metric named by ``entry`` for ``model``, one route for every entry: a plugin's registered build
+    (:func:`p0circuit.core.entries.register_metric`) or a built-in one (:data:`BUILT_IN`): ``sink_heads``
+    (attention to P0 of a planted model's sink heads: ``sink_heads`` if given, else the ones the planted model
+    carries), ``attn_to_p0`` (:func:`default_metric`) or ``norm_ratio:<layer>``."""
     kind, layer = check_metric_entry(entry, model.cfg.n_layers)
-    if METRICS[kind].build is not None:  # registered by a plugin (p0circuit.core.entries.register_metric)
-        return METRICS[kind].build(model, layer)
-    if kind == "sink_heads":
-        sink_heads = sink_heads or getattr(model, SINK_HEADS_ATTR, None)
-        if not sink_heads:
-            raise ConfigError("metric 'sink_heads' needs a planted model; use 'attn_to_p0' or 'norm_ratio:<layer>'")
-        return AttnToP0(heads=list(sink_heads))
-    if kind == "attn_to_p0":
-        return default_metric(model.cfg.n_layers)
-    return NormRatio(int(layer))  # type: ignore[arg-type]
+    build = METRICS[kind].build
+    return build(model, layer) if build is not None else BUILT_IN[kind](model, layer, sink_heads)
