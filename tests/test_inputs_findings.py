@@ -293,3 +293,17 @@ def test_no_signal_is_judged_in_the_metrics_own_unit():
     _, signal, msg = normalize(100.45, 100.0, {"x": 100.2}, "noise", 0.05)
     assert not signal and "of their scale (a relative change: 5.02 here)" in msg
     assert p0.NormRatio(1).signal_unit == "" and p0.CacheMetric.signal_unit == ""
+
+
+def test_with_bos_on_a_model_without_one_says_the_command_line_fix(tmp_path):
+    """`analyze --bos with` on a model with no BOS token: one fix, in the user's own terms."""
+    from p0circuit.surfaces.cli import main
+
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["analyze", "--model", "spec:rope", "--bos", "with", "--out", str(tmp_path), "--quiet"]) == 2
+    said = err.getvalue()
+    assert "--bos-token TOKEN" in said and "--bos both" in said and "prepend_bos=False" not in said, said

@@ -165,8 +165,8 @@ def _start_token(model: Any, bos_token: Optional[Union[str, int]]) -> tuple[Opti
         return None, previous
     try:
         prepend_id(model)
-    except BadInputError as err:
-        return str(err), previous
+    except BadInputError as err:  # its first clause says why; the fix is the analysis' own (below)
+        return str(err).split("; ")[0], previous
     return None, previous
 
 
@@ -243,8 +243,9 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
              no_bos_reason: Optional[str], truth: Any) -> Analysis:
     tags = [b for b in s.bos if not (b and no_bos_reason)]
     if not tags:
-        raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}; "
-                            "pass bos_token= (--bos-token) to choose one, or measure without BOS too")
+        raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}: "
+                            "choose the token to prepend (--bos-token TOKEN on the command line, bos_token= in Python), "
+                            "or measure without BOS too (--bos both, or bos=(False, True))")
     tokens = {b: prompts(model, s.n_prompts, s.length, b, s.seed) for b in tags}
     header = StateHeader(model=label, settings=json.loads(json.dumps(asdict(s))),
                          prompt_source=prompt_label(model, s.n_prompts, s.length, False).split(" x ")[0],
