@@ -341,7 +341,7 @@ def test_a_circuit_that_cannot_be_faithful_says_so(planted):
     found = p0.faithful_circuit(res, max_size=2)
     assert not found.faithful and "more than the budget of 2" in found.why and found.size == 3
     zero = p0.Setup.of(planted.model, toks, corruption="zero", metric=metric, bos=False)
-    with pytest.raises(p0.BadInputError, match="corruption: 'shift' vs 'zero'"):
+    with pytest.raises(p0.BadInputError, match="corruption: the result's 'shift', given 'zero'"):
         p0.faithful_circuit(res, setup=zero)
     with pytest.raises(p0.BadInputError, match="target"):
         p0.faithful_circuit(res, target=1.5)

@@ -37,10 +37,10 @@ def test_a_search_given_another_setup_is_refused_naming_what_differs(planted, sc
     toks, res = screened
     other = Setup.of(planted.model, toks, corruption=p0.Shift(2), metric=p0.NormRatio(LAYER), bos=False)
     for call in (lambda: p0.faithful_circuit(res, setup=other), lambda: p0.faithfulness_curve(res, setup=other)):
-        with pytest.raises(p0.BadInputError, match=r"another setup \(corruption_params: \{'k': 1.*'k': 2"):
+        with pytest.raises(p0.BadInputError, match=r"another setup \(corruption_params: the result's \{'k': 1.*given \{'k': 2"):
             call()
     other_bos = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=None)
-    with pytest.raises(p0.BadInputError, match="bos: False vs None"):
+    with pytest.raises(p0.BadInputError, match="bos: the result.s False, given None"):
         p0.faithful_circuit(res, setup=other_bos)
     # the same study given again is accepted (a setup made anew equals the result's)
     same = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)

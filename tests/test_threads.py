@@ -94,8 +94,8 @@ def test_the_users_thread_count_wins():
 
 def test_the_cli_threads_flag_reaches_the_command(tmp_path):
     """``p0circuit --threads 1 ...`` as a user runs it: the analysis records the fixed count."""
-    out = subprocess.run([sys.executable, "-m", "p0circuit.surfaces.cli", "--threads", "1", "analyze", "--model",
-                          "planted:rope", "--out", str(tmp_path), "--quiet", "--n-prompts", "4"],
+    out = subprocess.run([sys.executable, "-m", "p0circuit.surfaces.cli", "analyze", "--model", "planted:rope",
+                          "--threads", "1", "--out", str(tmp_path), "--quiet", "--n-prompts", "4"],
                          env=CLEAN, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     timing = json.loads((tmp_path / "analysis.json").read_text())["timing"]["threads"]
@@ -122,8 +122,9 @@ def test_bad_thread_counts_are_refused_naming_the_fix(bad):
 def test_the_cli_refuses_a_bad_threads_flag_before_any_work(capsys):
     from p0circuit.surfaces.cli import main
 
-    assert main(["--threads", "0", "survey"]) == 2
-    assert "--threads: threads=0: give a whole number" in capsys.readouterr().err
+    for argv in (["--threads", "0", "survey"], ["survey", "--threads", "0"], ["analyze", "--threads=0"]):
+        assert main(argv) == 2
+        assert "--threads: threads=0: give a whole number" in capsys.readouterr().err, argv
 
 
 def test_contention_sees_another_busy_process():

@@ -1,4 +1,5 @@
-"""How p0circuit shares the CPU: it uses one thread while other processes keep the cores busy.
+"""How p0circuit shares the CPU: while other processes keep the cores busy, it uses no more threads than
+the cores they leave free.
 
 PyTorch's CPU kernels run on OpenMP threads (GNU libgomp in the PyPI wheels). Between two parallel
 regions an idle libgomp thread *spins* before it sleeps. On a quiet machine that saves a wake-up per

@@ -385,7 +385,7 @@ def run_groups(
             done(len(idx))
             continue
         for c in range(0, len(idx), per_chunk):
-            adapt()  # one thread while other processes keep the cores busy (core/threads.py)
+            adapt()  # fewer threads while other processes keep the cores busy (core/threads.py)
             part = idx[c : c + per_chunk]
             chunk = Chunk([groups[i] for i in part], start, stop, [skip[i] for i in part], first,
                           [patched.get(i) for i in part])

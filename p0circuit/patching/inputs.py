@@ -90,18 +90,18 @@ class Setup:
                 "metric": self.metric.name, "metric_params": self.metric.params(),
                 "metric_class": source_of(type(self.metric))}
 
-    def differences(self, other: "Setup") -> list[str]:
-        """What differs between two setups, one phrase each (empty: the same study)."""
+    def differences(self, other: "Setup", names: tuple[str, str] = ("this", "that")) -> list[str]:
+        """What differs between two setups, one phrase each, the sides called ``names`` (empty: the same study)."""
         out = [] if self.model is other.model else ["the model (another HookedTransformer object)"]
         mine, theirs = self.describe(), other.describe()
-        return out + [f"{k}: {mine[k]!r:.100} vs {theirs[k]!r:.100}" for k in mine if mine[k] != theirs[k]
-                      and not (k in ("model", "architecture") and out)]
+        return out + [f"{k}: {names[0]} {mine[k]!r:.100}, {names[1]} {theirs[k]!r:.100}" for k in mine
+                      if mine[k] != theirs[k] and not (k in ("model", "architecture") and out)]
 
     def same_as(self, other: Optional["Setup"], what: str) -> "Setup":
         """``self`` when ``other`` is None or the same study, else an error naming what differs."""
         if other is None or other is self:
             return self
-        differ = self.differences(other)
+        differ = self.differences(other, ("the result's", "given"))
         if differ:
             raise BadInputError(f"{what} was made with another setup ({'; '.join(differ)}): search the result of "
                                 "the setup you mean, or patch again with this one")

@@ -468,7 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except P0CircuitError as e:
         print(f"p0circuit: error: {e}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_global_first(argv, "--threads"))
     if args.threads is not None:
         from p0circuit.core.threads import set_threads
 
@@ -505,6 +505,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         _remove_empty(made)  # a run that wrote nothing leaves no empty output directories behind
         signal.signal(signal.SIGTERM, previous)
+
+
+def _global_first(argv: list[str], flag: str) -> list[str]:
+    """``argv`` with ``flag`` and its value moved before the subcommand, wherever the user wrote it
+    (``p0circuit analyze --threads 1`` as ``p0circuit --threads 1 analyze``)."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return [a, argv[i + 1]] + argv[:i] + argv[i + 2:]
+        if a.startswith(flag + "="):
+            return [a] + argv[:i] + argv[i + 1:]
+    return argv
 
 
 RESUMABLE = {"analyze": "finished steps", "sweep": "finished cells", "train": "checkpoints"}

@@ -128,5 +128,6 @@ def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume
     if old.model != label or old.settings != mine:
         diff = sorted(k for k in mine if old.settings.get(k) != mine[k])
         raise ConfigError(f"{out} holds an analysis of {old.model!r}"
-                          + (f" with other settings ({', '.join(diff)})" if diff else "")
+                          + (" with other settings (" + ", ".join(f"{_named(k)}: {old.settings.get(k)!r} there, "
+                                                               f"{mine[k]!r} now" for k in diff) + ")" if diff else "")
                           + "; write to another directory, or pass fresh=True (--fresh) to replace it")

@@ -160,15 +160,16 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                 lines.append(f"- Edges ({ep.get('candidates', 0)} candidates{of}): {_fmt(o['edges'], 10)}.")
             sk_e = o.get("into_sinks") or {}
             if sk_e.get("candidates"):
-                lines.append(f"- Edges into the sink heads' keys and values (metric `{sk_e['metric']}`, "
-                             f"{sk_e['clean']:.3g} clean -> {sk_e['corrupted']:.3g}; {sk_e['candidates']} candidates): "
+                lines.append(f"- Edges into the sink heads' keys and values (corruption `{o['corruption']}`, metric "
+                             f"`{sk_e['metric']}`, {sk_e['clean']:.3g} clean -> {sk_e['corrupted']:.3g} corrupted; "
+                             f"{sk_e['candidates']} candidates): "
                              + (_fmt(sk_e["edges"], 8) if sk_e["signal"] else "no signal") + ".")
             elif sk_e.get("note"):
                 lines.append(f"- Edges into the sink heads: {sk_e['note']}.")
             npass = o.get("neuron_pass", {})
             if "metric" in npass:
-                lines.append(f"- Neurons writing `{npass['metric']}` ({npass['clean']:.4g} clean -> "
-                             f"{npass['corrupted']:.4g}; MLPs {npass['mlps']}, {npass['screen']}): "
+                lines.append(f"- Neurons writing `{npass['metric']}` (corruption `{o['corruption']}`, {npass['clean']:.4g} "
+                             f"clean -> {npass['corrupted']:.4g} corrupted; MLPs {npass['mlps']}, {npass['screen']}): "
                              f"{_fmt(o['neurons'], 10)}; faithfulness within the confirmed: "
                              f"{_curve(npass['faithfulness_within_confirmed'])}.")
             elif npass.get("note"):
