@@ -22,10 +22,10 @@ import importlib.util
 import sys
 import traceback
 import warnings
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable
+from typing import Any, Iterable
 
 from p0circuit.core.errors import ConfigError
 
@@ -85,8 +85,9 @@ def load_plugins(names: Iterable[str]) -> list[ModuleType]:
     return [load_plugin(n) for n in names]
 
 
-def installed() -> list[EntryPoint]:
-    """The entry points of installed plugins: in the group :data:`GROUP`, then the old :data:`OLD_GROUP`."""
+def installed() -> list[Any]:
+    """The entry points of installed plugins: in the group :data:`GROUP`, then the old :data:`OLD_GROUP`
+    (``importlib.metadata``'s, or the ``importlib_metadata`` backport's where another package installed it)."""
     return [ep for group in (GROUP, OLD_GROUP) for ep in entry_points(group=group)]
 
 

@@ -198,7 +198,7 @@ class Contention:
         """What a busy timing means and what to do, or empty on a quiet machine."""
         if not self.busy:
             return ""
-        fixed = f" (the thread count is fixed: {_POLICY.off})" if _POLICY.off else ""
+        fix = (f"the thread count is fixed ({_POLICY.off}): on a busy machine use one thread (p0circuit.set_threads(1), "
+               "--threads 1)" if _POLICY.off else "p0circuit uses fewer threads while they stay busy")
         return (f"{what} was timed while other processes used {self.others:.1f} of the machine's {os.cpu_count()} "
-                f"cores: this run will be slower than on a quiet machine{fixed}; with OMP_NUM_THREADS or "
-                "torch.set_num_threads set, use one thread on a busy machine (p0circuit.set_threads(1), --threads 1)")
+                f"cores: this run will be slower than on a quiet machine; {fix}")
