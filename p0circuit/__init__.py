@@ -12,6 +12,7 @@ import importlib
 
 from p0circuit import _moved
 from p0circuit.core import threads as _threads
+from p0circuit.core import versions as _versions
 from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.resid_post(2)); no imports of its own
 
 # Names are imported on first use (PEP 562), so that ``import p0circuit.surfaces.cli`` and
@@ -38,6 +39,9 @@ _WHERE = {
 
 _threads.note_import()  # a thread count set before this import (torch imported first) is the user's
 
+_LIGHT = {"p0circuit.core.errors", "p0circuit.core.threads"}
+"""Modules of public names that import no TransformerLens."""
+
 __all__ = sorted(_WHERE)
 """The public names: the one list is ``_WHERE`` (name -> the module that defines it). Jupyter's and
 IPython's completion read ``__dir__``, which lists them without importing anything."""
@@ -46,6 +50,8 @@ IPython's completion read ``__dir__``, which lists them without importing anythi
 def __getattr__(name: str) -> object:
     """Public names, imported on first use; removed names: a clear error that names the replacement."""
     if name in _WHERE:
+        if _WHERE[name] not in _LIGHT:  # before TransformerLens is imported: a 4.x install refused with the reason
+            _versions.check_transformer_lens()
         value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value
         return value

@@ -233,3 +233,13 @@ def test_a_result_pickles_without_its_model(screened):
     assert copy.setup is None and copy.raw == res.raw and res.setup is not None
     with pytest.raises(p0.BadInputError, match="carries no setup"):
         p0.faithful_circuit(copy)
+
+
+def test_a_transformer_lens_4_install_is_refused_with_the_reason(monkeypatch):
+    from p0circuit.core import versions
+
+    monkeypatch.setattr(versions, "version", lambda name: "4.3.0")
+    with pytest.raises(p0.ConfigError, match=r"needs transformer-lens >=3.9,<4; 4.3.0 is installed.*hook_mlp_in"):
+        versions.check_transformer_lens()
+    monkeypatch.setattr(versions, "version", lambda name: "3.9.0")
+    versions.check_transformer_lens()
