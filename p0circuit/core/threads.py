@@ -31,6 +31,7 @@ import time
 from typing import Optional
 
 from p0circuit.core.args import entry_point
+from p0circuit.core.errors import ConfigError
 
 BUSY = 0.3
 """Cores' worth of other processes' CPU use, since the last look, above which p0circuit uses no more threads
@@ -146,8 +147,6 @@ def set_threads(threads: int) -> None:
     Sets ``OMP_NUM_THREADS``, so p0circuit no longer adapts the count; refuses anything but a positive
     whole number before torch is touched.
     """
-    from p0circuit.core.errors import ConfigError
-
     if threads < 1:
         raise ConfigError(f"threads={threads!r}: give a whole number of CPU threads, at least 1 (e.g. --threads 1 on "
                           "a busy machine)")

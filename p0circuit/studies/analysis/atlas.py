@@ -52,13 +52,9 @@ def _circuit_cell(c: dict[str, Any]) -> str:
             f"{denoise}{edges}")
 
 
-def _record(data: Union[dict[str, Any], AnalysisRecord]) -> AnalysisRecord:
-    return as_record(data, "an analysis in the atlas")
-
-
 def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:
     """The atlas rows of one analysis (``analysis.json``'s content, or its record; one per BOS setting)."""
-    d = _record(data)
+    d = as_record(data, "an analysis in the atlas")
     out = []
     for tag, title in _SETTINGS:
         s = d.sinks.get(tag)
@@ -92,7 +88,7 @@ def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:
 
 def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     """The atlas as Markdown (each analysis: ``analysis.json``'s content, or its record)."""
-    records = [_record(d) for d in analyses]
+    records = [as_record(d, "an analysis in the atlas") for d in analyses]
     head = ["model", "BOS", sink_rate_label(), "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
             "edges", "faithful circuit at the first onset"]
     sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens"

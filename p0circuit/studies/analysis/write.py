@@ -81,13 +81,9 @@ def _edge_line(e: dict[str, Any]) -> str:
             f"removes {e['completeness']:.3f}.{held_said}")
 
 
-def _record(data: Union[dict[str, Any], AnalysisRecord]) -> AnalysisRecord:
-    return as_record(data, "the analysis")
-
-
 def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
     """The analysis (``analysis.json``'s content, or its record) as Markdown."""
-    d = _record(data)
+    d = as_record(data, "the analysis")
     s = d.settings
     lines = [f"# P0-sink analysis of {d.model}", "",
              f"{d.prompt_source} x {s['length']} tokens (a BOS token adds one); "
@@ -316,7 +312,7 @@ def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
 
 def report_html(data: Union[dict[str, Any], AnalysisRecord]) -> str:
     """A self-contained page: the Markdown's content as HTML with the figures."""
-    d = _record(data)
+    d = as_record(data, "the analysis")
     figs = _figures(d)
     body = []
     current = ""

@@ -21,7 +21,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
 
 from p0circuit.core.progress import tqdm
 
