@@ -1,7 +1,7 @@
 """What `p0circuit analyze` costs, against what its cost model (``p0circuit/studies/analysis/cost.py``)
 predicted: each model analysed by the command itself (a fresh process, ``--fresh``, its wall time
-measured), then, from its ``analysis.json``, every step's measured forwards (seconds over the forward
-of the batch timed in the same run) beside the predicted ones, and how far the progress bar's estimate
+measured), then, from its ``analysis.json``, every step kind's counted forwards (p0circuit/patching/work.py)
+and seconds beside the predicted forwards, and how far the progress bar's estimate
 of the total time was from the real one when a quarter, half and three quarters of the time had passed
 (read from the estimate the analysis records every second, ``timing.eta``: p0circuit/studies/analysis/eta.py).
 
@@ -55,9 +55,10 @@ def measure(entry: str, out: Path) -> dict:
     wall = time.perf_counter() - start
     d = json.loads((out / "analysis.json").read_text())
     t = d["timing"]
-    measured, predicted = defaultdict(float), defaultdict(float)
-    for key, seconds in t["steps"].items():
-        measured[kind(key)] += seconds / t["forward_s"]
+    measured, predicted, seconds = defaultdict(float), defaultdict(float), defaultdict(float)
+    for key, secs in t["steps"].items():
+        measured[kind(key)] += t["forwards_by_step"][key]  # counted (p0circuit/patching/work.py), not timed
+        seconds[kind(key)] += secs
         predicted[kind(key)] += t["predicted_forwards"].get(key, 0.0)
     mem = d["memory"]
     peak = defaultdict(float)  # GiB: the largest peak of a step of each kind (the peak is reset before each step)
@@ -66,24 +67,29 @@ def measure(entry: str, out: Path) -> dict:
             peak[kind(key)] = max(peak[kind(key)], gib)
     return {"model": d["model"], "wall": wall, "weights_gib": mem["weights"], "load_gib": mem["at_start"],
             "peak": dict(peak), "steps_s": t["seconds"], "forward_s": t["forward_s"],
-            "measured": dict(measured), "predicted": dict(predicted), "eta": eta_errors(t),
+            "measured": dict(measured), "predicted": dict(predicted), "seconds": dict(seconds), "eta": eta_errors(t),
+            "counted": t["forwards"], "with_grad": t["with_grad"], "slowdown": t["slowdown"],
             "prompts": f"{d['settings']['n_prompts']} x {d['settings']['length']} tokens"}
 
 
 def table(rows: list[dict], cond: Conditions) -> str:
     lines = [cond.header("analysis_cost.py") + " Each model analysed by `p0circuit analyze` in a fresh process "
-             "(the model read from the conversion cache); forwards are the step's seconds over one forward of the "
-             "batch timed in the same run; predicted: the cost model, before the step ran.", "",
+             "(the model read from the conversion cache). Forwards are *counted* (hooks on every block's attention "
+             "and MLP and on the unembedding add up the rows each call runs, in forwards of the batch; a backward is "
+             "not counted, the forward work done with gradients is: `p0circuit/patching/work.py`); predicted: the "
+             "cost model, before the step ran; the steps' seconds over what the counted work (backwards at twice "
+             "their forward) takes at one forward's speed timed in the same run.", "",
              "| model (prompts) | wall time | steps | one forward | " + " | ".join(KINDS) +
-             " | total | the bar's estimate of the total at 25% / 50% / 75% of the time |",
-             "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
+             " | total (of it with gradients) | seconds over the count's | the bar's estimate of the total at 25% / 50% / 75% of the time |",
+             "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|---|"]
     for r in rows:
         cells = [f"{r['measured'].get(k, 0):.0f} / {r['predicted'].get(k, 0):.0f}" for k in KINDS]
-        total = f"{sum(r['measured'].values()):.0f} / {sum(r['predicted'].values()):.0f}"
+        total = f"{r['counted']:.0f} ({r['with_grad']:.0f}) / {sum(r['predicted'].values()):.0f}"
         eta = " / ".join(f"{v:+.0%}" for v in r["eta"].values())
         lines.append(f"| {r['model']} ({r['prompts']}) | {r['wall']:.0f} s | {r['steps_s']:.0f} s | "
-                     f"{r['forward_s']:.2f} s | " + " | ".join(cells) + f" | {total} | {eta} |")
-    lines += ["", "Each step kind: measured / predicted forwards of the batch.", "",
+                     f"{r['forward_s']:.2f} s | " + " | ".join(cells) + f" | {total} | {r['slowdown']:.2f}x | {eta} |")
+    lines += ["", "Each step kind: counted / predicted forwards of the batch. Seconds per step kind: " + "; ".join(
+        f"{r['model']}: " + ", ".join(f"{k} {r['seconds'].get(k, 0):.0f} s" for k in KINDS) for r in rows) + ".", "",
               "Memory, from the same runs (`analysis.json`'s `memory`): the model's own size (parameters and buffers), "
               "the process's resident memory when the steps began (the interpreter, torch and the loaded model), and "
               "each step kind's peak (the largest over its steps; the heap's free pages are returned and the peak "

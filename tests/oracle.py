@@ -125,8 +125,8 @@ class Metric:
                 others = [row[t] for t in range(len(row)) if t != k]
                 per_prompt.append(row[k] / (sum(others) / len(others)))
             return float(sum(per_prompt) / len(per_prompt))
-        if self.kind == "resid_dim":
-            return float(acts[self.hooks()[0]][:, p0, self.dim].double().mean())
+        if self.kind == "resid_dim":  # at P0, or ``pos`` (an int) positions after it
+            return float(acts[self.hooks()[0]][:, p0 + self.pos, self.dim].double().mean())
         if self.kind == "attn_to_p0":
             vals = [acts[f"blocks.{l}.attn.hook_pattern"][:, h, p0 + 1:, p0].double().mean()
                     for l, h in self.heads]
@@ -484,7 +484,7 @@ def _metric_tensor(metric: Metric, acts, logits, p0):
         others = (norms.sum(-1) - norms[:, k]) / (norms.shape[1] - 1)
         return (norms[:, k] / others).mean()
     if metric.kind == "resid_dim":
-        return acts[metric.hooks()[0]][:, p0, metric.dim].mean()
+        return acts[metric.hooks()[0]][:, p0 + metric.pos, metric.dim].mean()
     return metric.fn(logits)
 
 

@@ -148,7 +148,8 @@ def test_interrupted_analysis_resumes_without_redoing_steps(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         analyze(pm, out=tmp_path, progress=False, bos=(False,), **SMALL)
     state = strict_load(tmp_path / analysis_run.STATE)
-    assert list(state["steps"]) == [analysis_run.UNIT, "without_bos/sinks", "without_bos/P0@L1/nodes"]
+    assert list(state["steps"]) == [analysis_run.UNIT, "without_bos/sinks", "without_bos/P0@L1/keyed",
+                                    "without_bos/P0@L1/nodes"]
     unit = state["steps"][analysis_run.UNIT]["seconds"]  # the cost unit the finished steps were timed against
     assert calls["faithfulness"] == 1 and not (tmp_path / "analysis.json").exists()
     monkeypatch.setattr(steps, "circuit_edges", real_edges)
@@ -348,21 +349,30 @@ def test_a_circuit_that_cannot_be_faithful_says_so(planted):
 
 
 def test_the_verdict_judges_the_whole_claim_as_the_plants_are_built(rope_run, bos_run, planted_models):
+    """Four parts, each as the plant is built: the position-keyed plant holds in all four (its state keyed on
+    position); the BOS-keyed plant fails (a) without BOS and holds with it (keyed on its token); the plant whose
+    circuit sits at blocks 2 and 3 fails (b) and (c) as stated, and the record says where they were found."""
     _, rope, _ = rope_run
     parts = rope["verdict"]["parts"]["without_bos"]
-    assert [parts[k]["status"] for k in ("sink", "circuit", "amplification")] == ["holds"] * 3
+    assert [parts[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == ["holds"] * 4
+    assert rope["verdict"]["holds"] is True and rope["verdict"]["claim"].count("holds") == 4
+    assert "keyed on position" in parts["sink"]["evidence"]
     _, bos, _ = bos_run
     assert bos["verdict"]["parts"]["without_bos"]["sink"]["status"] == "fails"  # its sink follows the BOS token
+    assert bos["verdict"]["holds"] is False
     with_bos = bos["verdict"]["parts"]["with_bos"]
-    assert [with_bos[k]["status"] for k in ("sink", "circuit", "amplification")] == ["holds"] * 3
+    assert [with_bos[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == ["holds"] * 4
+    assert "keyed on token" in with_bos["sink"]["evidence"]
     late = analyze(planted_models("layer2"), progress=False, bos=(False,), **SMALL)  # the circuit at blocks 2 and 3
     parts = late["verdict"]["parts"]["without_bos"]
     assert parts["sink"]["status"] == "holds"
-    assert parts["circuit"]["status"] == "holds at other layers"
+    assert parts["circuit"]["status"] == "fails as stated" and "attention of blocks 2" in parts["circuit"]["found_at"]
     assert "attention of block 2" in parts["circuit"]["evidence"] and "MLP of block 3" in parts["circuit"]["evidence"]
-    assert parts["amplification"]["status"] == "holds at other layers" and "blocks 2, 3" in parts["amplification"]["evidence"]
+    assert parts["amplification"]["status"] == "fails as stated"
+    assert parts["amplification"]["found_at"] == "MLPs of blocks 2, 3"
+    assert late["verdict"]["holds"] is False and "(b) fails as stated (found at" in late["verdict"]["claim"]
     text = str(late)
-    assert "(b) **holds at other layers**" in text and "Faithful circuit (ACDC-style pruning" in text
+    assert "(b) **fails as stated (found at" in text and "Faithful circuit (ACDC-style pruning" in text
 
 
 def test_variations_use_the_corruption_the_analysis_chose(planted_models):

@@ -206,7 +206,8 @@ def test_analyze_gemma3_finds_the_bos_token_sink_and_no_p0_sink(gemma3):
 
     result = analyze(gemma3, entry="real:gemma3", progress=False, n_prompts=4, length=12, lengths=(8,),
                      neurons_keep=8, max_onsets=1)
-    assert result["verdict"]["holds"] is False and "never reaches the threshold" in result["verdict"]["claim"]
+    assert result["verdict"]["holds"] is False and "(a) fails" in result["verdict"]["claim"]
+    assert "never reaches the threshold" in result["verdict"]["parts"]["without_bos"]["sink"]["evidence"]
     assert not [o for o in result["onsets"]["without_bos"] if o["where"] == "P0"]
     assert "first ','" in {p["where"] for p in result["sinks"]["without_bos"]["sink_positions"]}
     onset = result["onsets"]["with_bos"][0]

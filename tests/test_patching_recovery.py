@@ -66,7 +66,8 @@ def test_attribution_patching_ranks_nodes(planted_models, variant, corruption):
 @pytest.mark.parametrize("variant", ["rope", "nope"])
 @pytest.mark.parametrize("method", ["activation", "path"])
 def test_resample_is_reported_as_no_signal(planted_models, variant, method):
-    """Negative control: resampling keeps every position, so the position-only circuit is invisible."""
+    """Negative control: other prompts keep every position, so the position-only circuit is invisible (measured:
+    the control can show a signal, ``test_resample_shows_a_signal_where_the_state_depends_on_the_prompts``)."""
     pm = planted_models(variant)
     circuit = p0.discover(pm.model, regular_tokens(pm), method=method, corruption="resample", metric=sink_metric(pm))
     assert circuit.nodes == () and circuit.settings["signal"] is False
@@ -77,6 +78,26 @@ def test_resample_is_reported_as_no_signal(planted_models, variant, method):
     result = p0.activation_patch(pm.model, regular_tokens(pm), corruption="resample", metric=sink_metric(pm))
     assert all(v != v for v in result.normalized.values())  # NaN, not normalized noise
     assert "NO SIGNAL" in str(result)
+
+
+def test_resample_shows_a_signal_where_the_state_depends_on_the_prompts(planted_models):
+    """The control can fail: the BOS-keyed plant makes a sink wherever its key token stands; with the token at
+    position 3 of every prompt, other prompts lack it, so the sink is gone in the corrupted run and the plant's
+    writers at that position carry the change. (Rolling the batch, the old default, kept every mean metric equal:
+    no signal by construction.)"""
+    pm = planted_models("bos")
+    toks = regular_tokens(pm)
+    toks[toks == pm.spec.bos_id] = pm.spec.bos_id + 5  # the key token at position 3 only
+    toks[:, 3] = pm.spec.bos_id
+    metric = p0.NormRatio(pm.spec.circuit_layer + 1, pos=3)
+    nodes = p0.candidate_nodes(pm.model, positions=(3,), embed=True)
+    result = p0.activation_patch(pm.model, toks, nodes=nodes, corruption="resample", metric=metric)
+    assert result.signal and result.corrupted_metric < 0.3 * result.clean_metric
+    strongest = sorted(result.normalized, key=lambda n: -abs(result.normalized[n]))[:3]
+    assert set(strongest) == {n.at(3).name for n in pm.truth.writers}  # E, M0 and M1 at position 3
+    rolled = p0.activation_patch(pm.model, toks, nodes=nodes, corruption=p0.Resample(tokens=toks.roll(1, 0)),
+                                 metric=metric)
+    assert rolled.clean_metric == pytest.approx(rolled.corrupted_metric, rel=1e-6) and not rolled.signal  # a permutation
 
 
 @pytest.mark.parametrize("corruption", ["shift", "pos_mean"])

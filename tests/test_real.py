@@ -282,14 +282,18 @@ def test_export_gguf_to_a_plain_hugging_face_checkpoint(smollm2, toks, tmp_path,
 
 
 def test_analyze_smollm2_finds_a_position_sink_with_and_without_bos(smollm2):
-    """At a small size: the claim holds (a P0 sink without BOS, onset at block 2, carried by M0 and
-    M2 and M2's neuron 90 on the massive dimension 507); with ``<|endoftext|>`` first, replacing that
-    token does not remove the sink, so ``shift`` is chosen: the sink is built on the position."""
+    """At a small size: part (a) holds (a P0 sink without BOS, onset at block 2, keyed on position), and the
+    circuit and its neurons are found at block 2, outside the paper's layer-0/1 MLPs (carried by M0 and M2, M2's
+    neuron 90 on the massive dimension 507): (b) and (c) fail as stated; with ``<|endoftext|>`` first,
+    replacing that token does not remove the sink, so ``shift`` is chosen: the sink is built on the position."""
     from p0circuit.studies.analysis import analyze
 
     result = analyze(smollm2, entry="real:smollm2", bos_token="<|endoftext|>", progress=False, n_prompts=4,
                      length=12, lengths=(8,), neurons_keep=8, max_onsets=1)
-    assert result["verdict"]["holds"] is True
+    parts = result["verdict"]["parts"]["without_bos"]
+    assert parts["sink"]["status"] == "holds" and "keyed on position" in parts["sink"]["evidence"]
+    assert parts["amplification"]["status"] == "fails as stated" and "2" in parts["amplification"]["found_at"]
+    assert result["verdict"]["holds"] is False and "(a) holds" in result["verdict"]["claim"]
     onset = result["onsets"]["without_bos"][0]
     assert (onset["layer"], onset["corruption"]) == (2, "shift") and {"M0@0", "M2@0"} <= set(onset["nodes"])
     assert onset["neurons"].get("M2.N90@0", 0) > 0.3 and result["sinks"]["without_bos"]["massive_dims"][0]["dim"] == 507

@@ -110,7 +110,8 @@ def _analysis(**changes) -> dict:
     d = AnalysisRecord(model="planted:rope", settings=json.loads(json.dumps(asdict(AnalysisSettings()))),
                        prompt_source="8 regular random-id prompts", n_layers=4, n_heads=4, sinks={}, onsets={},
                        variations={}, verdict={"claim": "not measured (no run without BOS)", "parts": {}},
-                       timing={"seconds": 0.0, "forwards": 0, "forward_s": 0.01}, memory={}, bos_token=None).to_dict()
+                       timing={"seconds": 0.0, "forwards": 0, "with_grad": 0, "slowdown": None, "forward_s": 0.01},
+                       memory={}, bos_token=None).to_dict()
     return {**d, **changes}
 
 

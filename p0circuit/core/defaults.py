@@ -11,6 +11,10 @@ norm onset when the position is 0)."""
 MASSIVE_RATIO = 100.0
 """A residual dimension this many times its median magnitude is a massive activation (Sun et al. 2024)."""
 
+DIRECTION_COS = 0.9
+"""Cosine at which the P0 state's direction counts as fixed across prompts (their mean pairwise cosine) and stable
+across layers (each layer's mean direction against the onset's), in the verdict's part (d)."""
+
 CIRCUIT_THRESHOLD = 0.1
 """|normalized effect| at which a discovered circuit (``discover``, the CLI, sweeps, ``analyze``) keeps
 a node or edge."""

@@ -46,6 +46,13 @@ def direction_stability(h0: Float[Tensor, "batch d_model"]) -> Float[Tensor, ""]
     return (gram.sum() - gram.diagonal().sum()) / (n * (n - 1))
 
 
+def direction_to(h0: Float[Tensor, "layer batch d_model"], ref: int) -> Float[Tensor, "layer"]:
+    """Per layer, the cosine between the prompts' mean direction of ``h_0`` (the mean of the unit vectors) and that
+    mean direction at layer ``ref``: how far the state turns from where it formed."""
+    mean = torch.nn.functional.normalize(torch.nn.functional.normalize(h0.float(), dim=-1).mean(1), dim=-1)  # (L, d)
+    return mean @ mean[ref]  # (L, d) x (d,) -> (L,)
+
+
 def massive_activations(
     h: Float[Tensor, "batch pos d_model"], ratio: float = MASSIVE_RATIO, pos: int = 0
 ) -> list[tuple[int, float, float]]:

@@ -26,7 +26,7 @@ from p0circuit.measures.attention import (
     sink_rate,
     sink_rate_per_layer,
 )
-from p0circuit.measures.norms import direction_stability, first_layer_at_least, massive_activations, norm_ratio
+from p0circuit.measures.norms import direction_stability, direction_to, first_layer_at_least, massive_activations, norm_ratio
 from p0circuit.measures.positions import SinkPosition, classify, sink_positions, token_text
 from p0circuit.models.tokens import bos_id, check_tokens
 from p0circuit.models.checks import check_model
@@ -75,6 +75,9 @@ class SinkReport:
     sink_positions: list[SinkPosition] = field(default_factory=list)
     """Every (layer, position class) that is a sink state: P0, a BOS token, a delimiter such as the first
     comma, ... (see :mod:`p0circuit.measures.positions`); empty when the report was built without tokens."""
+    direction_to_onset: Optional[list[float]] = None
+    """Per layer, the cosine of h_0's mean direction (over prompts) with its mean direction at the norm onset
+    (:attr:`norm_onset_layer`); None without an onset."""
 
     @property
     def n_layers(self) -> int:
@@ -114,6 +117,7 @@ class SinkReport:
                 "sink_rate": self.sink_rate_per_layer[layer],
                 "max_alpha0": max(self.alpha[layer]),
                 "cos_h0": None if self.direction_stability is None else self.direction_stability[layer],
+                "cos_h0_to_onset": None if self.direction_to_onset is None else self.direction_to_onset[layer],
             })
         return pd.DataFrame(rows).set_index("layer")
 
@@ -226,6 +230,7 @@ def report_from_cache(
     stability = None
     if batch >= 2:
         stability = [float(direction_stability(resid[l, :, 0])) for l in range(n_layers)]
+    onset = first_layer_at_least(ratio_resid.mean(1), norm_threshold)
     return SinkReport(
         n_prompts=batch,
         seq_len=seq_len,
@@ -240,7 +245,8 @@ def report_from_cache(
         norm_ratio_mlp=norm_ratio(mlp).mean(1).tolist(),
         direction_stability=stability,
         massive=massive,
-        norm_onset_layer=first_layer_at_least(ratio_resid.mean(1), norm_threshold),
+        norm_onset_layer=onset,
+        direction_to_onset=None if onset is None else direction_to(resid[:, :, 0], onset).tolist(),
         head_onset_layer=int(head_hits[0]) if len(head_hits) else None,
         sink_position=sink_pos,
         sink_position_scores=scores.tolist(),

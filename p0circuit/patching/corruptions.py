@@ -293,14 +293,21 @@ class Swap(Corruption):
 @entry_point
 @dataclass(frozen=True)
 class Resample(Corruption):
-    """Another prompt of the same length: ``tokens`` if given, else the batch rolled by one row."""
+    """Other prompts of the same length: ``tokens`` if given, else prompts the batch does not hold, drawn with
+    ``seed`` from the model's own source (the shipped English passages for a model with a tokenizer, regular
+    random ids for one without), with the BOS token first when every clean prompt starts with it.
+
+    Not the batch rolled by one: that is a permutation of the same prompts, so every metric that is a mean over
+    prompts is the same on both sides and the control shows no signal by construction, whatever the circuit. On
+    other prompts a metric that depends on what the prompts say moves; one that depends only on the position
+    (a P0 sink) does not, and that is then a measurement."""
 
     tokens: Optional[Tensor] = None
     """Explicit corrupted prompts, shaped like the clean ones."""
     seed: int = 0
-    """Seed for random prompts when the batch has a single row."""
+    """Seed of the drawn prompts."""
     name: ClassVar[str] = names.RESAMPLE
-    summary: ClassVar[str] = 'another prompt of the same length (a control)'
+    summary: ClassVar[str] = 'other prompts of the same length (a control)'
     sees_position: ClassVar[bool] = False
     sees_bos_token: ClassVar[bool] = False
 
@@ -313,12 +320,34 @@ class Resample(Corruption):
                     "cannot be aligned position by position: resample needs the same [batch, pos] "
                     "shape (use shift to compare prompts of different lengths)"
                 )
-        elif tokens.shape[0] >= 2:
-            corrupt = tokens.roll(1, dims=0)
         else:
-            gen = torch.Generator().manual_seed(self.seed)
-            corrupt = torch.randint(0, model.cfg.d_vocab, tuple(tokens.shape), generator=gen).to(tokens.device)
+            corrupt = _other_prompts(model, tokens, self.seed)
         return Prepared(self, tokens, corrupt)
+
+
+def _other_prompts(model: Any, tokens: Tensor, seed: int) -> Tensor:
+    """Prompts shaped like ``tokens`` from the model's own source (see :class:`Resample`), none equal to a clean one
+    where the source allows (a later seed is tried), with the BOS token first when every clean prompt has it."""
+    from p0circuit.models.tokens import english_lines, english_prompts, probe_tokens
+
+    batch, length = tokens.shape
+    bid = bos_id(model)
+    bos = bid is not None and bool((tokens[:, 0] == bid).all())
+    text = length - int(bos)
+    clean = {tuple(r) for r in tokens.tolist()}
+    out = None
+    for attempt in range(4):
+        draw = 1 + seed * 4 + attempt  # never the analysis' own prompts (seed 0 of the same source)
+        if getattr(model, "tokenizer", None) is not None and batch <= len(english_lines()) and text >= 1:
+            out = english_prompts(model, batch, length, prepend_bos=bos, seed=draw)
+        else:
+            out = probe_tokens(model, batch, text, seed=draw, regular=text >= 2)
+            if bos:
+                out = torch.cat([torch.full((batch, 1), bid, dtype=out.dtype), out], 1)
+        out = out.to(tokens.device)
+        if not clean & {tuple(r) for r in out.tolist()}:
+            break
+    return out
 
 
 @entry_point

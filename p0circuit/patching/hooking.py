@@ -62,9 +62,18 @@ def _call(fn: Callable, point: Any, module: Any, inputs: Any, output: Any) -> An
     return output if result is None else result
 
 
+OBSERVES = "_p0circuit_observes"
+"""An attribute p0circuit sets on a hook of its own that only reads shapes (:class:`~p0circuit.patching.work.Count`):
+it changes no tensor, fires the same on any path, and is not a user's hook."""
+
+
 def user_hooks(model: Any) -> list[str]:
     """Modules of ``model`` (hook points or any other) that carry forward, pre-forward or backward
-    hooks: ones the user left there, since p0circuit removes its own on exit."""
+    hooks: ones the user left there, since p0circuit removes its own on exit (its observers,
+    :data:`OBSERVES`, excepted)."""
+    def mine(hooks: Any) -> bool:
+        return any(not getattr(h, OBSERVES, False) for h in (hooks or {}).values())
+
     return [name or "(the model)" for name, module in model.named_modules()
-            if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-            or getattr(module, "_backward_pre_hooks", None)]
+            if mine(module._forward_hooks) or mine(module._forward_pre_hooks) or mine(module._backward_hooks)
+            or mine(getattr(module, "_backward_pre_hooks", None))]

@@ -143,22 +143,25 @@ class NormRatio(PatchMetric):
 @entry_point
 @dataclass
 class ResidDim(PatchMetric):
-    """One residual-stream dimension at P0 after ``layer``, mean over prompts: the size of a massive
-    activation (e.g. SmolLM2-135M's dimension 507, about 660 at P0 after block 2 and a few units
-    elsewhere). Patching with it finds the components, and the neurons, that write that dimension."""
+    """One residual-stream dimension at P0 (or ``pos`` positions after it) after ``layer``, mean over prompts:
+    the size of a massive activation (e.g. SmolLM2-135M's dimension 507, about 660 at P0 after block 2 and a
+    few units elsewhere). Patching with it finds the components, and the neurons, that write that dimension."""
 
     layer: int
     """Block whose output is read."""
     dim: int
     """Residual-stream dimension."""
+    pos: int = 0
+    """Position read, counted from the run's P0 (a sink state elsewhere: its index)."""
 
     def __post_init__(self) -> None:
         at_least("ResidDim", "layer", self.layer, 0, "blocks count from 0")
         at_least("ResidDim", "dim", self.dim, 0, "dimensions count from 0")
+        at_least("ResidDim", "pos", self.pos, 0, "positions count from the run's P0")
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return f"resid@L{self.layer}[{self.dim}]"
+        return f"resid@L{self.layer}[{self.dim}]" + (f"@{self.pos}" if self.pos else "")
 
     def needs(self, n_layers: int) -> list[HookRef]:
         return [HookRef(self.layer, hooks.resid_post(self.layer))]
@@ -172,10 +175,12 @@ class ResidDim(PatchMetric):
         h = view.acts[hooks.resid_post(self.layer)]
         if self.dim >= h.shape[-1]:
             raise BadInputError(f"ResidDim: dimension {self.dim} is outside the residual stream's 0..{h.shape[-1] - 1}")
-        return h[:, view.p0, self.dim].float().mean()
+        if view.p0 + self.pos >= h.shape[1]:
+            raise BadInputError(f"ResidDim at position {self.pos} needs prompts of at least {self.pos + 1} tokens")
+        return h[:, view.p0 + self.pos, self.dim].float().mean()
 
     def last_position(self, p0: int) -> Optional[int]:
-        return p0  # P0 only: a patched forward runs the first p0 + 1 positions
+        return p0 + self.pos  # one position: a patched forward runs the positions up to it
 
 
 @entry_point

@@ -3,7 +3,8 @@
 Each model is analysed with :func:`p0circuit.analyze` into ``RUNS/<entry>`` (resumable: a finished
 analysis is read back, not run again), and the page puts, per model and BOS setting, the sink rate,
 the onset layers, the massive dimensions, where the sinks sit, the circuit's strongest nodes and
-edges, the faithful circuit and the verdict on the paper's claim in its three parts, as measured.
+edges, the faithful circuit and the verdict on the paper's claim in its four parts, as measured; and every sink state,
+at position 0 and away from it, with what it is keyed on and its circuit.
 """
 
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Any, Sequence, Union
 
 from p0circuit.core.defaults import sink_rate_label
 from p0circuit.studies.analysis.records import as_record, AnalysisRecord
-from p0circuit.studies.analysis.run import analyze, sink_label
+from p0circuit.studies.analysis.elsewhere import label as sink_label
+from p0circuit.studies.analysis.run import analyze
+from p0circuit.studies.analysis.verdict import OVERSHOOT, PARTS, label
 from p0circuit.core.entries import check_model_entry
 from p0circuit.core.io import run_dir, write_atomic
 
@@ -86,6 +89,21 @@ def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:
     return out
 
 
+def _state_row(model: str, title: str, o: dict[str, Any]) -> list[str]:
+    """One row of the sink-state table."""
+    state = o["where"] + (f" (index {o['at']})" if o.get("at") else "")
+    if "skipped" in o:
+        return [model, title, state, str(o["layer"]), "not measured", o["skipped"], "", "", ""]
+    k = o.get("keyed_on") or {}
+    keyed = (f"**{k['verdict']}** ({k['swapped']:.2f} / {k['follows']:.2f} / {k['stays']:.2f} / "
+             + ("n/a" if k.get("context") is None else f"{k['context']:.2f}") + ")") if "verdict" in k else \
+        ("not measured: " + k.get("error", "")) if k else ""
+    change = f"`{o['corruption']}`: {o['clean']:.3g} -> {o['corrupted']:.3g}" + ("" if o["signal"] else " (no signal)")
+    circuit = _circuit_cell(o.get("circuit") or {}) if o["signal"] else ""
+    return [model, title, state, str(o["layer"]), keyed, change, circuit, _top(o.get("edges") or {}, 2),
+            _top(o.get("neurons") or {}, 2)]
+
+
 def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     """The atlas as Markdown (each analysis: ``analysis.json``'s content, or its record)."""
     records = [as_record(d, "an analysis in the atlas") for d in analyses]
@@ -101,34 +119,56 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
              "in place) and `shift` lowers the sink more. The faithful circuit is found by ACDC-style pruning "
              "(Conmy et al., 2023) of the onset's candidate nodes: kept clean with every other candidate corrupted it "
              "keeps at least 0.9 of the change (faithfulness), and set clean in the corrupted run it restores at "
-             "least 0.9 (denoising; not defined for an ablation).", "",
+             "least 0.9 (denoising; not defined for an ablation). " + OVERSHOOT[0].upper() + OVERSHOOT[1:] + ".", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in records:
         for row in rows(d):
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    lines += ["", "## BOS in training and the paper's claim, in three parts", "",
-              "(a) position 0 becomes a sink; (b) the first onset's faithful circuit lies in layer-0 attention and the "
-              "layer-0/1 MLPs; (c) those MLPs' neurons write the onset's massive dimension. Each: holds, holds at "
-              "other layers, or fails; the evidence is in each model's analysis.md.", "",
-              "| model | position 0 in training | BOS | (a) sink | (b) circuit | (c) amplification |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## BOS in training and the paper's claim, in four parts", "",
+              "; ".join(f"({letter}) {text}" for _, letter, text in PARTS) + ". Each: holds; fails as stated (found, "
+              "but not in the blocks the paper names: the cell says where); or fails. The evidence is in each "
+              "model's analysis.md.", "",
+              "| model | position 0 in training | BOS | " + " | ".join(f"({letter}) {key}" for key, letter, _ in PARTS)
+              + " |", "|---|---|---|" + "---|" * len(PARTS)]
     for d in records:
         for tag, title in _SETTINGS:
             part = (d.verdict.get("parts") or {}).get(tag)
             if part is None:
                 continue
             cells = [d.model, TRAINED_WITH.get(d.model, "unknown"), title,
-                     *(f"**{part[k]['status']}**: {part[k]['evidence']}" for k in ("sink", "circuit", "amplification"))]
+                     *(f"**{label(part[k])}**: {part[k]['evidence']}" for k, _, _ in PARTS)]
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    lines += ["", "## What each sink state is keyed on, and its circuit", "",
+              "Every sink state: P0 at its first onset (on the analysis' prompts) and each state away from position 0 "
+              "that is a sink in most prompts (on windows of the passages that put it at one index in every prompt). "
+              "Keyed on: the position/token/context test (`p0circuit/studies/experiments/keyed.py`): the share of the "
+              "state's excess norm kept with its token replaced in place, at the token's new place when 3 tokens are "
+              "put in front, at the old place then, and with the context before it from another prompt. The circuit "
+              "of a state away from position 0 is found with its token replaced in place (`swap` at its index) and "
+              "the norm ratio at its index.", "",
+              "| model | BOS | state | layer | keyed on (swapped / follows / stays / context) | corruption: clean -> "
+              "corrupted | faithful circuit | edges | neurons |", "|---|---|---|---|---|---|---|---|---|"]
+    for d in records:
+        for tag, title in _SETTINGS:
+            for o in d.onsets.get(tag, []):
+                if o["where"] == "P0" and o is not next(x for x in d.onsets[tag] if x["where"] == "P0"):
+                    continue  # P0's later onsets are in analysis.md
+                lines.append("| " + " | ".join(x.replace("|", "\\|") for x in _state_row(d.model, title, o)) + " |")
     lines += ["", "## What each analysis cost", "",
-              "Seconds of the analysis' own steps (model loading left out), in forwards of its prompt batch timed "
-              "in the same run, and the share the faithful-circuit search (nodes, then edges) took.", "",
-              "| model | steps | forwards of the batch | circuit search |", "|---|---|---|---|"]
+              "Seconds of the analysis' own steps (model loading left out); their work counted in forwards of the "
+              "prompt batch (hooks on every block's attention and MLP and on the unembedding add up the rows each "
+              "call runs, so the same work counts the same on any machine; a backward is not counted); the steps' "
+              "seconds over what that work takes at one forward's speed timed in the same run; and the share the "
+              "faithful-circuit search (nodes, then edges) took.", "",
+              "| model | steps | counted forwards of the batch | seconds over the count's | circuit search |",
+              "|---|---|---|---|---|"]
     for d in records:
         t = d.timing
         search = sum(c.get("seconds", 0.0) + (c.get("edge_circuit") or {}).get("seconds", 0.0)
                      for ons in d.onsets.values() for o in ons for c in [o.get("circuit") or {}])
-        lines.append(f"| {d.model} | {t['seconds']:.0f} s | {t['forwards']} | {search:.0f} s "
+        counted = "-" if t.get("forwards") is None else f"{t['forwards']:.0f}"
+        ratio = "-" if t.get("slowdown") is None else f"{t['slowdown']:.2f}x"
+        lines.append(f"| {d.model} | {t['seconds']:.0f} s | {counted} | {ratio} | {search:.0f} s "
                      f"({search / max(t['seconds'], 1e-9):.0%}) |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
               "directory; the command prints where.", ""]

@@ -8,6 +8,7 @@ an onset at block ``L`` (its metric reads block ``L``'s output, so nothing after
 and ``C`` candidate nodes, a patch of a node in block ``l`` runs blocks ``l..L`` again:
 
 * sinks: one forward with every attention pattern cached: ``SINK`` forwards;
+* the position/token/context test of each onset: ``KEYED`` runs of ``L + 1`` block passes;
 * nodes: the clean and corrupted runs (``2 (L + 1)`` block passes), each candidate's patched run
   (``sum over candidates of (L + 1 - l)``, times ``NODE``; a screen instead: a forward and backward,
   ``GRAD (L + 1)``, and its exact nodes at half depth), the top-k curve (``CURVE`` runs of ``L + 1``) and
@@ -26,6 +27,7 @@ error there is in docs/performance.md. It is an estimate: the circuit search sto
 import math
 from typing import Any
 
+from p0circuit.patching.work import forward_work, shares
 from p0circuit.studies.analysis.steps import screened as is_screened  # the rule, defined once
 
 SINK = 1.5
@@ -45,17 +47,15 @@ EDGES = 20
 """Runs of the path patching into the next blocks' sink heads (and between the strongest nodes)."""
 GRAD = 4
 """Block passes of a forward and backward through one block (with its hooks)."""
+KEYED = 5
+"""Runs up to the onset of the position/token/context test (:func:`~p0circuit.studies.experiments.keyed.keyed_on`)."""
 
 
 def block_cost(model: Any) -> float:
     """Forwards per block pass: a block's share of a forward's multiply-adds (the rest is the
-    unembedding), from the model's shapes."""
-    cfg = model.cfg
-    d, heads, kv = cfg.d_model, cfg.n_heads, getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-    attn = d * cfg.d_head * (2 * heads + 2 * kv)
-    mlp = 0 if cfg.attn_only else d * cfg.d_mlp * (3 if cfg.gated_mlp else 2) * max(1, cfg.experts_per_token or 1)
-    block = attn + mlp
-    return block / (cfg.n_layers * block + d * cfg.d_vocab)
+    unembedding), from the model's shapes (:func:`~p0circuit.patching.work.shares`)."""
+    s = shares(model)
+    return (s["attn"] + s["mlp"]) / forward_work(model, 1)
 
 
 def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, screened: int) -> float:
@@ -71,14 +71,14 @@ def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, screen
 
 def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened: int, n_corruptions: int,
                first: bool) -> dict[str, float]:
-    """Forwards of each step of one onset (``nodes``, ``edges``, ``neurons``), and, for the first P0 onset
+    """Forwards of each step of one onset (``keyed``, ``nodes``, ``edges``, ``neurons``), and, for the first P0 onset
     (``first``), of its variations (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
     b, depth = block_cost(model), layer + 1
     parts = node_parts(model, layer, candidates, settings, screened)
     node = parts["pass"]
     mlps = range(max(0, layer - 3), layer + 1)
     neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
-    out = {"nodes": sum(parts.values()),
+    out = {"keyed": b * KEYED * depth, "nodes": sum(parts.values()),
            "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),
            "neurons": 0.0 if model.cfg.attn_only else b * neurons}
     if first:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Optional, TypeVar, Union
 
 from p0circuit.core.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of ``analysis.json`` and ``analysis.state.json`` this p0circuit writes, and the only one it reads.
 Bump it when a key of a record (or of a step's value in the state) is added, removed, renamed or changes
 meaning (docs/contributing.md)."""
@@ -162,11 +162,16 @@ class OnsetRow(_Record):
     layer: int
     """The onset's block (the metric reads the residual stream after it)."""
     where: str
-    """Whose norm rises: ``P0``, or a delimiter sink's class (``first ','``)."""
+    """Whose norm rises: ``P0``, or a sink class away from it (``first ','``, ``other (' the')``)."""
     prompt_set: str
     """The prompts patched, in words."""
+    at: Maybe[int] = ABSENT
+    """The sink state's index in every prompt (a row away from position 0 only)."""
     prompts: Maybe[int] = ABSENT
-    """How many prompts hold the delimiter (a non-P0 onset only)."""
+    """How many prompts were patched (a row away from position 0 only)."""
+    keyed_on: Maybe[dict[str, Any]] = ABSENT
+    """What the state is keyed on: position, token or context, with the kept shares
+    (:class:`~p0circuit.studies.experiments.keyed.KeyedOn`), or an ``error``."""
     skipped: Maybe[str] = ABSENT
     """Why the onset was not measured (then no measured key follows)."""
     corruption: Maybe[str] = ABSENT

@@ -25,20 +25,19 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.core.defaults import CIRCUIT_THRESHOLD, SINK_EPS, sink_rate_label
-from p0circuit.studies.analysis import cost, steps
+from p0circuit.core.defaults import SINK_EPS
+from p0circuit.studies.analysis import cost, elsewhere, steps
 from p0circuit.studies.analysis.eta import Bar
 from p0circuit.studies.analysis.records import ABSENT, AnalysisRecord, OnsetRow, StateFile, StateHeader
 from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, precheck, read_state
+from p0circuit.studies.analysis.verdict import SETTINGS, verdict
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
-from p0circuit.core.types import Kind, Node
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core import memory, threads
-from p0circuit.patching import NormRatio
+from p0circuit.patching import NormRatio, work
 from p0circuit.patching.corruptions import Swap, get_corruption
-from p0circuit.measures.positions import find_positions
 from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked
 from p0circuit.models.planted import PlantedModel
@@ -47,8 +46,6 @@ from p0circuit.models.tokens import BOS_ATTR, bos_label, english_prompts, prepen
 
 UNIT = "forward of the batch"
 """The state's record of the cost unit: one forward of the prompt batch, timed when the analysis started."""
-SETTINGS = {False: "without_bos", True: "with_bos"}
-"""BOS setting -> its key in the results."""
 
 
 @dataclass
@@ -100,6 +97,9 @@ class _State:
         self.path = None if out is None else out / STATE
         self.header = header
         self.done: dict[str, Any] = {}
+        self.model: Any = None
+        self.rows = 0
+        """The model and the token rows of the unit forward: each step's work is counted in forwards of them."""
         self.process_peak = 0
         """The process's peak resident memory before the last reset (bytes)."""
         if self.path is not None and self.path.is_file():
@@ -131,8 +131,11 @@ class _State:
             measured = memory.reset_peak()
             threads.adapt()
             t = time.perf_counter()
-            value = strict(fn())
+            with work.Count(self.model) as counted:
+                value = strict(fn())
             self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2),
+                              "forwards": round(counted.forwards(self.rows), 2),
+                              "with_grad": round(counted.with_grad(self.rows), 2),
                               "peak": memory.peak() if measured else None}
             self._save()
         bar.done(key)
@@ -170,22 +173,34 @@ def _start_token(model: Any, bos_token: Optional[Union[str, int]]) -> tuple[Opti
     return None, previous
 
 
-def _onset_plan(model: Any, summary: dict[str, Any], s: AnalysisSettings) -> list[dict[str, Any]]:
-    """The onsets of one BOS setting: P0's (at most ``max_onsets``), then the strongest delimiter
-    class that is a sink state in most prompts (its first layer)."""
-    plan = [{"layer": layer, "where": "P0"} for kind, layer, _ in summary["norm_stages"] if kind == "onset"]
-    plan = plan[:s.max_onsets]
-    others = [p for p in summary["sink_positions"] if p["where"].startswith("first ") and p["share"] >= 0.75]
-    if others:
-        best = max(others, key=lambda p: p["ratio"] * p["share"])
-        first = min(p["layer"] for p in others if p["where"] == best["where"])
-        plan.append({"layer": first, "where": best["where"]})
-    return plan
+def _p0_onsets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every onset of the P0 norm ratio, in layer order, with its ratio."""
+    return [{"layer": layer, "where": "P0", "ratio": round(ratio, 2)} for kind, layer, ratio in summary["norm_stages"]
+            if kind == "onset"]
 
 
-def _spec(where: str) -> str:
-    """``"first ','"`` -> ``"first:,"`` (the position spec of :func:`find_positions`)."""
-    return "first:" + where[len("first "):].strip("'\"").replace("\\n", "\n")
+def _onset_plan(model: Any, summary: dict[str, Any], s: AnalysisSettings, bos: bool) -> list[dict[str, Any]]:
+    """The onsets of one BOS setting: P0's (at most ``max_onsets``), then the sink states away from position 0
+    (:func:`.elsewhere.plan`: at most ``max_sinks``, strongest first)."""
+    return [{k: v for k, v in o.items() if k != "ratio"} for o in _p0_onsets(summary)[:s.max_onsets]] + \
+        elsewhere.plan(summary, s, bos)
+
+
+def _left_out(model: Any, sinks: dict[str, Any], s: AnalysisSettings) -> dict[str, list[dict[str, Any]]]:
+    """Per BOS setting, the P0 onsets past ``max_onsets`` that were not patched, each with the forwards of the
+    batch the cost model predicts its steps would take (:func:`.cost.step_costs`)."""
+    out = {}
+    for tag, summary in sinks.items():
+        if "skipped" in summary:
+            continue
+        later = _p0_onsets(summary)[s.max_onsets:]
+        for o in later:
+            cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
+            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_TOP + steps.SCREEN_SAMPLE, 0, False)
+            o["predicted_forwards"] = round(sum(costs.values()), 1)
+        if later:
+            out[tag] = later
+    return out
 
 
 @entry_point
@@ -252,6 +267,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                          prompts={SETTINGS[b]: fingerprint(t) for b, t in tokens.items()})
     state = _State(out, header, resume)
     first = tokens[tags[0]]
+    state.model, state.rows = model, first.numel()
     at_start = memory.resident()  # the model loaded, before any step
     if UNIT in state.done:  # the unit the finished steps were timed against, not a new (noisy) one
         forward_s = state.done[UNIT]["seconds"]
@@ -273,25 +289,26 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     onsets: dict[str, Any] = {}
     variations: dict[str, Any] = {}
     reports: dict[str, Any] = {}
-    try:  # (the bar's thread stops in the finally below, whatever happens from here)
-        bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags}, final=False)  # the rest is planned from the sinks
-        for b in tags:
-            def sink_step(b: bool = b) -> dict[str, Any]:
-                reports[SETTINGS[b]], summary = steps.sinks(model, tokens[b], b, s.norm_threshold)
-                return summary
-            sinks[SETTINGS[b]] = state.run(f"{SETTINGS[b]}/sinks", sink_step, bar)
-        if no_bos_reason and True in s.bos:
-            sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
-        plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s) for b in tags}
-        bar.plan(*_costs(model, plans, s))
-        for b in tags:
-            onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
-            p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
-            if p0_onsets:
-                chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
-                variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
-    finally:
-        bar.close()
+    with threads.Contention() as during:  # the other processes' cores while the steps run
+        try:  # (the bar's thread stops in the finally below, whatever happens from here)
+            bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags}, final=False)  # the rest is planned from the sinks
+            for b in tags:
+                def sink_step(b: bool = b) -> dict[str, Any]:
+                    reports[SETTINGS[b]], summary = steps.sinks(model, tokens[b], b, s.norm_threshold)
+                    return summary
+                sinks[SETTINGS[b]] = state.run(f"{SETTINGS[b]}/sinks", sink_step, bar)
+            if no_bos_reason and True in s.bos:
+                sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
+            plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s, b) for b in tags}
+            bar.plan(*_costs(model, plans, s))
+            for b in tags:
+                onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
+                p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
+                if p0_onsets:
+                    chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
+                    variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
+        finally:
+            bar.close()
     data = AnalysisRecord(  # the keys are the record's fields (records.py); each onset row checked as an OnsetRow
         model=label, settings=header.settings, prompt_source=header.prompt_source,
         n_layers=int(model.cfg.n_layers),
@@ -302,7 +319,8 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         timing={"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
                 "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
                 "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
-                "forwards": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT) / forward_s),
+                **_counted(state, forward_s, during.others),
+                "onsets_left_out": _left_out(model, sinks, s),
                 "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
                 "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},
                 "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
@@ -316,6 +334,38 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     if out is not None:
         write_all(result, out)
     return result
+
+
+SLOW, SLOW_SECONDS = 2.0, 30.0
+"""Seconds per counted forward, over the unit forward's, above which an analysis whose steps took more than
+``SLOW_SECONDS`` says it ran slower than its own forward predicts (a tiny model's steps are mostly Python's overhead:
+not worth a warning)."""
+
+
+def _counted(state: _State, forward_s: float, others: float) -> dict[str, Any]:
+    """The steps' work, counted (:class:`~p0circuit.patching.work.Count`: the same on any machine): ``forwards``
+    (forward work in forwards of the batch), per step (``forwards_by_step``), ``with_grad`` (of it, the work done
+    with a graph recorded, whose backward costs about twice it); ``timed_forwards`` (the steps' seconds over the
+    unit forward's) and ``slowdown``: the seconds over what the counted work (backwards at twice their forward)
+    takes at the unit forward's speed. None where a resumed step predates the count. Warns above :data:`SLOW`,
+    saying whether ``others`` (the cores other processes used while the steps ran) explains it."""
+    done = {k: v for k, v in state.done.items() if k != UNIT}
+    by_step = {k: v.get("forwards") for k, v in done.items()}
+    seconds = sum(v["seconds"] for v in done.values())
+    known = None not in by_step.values()
+    counted = round(sum(by_step.values()), 1) if known else None
+    grad = round(sum(v.get("with_grad") or 0.0 for v in done.values()), 1) if known else None
+    slowdown = round(seconds / forward_s / (counted + 2 * grad), 2) if counted else None
+    if slowdown is not None and slowdown > SLOW and seconds > SLOW_SECONDS:
+        why = (f"other processes used {others:.1f} of the machine's {threads.status()['cpus']} cores on average "
+               "while the steps ran" if others > threads.BUSY else
+               "the machine was quiet while the steps ran, so the steps' many small forwards cost more per token "
+               "than one forward of the batch (or the unit forward was timed beside other work)")
+        warnings.warn(f"the analysis' steps took {seconds:.0f} s, {slowdown:.1f}x what their counted work ({counted:.0f} "
+                      f"forwards of the batch, {grad:.0f} of them with a backward) takes at the unit forward's speed "
+                      f"({forward_s * 1000:.0f} ms): {why}", stacklevel=4)
+    return {"forwards": counted, "with_grad": grad, "forwards_by_step": by_step,
+            "timed_forwards": round(seconds / forward_s, 1), "slowdown": slowdown, "others_cores": round(others, 2)}
 
 
 def _onset_key(bos: bool, onset: dict[str, Any]) -> str:
@@ -336,7 +386,7 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
             costs = cost.step_costs(model, o["layer"], cands, s, screened, len(steps.corruption_variants(b)) - 1,
                                     o is first)
             for name, value in costs.items():
-                key = (f"{_onset_key(b, o)}/{name}" if name in ("nodes", "edges", "neurons") else
+                key = (f"{_onset_key(b, o)}/{name}" if name in ("keyed", "nodes", "edges", "neurons") else
                        f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
@@ -350,6 +400,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
     entry: dict[str, Any] = {"layer": layer, "where": where, "prompt_set": prompt_label(model, tokens.shape[0],
                                                                                           s.length, bos)}
     choice: dict[str, Any] = {}
+    at = onset.get("at", 0)
     if where == "P0":
         metric = NormRatio(layer)
         toks = tokens
@@ -358,22 +409,20 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         else:
             corruption = get_corruption("shift", seed=s.seed)
     else:
-        spec = _spec(where)
-        keep = [i for i in range(tokens.shape[0]) if _has(model, tokens[i:i + 1], spec)]
-        toks = tokens[keep]
-        corruption = Swap(position=spec, seed=s.seed)
         try:
-            metric = NormRatio(layer, pos=find_positions(model, toks, spec), where=spec)
+            toks = elsewhere.prompts(model, onset, s, bos)
         except P0CircuitError as err:
             entry["skipped"] = str(err)
-            for step in ("nodes", "edges", "neurons"):
+            for step in ("keyed", "nodes", "edges", "neurons"):
                 bar.done(f"{key}/{step}")
             return entry
-        entry["prompts"] = len(keep)
-        entry["prompt_set"] = prompt_label(model, len(keep), s.length, bos) + f" (those holding {where})"
+        corruption = Swap(position=at, seed=s.seed)  # the token replaced in place
+        metric = NormRatio(layer, pos=at)
+        entry.update(at=at, prompts=int(toks.shape[0]), prompt_set=elsewhere.prompt_label(model, onset, toks, bos))
+    entry["keyed_on"] = state.run(key + "/keyed", lambda: elsewhere.keyed(model, toks, at, layer, bos, s), bar)
 
     def node_step() -> dict[str, Any]:
-        res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed)
+        res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed, at)
         out["corruption_choice"] = choice
         bar.part(key + "/nodes", "pass")
         out["faithfulness"] = steps.faithfulness(res)
@@ -398,25 +447,19 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         entry["edges"], entry["into_sinks"], entry["edge_pass"] = e.pop("edges"), e.pop("into_sinks", {}), e
     else:
         bar.done(key + "/edges")
-    dims = [d for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
-    if where == "P0" and dims and entry["signal"]:
-        n = state.run(key + "/neurons", lambda: steps.neurons(model, toks, bos, corruption, layer, dims[0]["dim"],
+    dims = [d["dim"] for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
+    if where != "P0" and entry["signal"]:  # the massive dimension at the sink's own position
+        dims = [d for d in [steps.massive_dim_at(model, toks, layer, at)] if d is not None]
+    if dims and entry["signal"]:
+        n = state.run(key + "/neurons", lambda: steps.neurons(model, toks, bos, corruption, layer, dims[0],
                                                               entry["nodes"], s.threshold, s.neurons_keep,
-                                                              s.ig_steps), bar)
+                                                              s.ig_steps, at), bar)
         entry["neurons"], entry["neuron_pass"] = n.pop("neurons"), n
     else:
-        entry["neuron_pass"] = {"note": "no massive dimension at P0 at this layer" if where == "P0" else
-                                "neurons are patched at P0 only"}
+        entry["neuron_pass"] = {"note": f"no massive dimension at position {at} after block {layer}" if entry["signal"]
+                                else "no signal at the node pass"}
         bar.done(key + "/neurons")
     return entry
-
-
-def _has(model: Any, row: Tensor, spec: str) -> bool:
-    try:
-        find_positions(model, row, spec)
-    except P0CircuitError:
-        return False
-    return True
 
 
 def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: AnalysisSettings, state: _State,
@@ -445,120 +488,4 @@ def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: An
                                                   "normalization")}, nodes=dict(list(nodes["nodes"].items())[:8]))
             return row
         out["length"][str(n)] = state.run(f"{tag}/length{n}", length_step, bar)
-    return out
-
-
-def sink_label(p: dict[str, Any]) -> str:
-    """A sink position's class, with its commonest token for the catch-all class ``other``."""
-    tokens = p.get("tokens") or []
-    return f"other ({tokens[0][0]!r})" if p["where"] == "other" and tokens else p["where"]
-
-
-HOLDS, ELSEWHERE, FAILS = "holds", "holds at other layers", "fails"
-"""The three answers of each part of the verdict."""
-PAPER_BLOCKS = {"attention": {0}, "mlp": {0, 1}}
-"""Where the paper puts the mechanism: layer-0 attention finds position 0, the layer-0/1 MLPs amplify it."""
-
-
-def _sink_part(summary: dict[str, Any]) -> dict[str, Any]:
-    """(a) Position 0 becomes a sink: the P0 norm ratio reaches the threshold and, from that layer on,
-    some head gives P0 a mean attention (alpha_0) above 0.5."""
-    onset = [l for k, l, _ in summary["norm_stages"] if k == "onset"]
-    first = onset[0] if onset else 0
-    strongest, where = max(((max(row), l) for l, row in enumerate(summary["alpha"]) if l >= first), default=(0.0, first))
-    holds = bool(onset) and strongest > 0.5
-    text = ("the P0 norm ratio " + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the "
-            "threshold") + (f" (there its strongest head's alpha_0, mean attention to P0, is "
-                            f"{max(summary['alpha'][first]):.2f})" if onset else "")
-            + f", the strongest head's alpha_0 from then on is {strongest:.2f} (layer {where}) and {sink_rate_label()} (share of "
-            f"heads giving P0 over {SINK_EPS:g}) = {summary['sink_rate']:.3f}")
-    elsewhere = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
-    if elsewhere:
-        text += "; other sink states sit at " + ", ".join(elsewhere)
-    return {"status": HOLDS if holds else FAILS, "evidence": text, "strongest_alpha0": strongest}
-
-
-def _outside(names: list[str]) -> list[str]:
-    """The blocks of ``names`` outside the paper's account (layer-0 attention, layer-0/1 MLPs)."""
-    out = []
-    for name in names:
-        n = Node.parse(name)
-        if n.kind in (Kind.HEAD, Kind.KV_HEAD) and n.layer not in PAPER_BLOCKS["attention"]:
-            out.append(f"attention of block {n.layer}")
-        elif n.kind in (Kind.MLP, Kind.NEURON, Kind.EXPERT) and n.layer not in PAPER_BLOCKS["mlp"]:
-            out.append(f"MLP of block {n.layer}")
-    return sorted(set(out), key=lambda t: (int(t.rsplit(" ", 1)[1]), t))
-
-
-def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """(b) Where the faithful circuit of the first P0 onset sits."""
-    if onset is None:
-        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio, so no circuit to place"}
-    c = onset.get("circuit") or {}
-    if "nodes" not in c:
-        return {"status": FAILS, "evidence": f"no circuit at the layer-{onset['layer']} onset: {c.get('note', 'not measured')}"}
-    where = f"the layer-{onset['layer']} onset's circuit ({c['size']} nodes: {', '.join(c['nodes'][:8])}" + \
-        ("..." if c["size"] > 8 else "") + f"; faithfulness {c['faithfulness']:.2f}" + \
-        ("" if c["denoising"] is None else f", denoising {c['denoising']:.2f}") + _edges_said(c) + ")"
-    if not c["faithful"]:
-        return {"status": FAILS, "evidence": f"no faithful circuit: {c['why']}; best found: {where}"}
-    outside = _outside(c["nodes"])
-    if not outside:
-        return {"status": HOLDS, "evidence": f"{where} lies in layer-0 attention and the layer-0/1 MLPs"}
-    return {"status": ELSEWHERE, "evidence": f"{where} uses " + ", ".join(outside) + ", outside the paper's blocks"}
-
-
-def _edges_said(c: dict[str, Any]) -> str:
-    """The circuit's edges in a few words, for the verdict's evidence."""
-    e = c.get("edge_circuit") or {}
-    if "edges" not in e or not e.get("searched", True):
-        return ""
-    return (f"; {e['size']} edges ({', '.join(e['edges'][:4])}{'...' if e['size'] > 4 else ''}) keep "
-            f"{e['faithfulness']:.2f}")
-
-
-def _amplification_part(onset: Optional[dict[str, Any]], threshold: float) -> dict[str, Any]:
-    """(c) Which MLPs and neurons write the onset's massive dimension at P0."""
-    if onset is None:
-        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio"}
-    npass = onset.get("neuron_pass") or {}
-    if "metric" not in npass:
-        return {"status": FAILS, "evidence": f"at the layer-{onset['layer']} onset: {npass.get('note', 'not measured')}"}
-    strong = [n for n, v in (onset.get("neurons") or {}).items() if abs(v) >= threshold]
-    if not npass.get("signal") or not strong:
-        return {"status": FAILS, "evidence": f"no neuron carries {threshold} of the change of {npass['metric']} "
-                f"({npass.get('message') or 'screened: ' + npass.get('screen', '')})"}
-    mlps = sorted({Node.parse(n).layer for n in strong})
-    text = (f"{npass['metric']} is written by {len(strong)} neuron(s) of the MLPs of blocks "
-            f"{', '.join(map(str, mlps))} (strongest: " + ", ".join(f"{n} {onset['neurons'][n]:+.2f}" for n in strong[:3])
-            + ")")
-    outside = [m for m in mlps if m not in PAPER_BLOCKS["mlp"]]
-    if not outside:
-        return {"status": HOLDS, "evidence": text}
-    return {"status": ELSEWHERE, "evidence": text + f"; blocks {', '.join(map(str, outside))} lie outside the paper's "
-                                                   "layer-0/1 MLPs"}
-
-
-def verdict(sinks: dict[str, Any], onsets: dict[str, Any], threshold: float = CIRCUIT_THRESHOLD) -> dict[str, Any]:
-    """The paper's claim, judged in three parts per BOS setting (each holds / holds at other layers /
-    fails, with its evidence): (a) position 0 becomes a sink; (b) the faithful circuit of the first P0
-    onset sits in layer-0 attention and the layer-0/1 MLPs; (c) the MLPs and neurons that write the
-    onset's massive dimension are those. ``claim`` and ``holds`` are part (a) without BOS, the
-    paper's headline."""
-    parts: dict[str, Any] = {}
-    for tag, summary in sinks.items():
-        if not summary or "skipped" in summary:
-            continue
-        first = next((o for o in onsets.get(tag, []) if o["where"] == "P0" and "skipped" not in o), None)
-        parts[tag] = {"sink": _sink_part(summary), "circuit": _circuit_part(first),
-                      "amplification": _amplification_part(first, threshold)}
-    no = parts.get(SETTINGS[False])
-    if no is None:
-        return {"claim": "not measured (no run without BOS)", "parts": parts}
-    sink = no["sink"]
-    out = {"claim": f"{sink['status']}: without BOS {sink['evidence']}", "holds": sink["status"] == HOLDS,
-           "strongest_alpha0": sink["strongest_alpha0"], "parts": parts}
-    with_bos = sinks.get(SETTINGS[True])
-    if with_bos and "skipped" not in with_bos:
-        out["with_bos_sink_rate"] = with_bos["sink_rate"]
     return out

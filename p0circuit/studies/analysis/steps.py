@@ -11,7 +11,11 @@ import math
 import time
 from typing import Any, Optional, Sequence
 
+import torch
 from torch import Tensor
+
+from p0circuit.core import hooks
+from p0circuit.measures.norms import massive_activations
 
 from p0circuit.core.errors import P0CircuitError
 from p0circuit.measures.sink_report import SinkReport, sink_report
@@ -93,6 +97,7 @@ def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple
         "massive_dims": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in d.items()} for d in massive],
         "sink_positions": [s.to_dict() for s in rep.sink_positions],
         "norm_ratio": rep.norm_ratio_resid, "alpha": rep.alpha, "sink_rate_per_layer": rep.sink_rate_per_layer,
+        "direction_stability": rep.direction_stability, "direction_to_onset": rep.direction_to_onset,
         "n_prompts": rep.n_prompts, "seq_len": rep.seq_len,
     }
 
@@ -118,20 +123,21 @@ def choose(model: Any, tokens: Tensor, bos: bool, names: Sequence[str], metric: 
                                              "why": why}
 
 
-def onset_nodes(model: Any, layer: int, corruption: Corruption) -> list[Node]:
-    """The candidate nodes of an onset: every head and MLP output (at P0 and the rest) up to its block,
-    and the token embedding when the corruption changes a token in place (``swap``)."""
-    return [n for n in candidate_nodes(model, embed=isinstance(corruption, Swap)) if n.layer <= layer]
+def onset_nodes(model: Any, layer: int, corruption: Corruption, at: int = 0) -> list[Node]:
+    """The candidate nodes of an onset: every head and MLP output (at the sink's index ``at``, P0 by default, and
+    at the rest) up to its block, and the token embedding there when the corruption changes a token in place
+    (``swap``)."""
+    return [n for n in candidate_nodes(model, positions=(at,), embed=isinstance(corruption, Swap)) if n.layer <= layer]
 
 
 def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
-          threshold: float, exact_nodes: int = 0, seed: int = 0) -> tuple[PatchResult, dict[str, Any]]:
+          threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0) -> tuple[PatchResult, dict[str, Any]]:
     """Activation patching of :func:`onset_nodes` with ``metric``: of every one, or, when there are more than
     ``exact_nodes`` (> 0), of the :data:`SCREEN_TOP` strongest attribution estimates and :data:`SCREEN_SAMPLE`
     others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
     unexamined: no effect is reported for them, and a circuit search over the result still corrupts them)."""
     t = time.perf_counter()
-    cands = onset_nodes(model, layer, corruption)
+    cands = onset_nodes(model, layer, corruption, at)
     screen: dict[str, Any] = {}
     if screened(len(cands), exact_nodes):
         res = triage_patch(model, tokens, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed,
@@ -209,17 +215,27 @@ def into_sinks(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, la
             "seconds": round(time.perf_counter() - t, 2)}
 
 
+def massive_dim_at(model: Any, tokens: Tensor, layer: int, at: int) -> Optional[int]:
+    """The strongest massive dimension (:func:`~p0circuit.measures.norms.massive_activations`) of block
+    ``layer``'s output at index ``at``, or None."""
+    name = hooks.resid_post(layer)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
+    found = massive_activations(cache[name], pos=at)
+    return max(found, key=lambda d: d[2])[0] if found else None
+
+
 def neurons(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int, dim: int,
-            node_effects: dict[str, float], threshold: float, keep: int, steps: int) -> dict[str, Any]:
-    """The neurons at P0 that write massive dimension ``dim`` at block ``layer``: integrated
-    gradients over every neuron of the MLPs up to the onset that the node pass kept (and the
-    onset's own MLP), then exact activation patching of the ``keep`` strongest estimates."""
+            node_effects: dict[str, float], threshold: float, keep: int, steps: int, at: int = 0) -> dict[str, Any]:
+    """The neurons at the sink's index ``at`` (P0 by default) that write massive dimension ``dim`` at block
+    ``layer``: integrated gradients over every neuron of the MLPs up to the onset that the node pass kept (and
+    the onset's own MLP), then exact activation patching of the ``keep`` strongest estimates."""
     if model.cfg.attn_only or model.cfg.num_experts:
         return {"neurons": {}, "note": "attention-only model" if model.cfg.attn_only else
                 "mixture of experts: see the expert nodes instead"}
     mlps = sorted({Node.parse(n).layer for n in node_effects if Node.parse(n).kind == Kind.MLP} | {layer})[-4:]
-    cands = candidate_neurons(model, mlps, positions=(0,))
-    metric = ResidDim(layer, dim)
+    cands = candidate_neurons(model, mlps, positions=(at,))
+    metric = ResidDim(layer, dim, pos=at)
     t = time.perf_counter()
     est = attribution_patch(model, tokens, nodes=cands, corruption=corruption, metric=metric, bos=bos, steps=steps,
                             min_signal=0.0)
@@ -254,14 +270,18 @@ def faithfulness(result: PatchResult) -> dict[str, float]:
 
 def circuit(result: PatchResult, max_edges: Optional[int] = None) -> dict[str, Any]:
     """The onset's faithful circuit (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), or why
-    there is none; the top-k faithfulness curve stays beside it as a screen."""
+    there is none, and its edges (:func:`~p0circuit.patching.circuit_edges.faithful_edges`), searched also when the
+    node circuit keeps the target but holds more nodes than the budget; the top-k faithfulness curve stays beside it
+    as a screen."""
     if not result.signal:
         return {"note": f"no signal: {result.message}"}
     t = time.perf_counter()
     circuit_ = faithful_circuit(result)
     found = circuit_.to_dict()
     found["seconds"] = round(time.perf_counter() - t, 2)
-    if not circuit_.faithful:
+    target = circuit_.settings["target"]
+    keeps = circuit_.faithfulness >= target and (circuit_.denoising is None or circuit_.denoising >= target)
+    if not keeps:  # over the node budget but faithful, its edges are still searched: they may fit an edge budget
         found["edge_circuit"] = {"note": "the node circuit is not faithful, so its edges were not searched"}
         return found
     t = time.perf_counter()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from p0circuit.core.defaults import sink_rate_label
+from p0circuit.studies.analysis.verdict import OVERSHOOT, PARTS, label, share
 from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core.circuits import searched_circuit
@@ -57,10 +58,10 @@ def _circuit_line(c: dict[str, Any]) -> str:
     head = (f"- Faithful circuit (ACDC-style pruning of {c['candidates']} candidates, target {st['target']}): "
             if c["faithful"] else f"- **No faithful circuit** ({c['why']}); the best found "
                                   f"(ACDC-style pruning of {c['candidates']} candidates): ")
-    denoise = "n/a for an ablation" if c["denoising"] is None else f"{c['denoising']:.3f}"
+    denoise = "n/a for an ablation" if c["denoising"] is None else share(c["denoising"], 3)
     return (head + f"{c['size']} nodes, {', '.join(c['nodes'][:12])}{'...' if c['size'] > 12 else ''}; faithfulness "
-            f"(every other candidate corrupted) {c['faithfulness']:.3f}, denoising (the circuit restored into the "
-            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {c['completeness']:.3f}."
+            f"(every other candidate corrupted) {share(c['faithfulness'], 3)}, denoising (the circuit restored into the "
+            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {share(c['completeness'], 3)}."
             + _edge_line(c.get("edge_circuit") or {}))
 
 
@@ -77,8 +78,18 @@ def _edge_line(e: dict[str, Any]) -> str:
     verdict = "" if e["faithful"] else f" (**not faithful**: {e['why']})"
     return (f" Its edges{verdict} (ACDC-style pruning of the {e['candidates']} edges between its nodes and into the "
             f"metric): {e['size']} kept{': ' + shown + ' (each alone, path patching)' if shown else ''}; with every "
-            f"other edge and node corrupted they keep {e['faithfulness']:.3f} of the change, and corrupting them alone "
-            f"removes {e['completeness']:.3f}.{held_said}")
+            f"other edge and node corrupted they keep {share(e['faithfulness'], 3)} of the change, and corrupting them "
+            f"alone removes {share(e['completeness'], 3)}.{held_said}")
+
+
+def cost_line(t: dict[str, Any]) -> str:
+    """What the steps cost, in words: seconds, the work counted in forwards of the batch, and the unit forward."""
+    line = f"Measured in {t['seconds']:.0f} s of steps"
+    if t.get("slowdown") is not None:  # counted (p0circuit.patching.work); None when a resumed step was not counted
+        line += (f", whose work counts {t['forwards']:.0f} forwards of the batch ({t.get('with_grad') or 0:.0f} of them "
+                 f"with a backward); one forward took {t['forward_s'] * 1000:.0f} ms in the same run, so the steps ran at "
+                 f"{t['slowdown']:.2f}x the time that work predicts")
+    return line + "."
 
 
 def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
@@ -89,18 +100,17 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
              f"{d.prompt_source} x {s['length']} tokens (a BOS token adds one); "
              "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
-             f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. Measured in "
-             f"{d.timing['seconds']:.0f} s of steps, {d.timing['forwards']} times one forward of the batch "
-             f"({d.timing['forward_s'] * 1000:.0f} ms) timed in the same run.", "",
-             f"**The paper's claim** (without BOS, position 0 becomes a sink): {d.verdict['claim']}.", ""]
+             f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. " + cost_line(d.timing), "",
+             f"**The paper's claim, part by part**: {d.verdict['claim']}"
+             + (" (every part holds)." if d.verdict.get("holds") else " (not every part holds)."), ""]
     parts = d.verdict.get("parts") or {}
     if parts:
-        lines += ["**The claim in three parts** (a: position 0 becomes a sink; b: the first onset's faithful circuit "
-                  "lies in layer-0 attention and the layer-0/1 MLPs; c: those MLPs' neurons write the massive "
-                  "dimension):", ""]
+        lines += ["**The claim in four parts** (" + "; ".join(f"{letter}: {text}" for _, letter, text in PARTS)
+                  + "). *Fails as stated*: the mechanism was found, but not in the blocks the paper names. Shares "
+                  f"(faithfulness, denoising, effects) are of the clean-to-corrupted change; {OVERSHOOT}.", ""]
         for tag, p in parts.items():
-            for key, label in (("sink", "a"), ("circuit", "b"), ("amplification", "c")):
-                lines.append(f"- {_TITLES[tag]}, ({label}) **{p[key]['status']}**: {p[key]['evidence']}.")
+            for key, letter, _ in PARTS:
+                lines.append(f"- {_TITLES[tag]}, ({letter}) **{label(p[key])}**: {p[key]['evidence']}.")
         lines.append("")
     for tag, title in _TITLES.items():
         sk = d.sinks.get(tag)
@@ -114,7 +124,8 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             lines += [f"Every prompt starts with {d.bos_token}.", ""]
         lines += [f"- {sink_rate_label()} = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
                   f"||h_t|| of the other positions): {_stages(sk['norm_stages'])}.",
-                  "- Massive dimensions at P0 (dimension: layers, peak): " + ("; ".join(
+                  "- Massive dimensions at P0 (dimension: layers, peak value at a layer, and that value's size over "
+                  "the mean RMS of the other positions' residual vectors there): " + ("; ".join(
                       f"{m['dim']}: {m['first_layer']}-{m['last_layer']}, {m['peak_value']:.4g} at layer "
                       f"{m['peak_layer']} ({m['peak_ratio']:.0f}x)" for m in sk["massive_dims"][:4]) or "none") + "."]
         by_where: dict[str, list[Any]] = {}
@@ -129,7 +140,7 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                              f"{t!r} x{c}" for t, c in peak.get("tokens", [])[:3])) if where == "other" else "") + ".")
         lines.append("")
         for o in d.onsets.get(tag, []):
-            lines += [f"### Onset at layer {o['layer']}, {o['where']}", ""]
+            lines += [f"### Onset at layer {o['layer']}, {o['where']}" + (f" (index {o['at']})" if o.get("at") else ""), ""]
             if "skipped" in o:
                 lines += [f"Not measured: {o['skipped']}", ""]
                 continue
@@ -138,6 +149,10 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                          f"{o['candidates']} candidate nodes ({o['seconds']:.1f} s).")
             if o.get("corruption_choice"):
                 lines[-1] += f" Corruption chosen: {o['corruption_choice']['why']}."
+            keyed = o.get("keyed_on") or {}
+            if keyed:
+                lines.append("- Keyed on: " + (f"**{keyed['verdict']}**: {keyed['evidence']}." if "verdict" in keyed
+                                               else f"not measured: {keyed['error']}."))
             if not o["signal"]:
                 lines += ["", f"No signal: {o['message']}", ""]
                 continue
@@ -171,6 +186,14 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             elif npass.get("note"):
                 lines.append(f"- Neurons: {npass['note']}.")
             lines.append("")
+        left = (d.timing.get("onsets_left_out") or {}).get(tag) or []
+        if left:
+            more = sum(o["predicted_forwards"] for o in left)
+            lines += [f"Later onsets of the P0 norm ratio not patched (max_onsets={s['max_onsets']}): "
+                      + ", ".join(f"layer {o['layer']} ({o['ratio']:.3g}x)" for o in left)
+                      + f". `--max-onsets {s['max_onsets'] + len(left)}` (max_onsets={s['max_onsets'] + len(left)}) patches "
+                      f"them too: the cost model predicts {more:.0f} more forwards of the batch, about "
+                      f"{more * d.timing['forward_s']:.0f} s at this run's forward.", ""]
         v = d.variations.get(tag)
         if v:
             lines += [f"### What changes at layer {v['layer']}", "",
