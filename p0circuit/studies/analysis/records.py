@@ -250,6 +250,9 @@ class AnalysisRecord(_Record):
     when that setting did not run)."""
     truth: Maybe[dict[str, list[str]]] = ABSENT
     """A planted model's ground truth (``nodes``, ``edges``); absent for any other model."""
+    variant: Maybe[str] = ABSENT
+    """What a model read from a GGUF file is: the release it came from, its quantization, dequantized to float32
+    (:func:`p0circuit.models.gguf.variant`); absent for any other model."""
     schema: int = SCHEMA_VERSION
     """The records' version (:data:`SCHEMA_VERSION`)."""
 

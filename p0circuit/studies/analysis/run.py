@@ -329,6 +329,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         bos_token=bos_label(model, prepend_id(model)) if True in tags else None,
         truth=ABSENT if truth is None else {"nodes": [n.name for n in truth.nodes],
                                             "edges": [e.name for e in truth.edges]},
+        variant=getattr(model.cfg, "variant", None) or ABSENT,
     ).to_dict()
     result = Analysis(data, out, reports)
     if out is not None:

@@ -96,7 +96,9 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
     """The analysis (``analysis.json``'s content, or its record) as Markdown."""
     d = as_record(data, "the analysis")
     s = d.settings
-    lines = [f"# P0-sink analysis of {d.model}", "",
+    lines = [f"# P0-sink analysis of {d.model}", ""] + \
+        ([f"The model: {d.variant}. Every finding below is about this file's weights.", ""]
+         if not isinstance(d.variant, Absent) else []) + [
              f"{d.prompt_source} x {s['length']} tokens (a BOS token adds one); "
              "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "

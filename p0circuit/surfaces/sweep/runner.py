@@ -19,7 +19,7 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 
 from p0circuit.core.progress import tqdm
@@ -95,7 +95,7 @@ def _run_with_plugins(plugins: list[str], cell: Cell) -> dict[str, Any]:
     return run_cell(cell)
 
 
-def _ray_results(todo: list[Cell], workers: int, plugins: list[str]) -> Any:
+def _ray_results(todo: list[Cell], workers: int, plugins: list[str]) -> Iterator[Any]:
     """Yield (cell, record or exception) as Ray tasks finish (a local cluster, or the one in
     ``RAY_ADDRESS``); each task loads the config's ``plugins`` first, as the local pool's workers do."""
     try:

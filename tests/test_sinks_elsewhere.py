@@ -1,0 +1,47 @@
+"""Every sink state, on the plant with a secondary sink (``planted:secondary``): a P0 circuit keyed on position
+and a middle-layer MLP that makes one token, wherever it stands, a high-norm state. The analysis must find
+both, give each the circuit the plant writes (nodes and edges) and the keyed-on verdict it is built with."""
+
+import pytest
+
+import p0circuit as p0
+
+
+@pytest.fixture(scope="module")
+def secondary():
+    return p0.analyze("planted:secondary", progress=False, bos=(False,), lengths=())
+
+
+def _rows(result):
+    rows = result["onsets"]["without_bos"]
+    (p0_row,) = [o for o in rows if o["where"] == "P0"]
+    (token_row,) = [o for o in rows if o["where"] != "P0"]
+    return p0_row, token_row
+
+
+def test_both_sinks_are_found_with_the_verdicts_they_are_built_with(secondary):
+    result = secondary
+    p0_row, token_row = _rows(result)
+    assert p0_row["keyed_on"]["verdict"] == "position"
+    assert token_row["where"] == "other ('#25')" and token_row["keyed_on"]["verdict"] == "token"
+    k = token_row["keyed_on"]
+    assert k["swapped"] < 0.1 and k["follows"] > 0.9 and k["stays"] < 0.1 and k["context"] > 0.9
+    assert result["verdict"]["holds"] is True  # the P0 circuit is the paper's, in all four parts
+
+
+def test_each_circuit_is_the_plants_truth(secondary):
+    from p0circuit.models.planted import build_planted
+    from p0circuit.core.entries import VARIANTS
+
+    result = secondary
+    pm = build_planted(**VARIANTS["secondary"])
+    p0_row, token_row = _rows(result)
+    assert set(p0_row["circuit"]["nodes"]) == {n.name for n in pm.truth.writers} and p0_row["circuit"]["faithful"]
+    at, layer = token_row["at"], token_row["layer"]
+    truth = pm.secondary_truth(at)
+    assert layer == pm.spec.secondary_at
+    assert set(token_row["circuit"]["nodes"]) == {n.name for n in truth.writers}  # E@at, M2@at
+    assert token_row["circuit"]["faithful"] and token_row["corruption"] == "swap"
+    edges = set(token_row["circuit"]["edge_circuit"]["edges"])
+    within = {e.name for e in truth.edges if e.dst.layer <= layer}  # what a metric read after block 2 can see
+    assert edges == within, (edges, within)
