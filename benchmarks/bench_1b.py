@@ -187,7 +187,10 @@ def main() -> None:
             circuit = first.get("circuit") or {}
             say(f"`analyze` ({result['settings']['n_prompts']} prompts x {result['settings']['length']} tokens, without "
                 f"BOS: no tokenizer): **{wall:.0f} s** = {wall / forward:.0f} forwards of 8 x 24 tokens; onsets "
-                f"{onsets or 'none'}; its steps {t['seconds'] / forward:.0f} forwards against {sum(t['predicted_forwards'].values()):.0f} "
+                f"{onsets or 'none'}; its steps {t['seconds']:.0f} s = {t['seconds'] / forward:.0f} forwards by time, their work "
+                f"counted {t['forwards']:.0f} forwards ({t['with_grad']:.0f} with a backward; p0circuit/patching/work.py), so "
+                f"{t['slowdown']:.2f}x the time that work takes at the unit forward, with other processes using "
+                f"{t['others_cores']:.1f} cores on average meanwhile; {sum(t['predicted_forwards'].values()):.0f} forwards "
                 f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
                 + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
             mem = result["memory"]

@@ -199,8 +199,9 @@ def tables(rows: list[dict[str, Any]], facts: dict[str, Any], variant: str, cond
              f"weight ({facts['weights']:,} weights in {kinds} tensors{', the unembedding tied to the embedding' if facts['tied'] else ''}) "
              "independent noise uniform in [-step/2, step/2], `step` the scale of the weight's own block of 32, read from "
              "the GGUF file's blocks (not estimated from the dequantized weights; the hooked weights lie on the file's grids "
-             f"to {facts['off_grid']:.0e} of a step, which checks the layout mapping); a different rounding to the same grid, "
-             "with an rms error of step/sqrt(12), the size of the quantization's own rounding error. Each copy is "
+             f"to {facts['off_grid']:.0e} of a step, which checks the layout mapping): noise of the size of the "
+             "quantization's own rounding error (rms step/sqrt(12)), which takes the weights off the grid, a model the "
+             "file could equally have rounded to. Each copy is "
              "analysed by `p0.analyze(model, bos=(False,), lengths=(), max_sinks=0)` (8 English prompts x 24 tokens, "
              f"no BOS, the first onset only); {len(rows)} analyses in {seconds:.0f} s.", "",
              "The sink report (P0 norm ratio: ||h_0|| over the other positions' mean, after the block; KL: the "

@@ -350,7 +350,8 @@ def test_a_circuit_that_cannot_be_faithful_says_so(planted):
 
 def test_the_verdict_judges_the_whole_claim_as_the_plants_are_built(rope_run, bos_run, planted_models):
     """Four parts, each as the plant is built: the position-keyed plant holds in all four (its state keyed on
-    position); the BOS-keyed plant fails (a) without BOS and holds with it (keyed on its token); the plant whose
+    position); the BOS-keyed plant fails (a) without BOS, and with it fails (a) as stated (a sink at position 0,
+    keyed on its token), its circuit where the paper puts it; the plant whose
     circuit sits at blocks 2 and 3 fails (b) and (c) as stated, and the record says where they were found."""
     _, rope, _ = rope_run
     parts = rope["verdict"]["parts"]["without_bos"]
@@ -360,9 +361,10 @@ def test_the_verdict_judges_the_whole_claim_as_the_plants_are_built(rope_run, bo
     _, bos, _ = bos_run
     assert bos["verdict"]["parts"]["without_bos"]["sink"]["status"] == "fails"  # its sink follows the BOS token
     assert bos["verdict"]["holds"] is False
-    with_bos = bos["verdict"]["parts"]["with_bos"]
-    assert [with_bos[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == ["holds"] * 4
-    assert "keyed on token" in with_bos["sink"]["evidence"]
+    with_bos = bos["verdict"]["parts"]["with_bos"]  # a sink at position 0, made by the token that stands there
+    assert [with_bos[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == \
+        ["fails as stated"] + ["holds"] * 3
+    assert with_bos["sink"]["found_at"] == "position 0, keyed on token" and "keyed on token" in with_bos["sink"]["evidence"]
     late = analyze(planted_models("layer2"), progress=False, bos=(False,), **SMALL)  # the circuit at blocks 2 and 3
     parts = late["verdict"]["parts"]["without_bos"]
     assert parts["sink"]["status"] == "holds"

@@ -42,6 +42,10 @@ def test_each_circuit_is_the_plants_truth(secondary):
     assert layer == pm.spec.secondary_at
     assert set(token_row["circuit"]["nodes"]) == {n.name for n in truth.writers}  # E@at, M2@at
     assert token_row["circuit"]["faithful"] and token_row["corruption"] == "swap"
+    layer_n, neurons = pm.neurons["secondary"]
+    top = max(token_row["neurons"], key=lambda n: abs(token_row["neurons"][n]))
+    assert top == f"M{layer_n}.N{neurons[0]}@{at}" and token_row["neurons"][top] > 0.9  # the neuron that writes it
+    assert "in which it is a sink state there" in token_row["prompt_set"]
     edges = set(token_row["circuit"]["edge_circuit"]["edges"])
     within = {e.name for e in truth.edges if e.dst.layer <= layer}  # what a metric read after block 2 can see
     assert edges == within, (edges, within)

@@ -11,7 +11,8 @@ import p0circuit as p0
 from p0circuit.patching import work
 from p0circuit.studies.analysis import cost
 from p0circuit.studies.analysis.records import StateHeader
-from p0circuit.studies.analysis.run import SLOW_SECONDS, UNIT, _counted, _State
+from p0circuit.studies.analysis.cost import SLOW_SECONDS
+from p0circuit.studies.analysis.run import UNIT, _counted, _State
 
 
 def test_a_forward_of_the_batch_counts_one(planted):

@@ -59,12 +59,15 @@ def massive_activations(
     """Coordinates of ``h_pos`` that are massive: ``(dim, mean value, mean ratio to the typical scale)``.
 
     A coordinate qualifies when its mean absolute value over the batch at ``pos`` is at least
-    ``ratio`` times the mean RMS of ``h_t`` over positions t != pos.
+    ``ratio`` times the mean RMS of ``h_t`` over the ordinary positions: every t != pos, and for a
+    position other than 0 also t != 0 (position 0 is a sink state of its own in most models, and its
+    norm would set the scale of a state elsewhere).
     """
     _need_rest(h)
     h = h.float()
     rms = h.pow(2).mean(-1).sqrt()  # (B, T)
-    scale = torch.cat([rms[:, :pos], rms[:, pos + 1:]], dim=-1).mean()
+    keep = [t for t in range(h.shape[1]) if t != pos and (pos == 0 or t != 0 or h.shape[1] == 2)]
+    scale = rms[:, keep].mean()
     if scale == 0:
         return []
     at = h[:, pos]  # (B, d)

@@ -114,6 +114,10 @@ class SinkPosition:
                 "positions": list(self.positions), "tokens": [list(t) for t in self.tokens]}
 
 
+MIN_SHARE = 0.25
+"""Share of the prompts in which a position class must be a sink state for the sink report to list it."""
+
+
 def position_ratios(resid: Tensor) -> Tensor:
     """``||h_t|| / median_s ||h_s||`` per (layer, prompt, position) of ``resid`` ``[L, B, T, d]``."""
     norms = resid.float().norm(dim=-1)
@@ -122,7 +126,7 @@ def position_ratios(resid: Tensor) -> Tensor:
 
 
 def sink_positions(
-    resid: Tensor, patterns: Tensor, classes: Sequence[Sequence[str]], threshold: float, min_share: float = 0.25,
+    resid: Tensor, patterns: Tensor, classes: Sequence[Sequence[str]], threshold: float, min_share: float = MIN_SHARE,
     texts: Optional[Sequence[Sequence[str]]] = None,
 ) -> list[SinkPosition]:
     """Every (layer, position class) that is a sink state in at least ``min_share`` of the prompts.

@@ -294,8 +294,9 @@ class Swap(Corruption):
 @dataclass(frozen=True)
 class Resample(Corruption):
     """Other prompts of the same length: ``tokens`` if given, else prompts the batch does not hold, drawn with
-    ``seed`` from the model's own source (the shipped English passages for a model with a tokenizer, regular
-    random ids for one without), with the BOS token first when every clean prompt starts with it.
+    ``seed`` from the model's own source (the shipped English passages for a model with a tokenizer, none equal to
+    a clean prompt; regular random ids for one without), with the BOS token first when every clean prompt starts
+    with it.
 
     Not the batch rolled by one: that is a permutation of the same prompts, so every metric that is a mean over
     prompts is the same on both sides and the control shows no signal by construction, whatever the circuit. On
@@ -326,28 +327,32 @@ class Resample(Corruption):
 
 
 def _other_prompts(model: Any, tokens: Tensor, seed: int) -> Tensor:
-    """Prompts shaped like ``tokens`` from the model's own source (see :class:`Resample`), none equal to a clean one
-    where the source allows (a later seed is tried), with the BOS token first when every clean prompt has it."""
+    """Prompts shaped like ``tokens`` that the batch does not hold, from the model's own source (see
+    :class:`Resample`), with the BOS token first when every clean prompt has it: for a model with a tokenizer, the
+    shipped passages' prompts in an order shuffled by ``seed``, those equal to a clean prompt left out; for one
+    without, random regular ids. Refused, saying what to do, when the source cannot give enough."""
     from p0circuit.models.tokens import english_lines, english_prompts, probe_tokens
 
     batch, length = tokens.shape
     bid = bos_id(model)
     bos = bid is not None and bool((tokens[:, 0] == bid).all())
-    text = length - int(bos)
     clean = {tuple(r) for r in tokens.tolist()}
-    out = None
-    for attempt in range(4):
-        draw = 1 + seed * 4 + attempt  # never the analysis' own prompts (seed 0 of the same source)
-        if getattr(model, "tokenizer", None) is not None and batch <= len(english_lines()) and text >= 1:
-            out = english_prompts(model, batch, length, prepend_bos=bos, seed=draw)
-        else:
-            out = probe_tokens(model, batch, text, seed=draw, regular=text >= 2)
-            if bos:
-                out = torch.cat([torch.full((batch, 1), bid, dtype=out.dtype), out], 1)
+    if getattr(model, "tokenizer", None) is None:
+        out = probe_tokens(model, batch, length - int(bos), seed=1 + seed, regular=length - int(bos) >= 2)
+        if bos:
+            out = torch.cat([torch.full((batch, 1), bid, dtype=out.dtype), out], 1)
         out = out.to(tokens.device)
-        if not clean & {tuple(r) for r in out.tolist()}:
-            break
-    return out
+        if clean & {tuple(r) for r in out.tolist()}:
+            raise BadInputError("resample drew a random prompt equal to a clean one (a very short prompt?); pass "
+                                "Resample(tokens=...) with the prompts to patch from")
+        return out
+    every = english_prompts(model, len(english_lines()), length, prepend_bos=bos, seed=1 + seed).to(tokens.device)
+    others = [r for r in every if tuple(r.tolist()) not in clean]
+    if len(others) < batch:
+        raise BadInputError(f"resample draws other prompts from the {len(english_lines())} shipped passages, and "
+                            f"{len(others)} of them differ from the {batch} clean prompts: too few; pass "
+                            "Resample(tokens=...) with prompts of your own, shaped like the clean ones")
+    return torch.stack(others[:batch])
 
 
 @entry_point

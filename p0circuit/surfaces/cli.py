@@ -194,7 +194,7 @@ def _analyze(args: argparse.Namespace) -> int:
 def _atlas(args: argparse.Namespace) -> int:
     from p0circuit.studies.analysis.atlas import atlas
 
-    text = atlas(args.models, out=args.page, runs=args.runs, progress=not args.quiet)
+    text = atlas(args.models, out=args.page, runs=args.runs, progress=not args.quiet, fresh=args.fresh)
     print(text)
     print(f"wrote {args.page}")
     return 0
@@ -392,7 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--models", nargs="+", default=list(ATLAS_MODELS), help="model entries (default: "
                     + ", ".join(ATLAS_MODELS) + ")")
     at.add_argument("--out", dest="page", default="docs/atlas.md", help="the page (default docs/atlas.md)")
-    at.add_argument("--runs", default="runs/analyze", help="where each model's analysis goes (resumable)")
+    at.add_argument("--runs", default="runs/atlas", help="where each model's analysis goes (resumable; default "
+                    "runs/atlas)")
+    at.add_argument("--fresh", action="store_true", help="analyse every model again instead of resuming --runs")
     at.add_argument("--quiet", action="store_true", help="no progress bars")
     at.set_defaults(func=_atlas)
     s = sub.add_parser("survey", help="P0 sink and identification signal across architectures")

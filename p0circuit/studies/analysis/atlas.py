@@ -14,13 +14,19 @@ from p0circuit.core.defaults import sink_rate_label
 from p0circuit.studies.analysis.records import Absent, as_record, AnalysisRecord
 from p0circuit.studies.analysis.elsewhere import label as sink_label
 from p0circuit.studies.analysis.run import analyze
-from p0circuit.studies.analysis.verdict import OVERSHOOT, PARTS, label
+from p0circuit.core.shares import OVERSHOOT
+from p0circuit.studies.analysis.verdict import ANSWERS, PARTS, TITLES, label
+from p0circuit.studies.experiments.keyed import MOVE
+from p0circuit.studies.analysis.elsewhere import SINK_SHARE
 from p0circuit.core.entries import ATLAS_MODELS, check_model_entry
 from p0circuit.core.io import run_dir, write_atomic
 
 
 ONSETS = 2
 """P0 onsets the atlas patches per model and BOS setting (``analyze`` patches one unless asked)."""
+EDGES = 1024
+"""Candidate edges up to which the atlas prunes a circuit's edges (``analyze``'s ``max_edges`` is lower): a later
+onset's circuit, such as SmolLM2's 23 nodes at block 11, has hundreds."""
 
 TRAINED_WITH = {
     "real:smollm2": "no BOS per document; documents separated by `<|endoftext|>`",
@@ -35,7 +41,7 @@ TRAINED_WITH = {
 }
 """What each known model saw at position 0 in training (from its model card or its plant)."""
 
-_SETTINGS = (("without_bos", "without BOS"), ("with_bos", "with BOS"))
+_SETTINGS = tuple(TITLES.items())
 
 
 def _top(effects: dict[str, float], k: int) -> str:
@@ -114,7 +120,8 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens, up to "
                     f"{d.settings['max_onsets']} P0 onset(s) patched" for d in records}) or ["no analysis"]
     lines = ["# The P0-sink atlas", "",
-             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY --max-onsets {ONSETS}`, "
+             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY --max-onsets {ONSETS} "
+             f"--max-edges {EDGES}`, "
              f"{' or '.join(sizes)}; "
              "random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
              "the clean-to-corrupted change of the P0 norm ratio at the onset one component carries alone; + raises "
@@ -132,9 +139,8 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
         for row in rows(d):
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
     lines += ["", "## BOS in training and the paper's claim, in four parts", "",
-              "; ".join(f"({letter}) {text}" for _, letter, text in PARTS) + ". Each: holds; fails as stated (found, "
-              "but not in the blocks the paper names: the cell says where); or fails. The evidence is in each "
-              "model's analysis.md.", "",
+              "; ".join(f"({letter}) {text}" for _, letter, text in PARTS) + f". As measured, {ANSWERS}. The "
+              "evidence is in each model's analysis.md.", "",
               "| model | position 0 in training | BOS | " + " | ".join(f"({letter}) {key}" for key, letter, _ in PARTS)
               + " |", "|---|---|---|" + "---|" * len(PARTS)]
     for d in records:
@@ -147,10 +153,12 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     lines += ["", "## What each sink state is keyed on, and its circuit", "",
               "Every sink state: P0 at its first onset (on the analysis' prompts) and each state away from position 0 "
-              "that is a sink in most prompts (on windows of the passages that put it at one index in every prompt). "
-              "Keyed on: the position/token/context test (`p0circuit/studies/experiments/keyed.py`): the share of the "
-              "state's excess norm kept with its token replaced in place, at the token's new place when 3 tokens are "
-              "put in front, at the old place then, and with the context before it from another prompt. The circuit "
+              f"that is a sink state in at least {SINK_SHARE:.0%} of the prompts (at most `max_sinks` of them, the "
+              "strongest; on windows of the passages that put it at one index in every prompt and hold the state "
+              "there). Keyed on: the position/token/context test (`p0circuit/studies/experiments/keyed.py`): the share "
+              f"of the state's excess norm kept with its token replaced in place, at the token's new place when {MOVE} "
+              "tokens are put in front, at the old place then, and with the context before it from another prompt. "
+              "The circuit "
               "of a state away from position 0 is found with its token replaced in place (`swap` at its index) and "
               "the norm ratio at its index.", "",
               "| model | BOS | state | layer | keyed on (swapped / follows / stays / context) | corruption: clean -> "
@@ -183,17 +191,19 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
 
 
 def atlas(models: Sequence[str] = ATLAS_MODELS, *, out: Union[str, Path] = "docs/atlas.md",
-          runs: Union[str, Path] = "runs/analyze", progress: bool = True, **settings: Any) -> str:
-    """Analyse ``models`` (resuming what ``runs`` holds) and write the atlas page to ``out``; ``settings`` are
+          runs: Union[str, Path] = "runs/atlas", progress: bool = True, fresh: bool = False, **settings: Any) -> str:
+    """Analyse ``models`` (resuming what ``runs`` holds, unless ``fresh``; its own directory, not ``analyze``'s, since
+    its settings differ) and write the atlas page to ``out``; ``settings`` are
     :class:`~p0circuit.studies.analysis.settings.AnalysisSettings` fields, ``max_onsets`` :data:`ONSETS` unless
-    given (the atlas shows a model's second amplification too)."""
+    given (the atlas shows a model's second amplification too), and ``max_edges`` :data:`EDGES` unless given."""
     settings.setdefault("max_onsets", ONSETS)
+    settings.setdefault("max_edges", EDGES)
     for entry in models:
         check_model_entry(entry)  # every entry checked before the first model is loaded
     analyses = []
     for entry in models:
-        where = Path(runs) / run_dir("analyze", entry).name
-        analyses.append(analyze(entry, out=where, progress=progress, **settings).data)
+        where = Path(runs) / run_dir("atlas", entry).name
+        analyses.append(analyze(entry, out=where, progress=progress, resume=not fresh, **settings).data)
     text = page(analyses)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ EDGES = 20
 """Runs of the path patching into the next blocks' sink heads (and between the strongest nodes)."""
 GRAD = 4
 """Block passes of a forward and backward through one block (with its hooks)."""
-KEYED = 5
+KEYED = 4
 """Runs up to the onset of the position/token/context test (:func:`~p0circuit.studies.experiments.keyed.keyed_on`)."""
 
 
@@ -96,3 +96,9 @@ def node_parts(model: Any, layer: int, candidates: int, settings: Any, screened:
                                                                         else 0)
     return {"pass": nodes_cost(model, layer, candidates, settings.exact_nodes, screened), "curve": b * depth * CURVE,
             "search": b * depth * search}
+
+
+SLOW, SLOW_SECONDS = 2.0, 30.0
+"""Seconds per counted forward, over the unit forward's, above which an analysis whose steps took more than
+``SLOW_SECONDS`` says it ran slower than its own forward predicts (a tiny model's steps are mostly Python's overhead:
+not worth a warning)."""

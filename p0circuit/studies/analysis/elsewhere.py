@@ -13,12 +13,13 @@ from typing import Any
 
 from torch import Tensor
 
-from p0circuit.core.errors import P0CircuitError
-from p0circuit.studies.experiments.keyed import aligned_prompts, keyed_on, target_of
+from p0circuit.core.errors import BadInputError, P0CircuitError
+from p0circuit.measures.positions import MIN_SHARE
+from p0circuit.studies.experiments.keyed import aligned_prompts, keyed_on, sink_rows, target_of
 
-SINK_SHARE = 0.25
+SINK_SHARE = MIN_SHARE
 """Share of the prompts in which a position class must be a sink state (at some layer) to get a row: every class
-the sink report lists (:func:`~p0circuit.measures.positions.sink_positions`' own ``min_share``)."""
+the sink report lists."""
 
 
 def label(p: dict[str, Any]) -> str:
@@ -27,10 +28,10 @@ def label(p: dict[str, Any]) -> str:
     return f"other ({tokens[0][0]!r})" if p["where"] == "other" and tokens else p["where"]
 
 
-def plan(summary: dict[str, Any], s: Any, bos: bool) -> list[dict[str, Any]]:
-    """The rows of the sink states away from position 0 (at most ``s.max_sinks``, strongest first: mean ratio
-    times share at their strongest layer): ``layer`` (the first layer at :data:`SINK_SHARE`), ``where`` (the
-    class), ``target`` (what :func:`aligned_prompts` looks for) and ``at`` (the median index it sat at)."""
+def _ranked(summary: dict[str, Any], s: Any, bos: bool) -> list[dict[str, Any]]:
+    """Every sink class away from position 0 that the sink report lists, strongest first (mean ratio times share at
+    its strongest layer): ``layer`` (its first), ``where`` (the class), ``target`` (what :func:`aligned_prompts` looks
+    for; None for a class it cannot place, a later BOS token) and ``at`` (the median index it sat at)."""
     classes: dict[str, list[dict[str, Any]]] = {}
     for p in summary["sink_positions"]:
         if not p["where"].startswith("P0") and p["share"] >= SINK_SHARE:
@@ -39,20 +40,43 @@ def plan(summary: dict[str, Any], s: Any, bos: bool) -> list[dict[str, Any]]:
     for where, found in classes.items():
         first = min(found, key=lambda p: p["layer"])
         target = target_of(first["where"], tuple(tuple(t) for t in first.get("tokens") or ()))
-        if target is None:  # a later BOS token: not a class aligned_prompts can place
-            continue
-        at = int(statistics.median_low(first["positions"]))
-        at = min(max(at, 1), s.length + int(bos) - 2)
+        at = min(max(int(statistics.median_low(first["positions"])), 1), s.length + int(bos) - 2)
         strength = max(p["ratio"] * p["share"] for p in found)
-        rows.append((strength, {"layer": first["layer"], "where": where, "target": list(target), "at": at}))
+        rows.append((strength, {"layer": first["layer"], "where": where, "target": target and list(target), "at": at}))
     rows.sort(key=lambda r: -r[0])
-    return [r for _, r in rows[:s.max_sinks]]
+    return [r for _, r in rows]
+
+
+def plan(summary: dict[str, Any], s: Any, bos: bool) -> list[dict[str, Any]]:
+    """The rows of the sink states away from position 0: the ``s.max_sinks`` strongest that can be placed."""
+    return [r for r in _ranked(summary, s, bos) if r["target"]][:s.max_sinks]
+
+
+def left_out(summary: dict[str, Any], s: Any, bos: bool) -> list[str]:
+    """The sink classes away from position 0 that get no row, each with why."""
+    kept = {r["where"] for r in plan(summary, s, bos)}
+    return [f"{r['where']} (layer {r['layer']}): " + (f"past max_sinks={s.max_sinks}" if r["target"] else
+                                                      "a class the shipped passages cannot place")
+            for r in _ranked(summary, s, bos) if r["where"] not in kept]
+
+
+DRAW = 4
+"""Windows drawn per prompt wanted: the row keeps those in which its class is a sink state at its index."""
 
 
 def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> Tensor:
-    """The row's prompts: its class at index ``at`` in every one (:func:`aligned_prompts`)."""
-    return aligned_prompts(model, tuple(row["target"]), s.n_prompts, s.length + int(bos), row["at"], bos=bos,
-                           seed=s.seed)
+    """The row's prompts: up to ``s.n_prompts`` windows with its class at index ``at`` (:func:`aligned_prompts`) in
+    which it is a sink state there after the row's layer (:func:`sink_rows`), so that the circuit, its neurons and
+    the position/token/context test are all measured on prompts that hold the state."""
+    drawn = aligned_prompts(model, tuple(row["target"]), DRAW * s.n_prompts, s.length + int(bos), row["at"], bos=bos,
+                            seed=s.seed)
+    keep = sink_rows(model, drawn, row["at"], row["layer"], s.norm_threshold)
+    if int(keep.sum()) < 2:
+        raise BadInputError(f"{row['where']} is a sink state at index {row['at']} after block {row['layer']} in "
+                            f"{int(keep.sum())} of {drawn.shape[0]} windows of the passages that put it there; at least "
+                            "2 are needed")
+    row["windows"] = [int(keep.sum()), int(drawn.shape[0])]
+    return drawn[keep][:s.n_prompts]
 
 
 def prompt_label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool) -> str:
@@ -61,8 +85,10 @@ def prompt_label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool) -> st
     source = ("windows of the shipped English passages" if getattr(model, "tokenizer", None) is not None
               else "regular random-id prompts")
     what = {"token": f"the token {value!r}", "first": f"a first {value!r}", "later": f"a later {value!r}"}[kind]
+    held, drawn = row.get("windows", (toks.shape[0], toks.shape[0]))
     return (f"{toks.shape[0]} {source} x {toks.shape[1] - int(bos)} tokens with {what} at index {row['at']}"
-            + (", a BOS token first" if bos else ", no BOS"))
+            + (", a BOS token first" if bos else ", no BOS") + f" (of {drawn} such windows, the {held} in which it is a "
+            "sink state there)")
 
 
 def keyed(model: Any, toks: Tensor, at: int, layer: int, bos: bool, s: Any) -> dict[str, Any]:

@@ -321,6 +321,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                 "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
                 **_counted(state, forward_s, during.others),
                 "onsets_left_out": _left_out(model, sinks, s),
+                "sinks_left_out": {SETTINGS[b]: elsewhere.left_out(sinks[SETTINGS[b]], s, b) for b in tags},
                 "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
                 "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},
                 "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
@@ -337,18 +338,12 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     return result
 
 
-SLOW, SLOW_SECONDS = 2.0, 30.0
-"""Seconds per counted forward, over the unit forward's, above which an analysis whose steps took more than
-``SLOW_SECONDS`` says it ran slower than its own forward predicts (a tiny model's steps are mostly Python's overhead:
-not worth a warning)."""
-
-
 def _counted(state: _State, forward_s: float, others: float) -> dict[str, Any]:
     """The steps' work, counted (:class:`~p0circuit.patching.work.Count`: the same on any machine): ``forwards``
     (forward work in forwards of the batch), per step (``forwards_by_step``), ``with_grad`` (of it, the work done
     with a graph recorded, whose backward costs about twice it); ``timed_forwards`` (the steps' seconds over the
     unit forward's) and ``slowdown``: the seconds over what the counted work (backwards at twice their forward)
-    takes at the unit forward's speed. None where a resumed step predates the count. Warns above :data:`SLOW`,
+    takes at the unit forward's speed. None where a resumed step predates the count. Warns above :data:`.cost.SLOW`,
     saying whether ``others`` (the cores other processes used while the steps ran) explains it."""
     done = {k: v for k, v in state.done.items() if k != UNIT}
     by_step = {k: v.get("forwards") for k, v in done.items()}
@@ -357,7 +352,7 @@ def _counted(state: _State, forward_s: float, others: float) -> dict[str, Any]:
     counted = round(sum(by_step.values()), 1) if known else None
     grad = round(sum(v.get("with_grad") or 0.0 for v in done.values()), 1) if known else None
     slowdown = round(seconds / forward_s / (counted + 2 * grad), 2) if counted else None
-    if slowdown is not None and slowdown > SLOW and seconds > SLOW_SECONDS:
+    if slowdown is not None and slowdown > cost.SLOW and seconds > cost.SLOW_SECONDS:
         why = (f"other processes used {others:.1f} of the machine's {threads.status()['cpus']} cores on average "
                "while the steps ran" if others > threads.BUSY else
                "the machine was quiet while the steps ran, so the steps' many small forwards cost more per token "

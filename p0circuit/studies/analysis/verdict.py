@@ -4,19 +4,27 @@ Peng et al. (2026) claim that without a start token (a) position 0 becomes an at
 a circuit of layer-0 attention, which finds the position with nothing before it, and the layer-0/1
 MLPs, (c) whose neurons write its massive dimension, and (d) that the state points along one fixed
 direction. Each part is judged per BOS setting as **holds**, **fails as stated** (the mechanism is
-there, but not where the paper puts it: the record says where it was found) or **fails**, with the
-evidence in numbers. The headline (``claim``) names all four parts; ``holds`` is true only when all
+there, but not as the paper says: in other blocks, or at position 0 but keyed on its token; the record
+says where it was found), **fails**, or **not measured** (a part this model or these prompts cannot
+measure), with the evidence in numbers. The headline (``claim``) names all four parts; ``holds`` is true only when all
 four hold without BOS.
 """
 
 from typing import Any, Optional
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, DIRECTION_COS, SINK_EPS, sink_rate_label
+from p0circuit.core.shares import share
 from p0circuit.core.types import Kind, Node
 from p0circuit.studies.analysis.elsewhere import label as sink_label
 
-HOLDS, AS_STATED, FAILS = "holds", "fails as stated", "fails"
-"""The answers of each part: as the paper says; found, but in other blocks than it says; not found."""
+HOLDS, AS_STATED, FAILS, UNMEASURED = "holds", "fails as stated", "fails", "not measured"
+"""The answers of each part: as the paper says; found, but not as it says (in other blocks, or keyed on the token);
+not found; not measurable on this model or these prompts (a mixture of experts has no single MLP's neurons; one
+prompt has no pairwise cosine)."""
+ANSWERS = ("each part holds; fails as stated (the mechanism was found, but not as the paper says: in other blocks, "
+           "or at position 0 but keyed on its token; the part says where); fails; or is not measured (a part this "
+           "model or these prompts cannot measure)")
+"""The answers, in words, for the written pages."""
 PAPER_BLOCKS = {"attention": {0}, "mlp": {0, 1}}
 """Where the paper puts the mechanism: layer-0 attention finds position 0, the layer-0/1 MLPs amplify it."""
 PARTS = (("sink", "a", "position 0 becomes a sink"),
@@ -26,6 +34,8 @@ PARTS = (("sink", "a", "position 0 becomes a sink"),
 """Each part's key, letter and statement."""
 SETTINGS = {False: "without_bos", True: "with_bos"}
 """BOS setting -> its key in the results."""
+TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
+"""A BOS setting's key -> its name in the written pages."""
 
 
 def label(part: dict[str, Any]) -> str:
@@ -33,22 +43,11 @@ def label(part: dict[str, Any]) -> str:
     return part["status"] + (f" (found at {part['found_at']})" if part.get("found_at") else "")
 
 
-OVERSHOOT = ("a share above 1 is an overshoot: kept alone (or restored alone), the circuit moves the metric past its "
-             "clean value, as when a component that works against the sink is left out")
-"""What a share above 1 means, said once wherever shares are printed (:func:`share` marks them)."""
-
-
-def share(x: Optional[float], digits: int = 2) -> str:
-    """A share of the clean-to-corrupted change, marked ``(overshoot)`` above 1 (:data:`OVERSHOOT`)."""
-    if x is None:
-        return "n/a"
-    return f"{x:.{digits}f}" + (" (overshoot)" if x > 1.005 else "")
-
-
 def _sink_part(summary: dict[str, Any], keyed: Optional[dict[str, Any]]) -> dict[str, Any]:
     """(a) Position 0 becomes a sink: the P0 norm ratio (P0's residual norm over the mean norm of the other
     positions) reaches the threshold and, from that layer on, some head gives P0 a mean attention (alpha_0)
-    above 0.5. What the state is keyed on (``keyed``, the first onset's test) is said beside it."""
+    above 0.5; made by the position: a state that the first onset's test (``keyed``) finds keyed on its token
+    or its context fails as stated."""
     onset = [l for k, l, _ in summary["norm_stages"] if k == "onset"]
     first = onset[0] if onset else 0
     strongest, where = max(((max(row), l) for l, row in enumerate(summary["alpha"]) if l >= first), default=(0.0, first))
@@ -64,7 +63,10 @@ def _sink_part(summary: dict[str, Any], keyed: Optional[dict[str, Any]]) -> dict
     others = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
     if others:
         text += "; other sink states sit at " + ", ".join(others)
-    return {"status": HOLDS if holds else FAILS, "evidence": text, "strongest_alpha0": strongest}
+    out = {"status": HOLDS if holds else FAILS, "evidence": text, "strongest_alpha0": strongest}
+    if holds and keyed and keyed.get("verdict") not in (None, "position"):  # a sink at position 0, not made by it
+        out.update(status=AS_STATED, found_at=f"position 0, keyed on {keyed['verdict']}")
+    return out
 
 
 def _blocks(names: list[str]) -> tuple[list[str], str]:
@@ -117,7 +119,9 @@ def _amplification_part(onset: Optional[dict[str, Any]], threshold: float) -> di
         return {"status": FAILS, "evidence": "no onset of the P0 norm ratio"}
     npass = onset.get("neuron_pass") or {}
     if "metric" not in npass:
-        return {"status": FAILS, "evidence": f"at the layer-{onset['layer']} onset: {npass.get('note', 'not measured')}"}
+        note = npass.get("note", "not measured")
+        unmeasurable = any(w in note for w in ("mixture of experts", "attention-only"))
+        return {"status": UNMEASURED if unmeasurable else FAILS, "evidence": f"at the layer-{onset['layer']} onset: {note}"}
     strong = [n for n, v in (onset.get("neurons") or {}).items() if abs(v) >= threshold]
     if not npass.get("signal") or not strong:
         return {"status": FAILS, "evidence": f"no neuron carries {threshold} of the change of {npass['metric']} "
@@ -142,7 +146,7 @@ def _direction_part(summary: dict[str, Any]) -> dict[str, Any]:
         return {"status": FAILS, "evidence": "no onset of the P0 norm ratio, so no state whose direction to judge"}
     prompts, layers = summary.get("direction_stability"), summary.get("direction_to_onset")
     if prompts is None or layers is None:
-        return {"status": FAILS, "evidence": "not measured (one prompt: no pairwise cosine)"}
+        return {"status": UNMEASURED, "evidence": "one prompt: no pairwise cosine across prompts"}
     end = next((l for k, l, _ in stages if k == "erasure" and l > onset), len(layers))
     span = range(onset, end)
     worst_p = min(span, key=lambda l: prompts[l])

@@ -12,9 +12,10 @@ block ``layer``) in each:
 
 * **swapped**: the token at ``at`` replaced in place by a token drawn from the other positions of
   the prompts (position and context kept);
-* **moved**: ``MOVE`` tokens of another prompt put in front, so the token and everything before it
-  move ``MOVE`` places later; read at the token's new index (*follows*) and at the old index, which
-  now holds another token (*stays*);
+* **moved**: ``MOVE`` tokens of another prompt put in front (after a BOS token, which stays first,
+  unless the state is the BOS token's own), so the token and everything before it move ``MOVE``
+  places later; read at the token's new index (*follows*) and at the old index, which now holds
+  another token (*stays*);
 * **context replaced**: every position before ``at`` (a BOS token at 0 excepted) taken from another
   prompt, the token and its index kept (not defined at position 0, which has no context).
 
@@ -27,6 +28,7 @@ token loses it, and another context keeps it; **context** when another context l
 token keeps it; **token and context** when either edit loses it; otherwise **mixed**, with the numbers.
 """
 
+import ast
 import random
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -38,6 +40,7 @@ from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.core.defaults import NORM_THRESHOLD
+from p0circuit.core.shares import share
 from p0circuit.measures.positions import delimiter, position_ratios, token_text
 from p0circuit.models.tokens import english_lines, prepend_id, probe_tokens
 
@@ -78,17 +81,22 @@ class KeyedOn:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _ratio_at(model: Any, tokens: Tensor, layer: int, at: Tensor) -> Tensor:
-    """Per prompt, the position norm ratio after block ``layer`` at index ``at[b]``."""
+def sink_rows(model: Any, tokens: Tensor, at: int, layer: int, threshold: float = NORM_THRESHOLD) -> Tensor:
+    """Which prompts of ``tokens`` hold a sink state at index ``at`` after block ``layer`` (position norm ratio at
+    least ``threshold``): a boolean per prompt, from one forward up to ``layer``."""
+    (ratio,) = _ratios(model, tokens, layer, torch.full((tokens.shape[0],), at))
+    return ratio >= threshold
+
+
+def _ratios(model: Any, tokens: Tensor, layer: int, *indices: Tensor) -> list[Tensor]:
+    """Per prompt, the position norm ratio after block ``layer`` at each of ``indices`` (one index per prompt each),
+    from one forward."""
     name = hooks.resid_post(layer)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
     ratios = position_ratios(cache[name][None])[0]  # (B, T)
-    return ratios[torch.arange(tokens.shape[0]), at].double()
-
-
-def _kept(value: Tensor, clean: Tensor) -> float:
-    return float(((value - 1) / (clean - 1)).mean())
+    rows = torch.arange(tokens.shape[0])
+    return [ratios[rows, at].double() for at in indices]
 
 
 def verdict_of(swapped: float, follows: float, stays: float, context: Optional[float]) -> str:
@@ -111,7 +119,7 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
     """Whether the sink state at index ``at`` of the prompts ``tokens`` (after block ``layer``) is keyed on its
     position, its token or the context before it (the module docstring says how), judged on the prompts where it
     is a sink state (position norm ratio at least ``threshold``; at least 2 needed). ``bos``: whether the prompts
-    start with a BOS token (it stays at position 0 when the context is replaced). Five forwards up to ``layer``."""
+    start with a BOS token (it stays at position 0 when the context is replaced). Four forwards up to ``layer``."""
     batch, seq = tokens.shape
     if batch < 2:
         raise BadInputError("keyed_on takes the moved and replaced tokens from other prompts: pass at least 2 prompts")
@@ -119,8 +127,11 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
         raise BadInputError(f"keyed_on: at={at!r} must index a position before the prompts' last ({seq - 1})")
     if not (isinstance(layer, int) and 0 <= layer < model.cfg.n_layers):
         raise BadInputError(f"keyed_on: layer={layer!r} is not a block of this model (0..{model.cfg.n_layers - 1})")
+    if at + MOVE >= model.cfg.n_ctx:
+        raise BadInputError(f"keyed_on moves the token {MOVE} places later: at={at} needs a context of more than "
+                            f"{at + MOVE} positions, and this model's is {model.cfg.n_ctx}")
     here = torch.full((batch,), at)
-    clean = _ratio_at(model, tokens, layer, here)
+    (clean,) = _ratios(model, tokens, layer, here)
     sink = clean >= threshold
     if int(sink.sum()) < 2:
         raise BadInputError(f"keyed_on: position {at} is a sink state (position norm ratio >= {threshold:g}) after block "
@@ -128,9 +139,8 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
                             f"{[round(float(c), 2) for c in clean]}); at least 2 are needed")
     other = tokens.roll(1, dims=0)  # another prompt for each prompt (its values are compared prompt by prompt)
 
-    def kept(edited: Tensor, where: Tensor) -> float:
+    def kept(value: Tensor) -> float:
         """Mean over the prompts holding the state of (ratio - 1) / (clean ratio - 1)."""
-        value = _ratio_at(model, edited, layer, where)
         return float(((value - 1) / (clean - 1))[sink].mean())
 
     pool = [int(t) for t in tokens[:, 1:].flatten().tolist()]
@@ -139,26 +149,29 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
     for b in range(batch):
         choices = [t for t in pool if t != int(tokens[b, at])] or [int(tokens[b, at]) ^ 1]
         swapped_tokens[b, at] = pick.choice(choices)
-    swapped = kept(swapped_tokens, here)
+    swapped = kept(*_ratios(model, swapped_tokens, layer, here))
 
-    moved_tokens = torch.cat([other[:, 1:1 + MOVE], tokens], dim=1)[:, :model.cfg.n_ctx]
-    follows, stays = kept(moved_tokens, here + MOVE), kept(moved_tokens, here)
+    # the tokens go in after a BOS token (it stays first, as the context edit keeps it), unless the state is the BOS's
+    cut = 1 if bos and at > 0 else 0
+    moved_tokens = torch.cat([tokens[:, :cut], other[:, 1:1 + MOVE], tokens[:, cut:]], dim=1)[:, :model.cfg.n_ctx]
+    follows, stays = (kept(r) for r in _ratios(model, moved_tokens, layer, here + MOVE, here))
 
     context = None
     start = 1 if bos else 0
     if at > start:
         ctx_tokens = tokens.clone()
         ctx_tokens[:, start:at] = other[:, start:at]
-        context = kept(ctx_tokens, here)
+        context = kept(*_ratios(model, ctx_tokens, layer, here))
 
     verdict = verdict_of(swapped, follows, stays, context)
     n = int(sink.sum())
     evidence = (f"after block {layer}, in the {n} of {batch} prompts where position {at} is a sink state (position "
-                f"norm ratio {float(clean[sink].mean()):.3g} there, at least {threshold:g}), the state keeps {swapped:.2f} of "
-                f"its excess norm with its token replaced in place, {follows:.2f} at the token's new place when {MOVE} "
-                f"tokens are put in front (and {stays:.2f} at the old place, another token there)"
-                + ("" if context is None else f", and {context:.2f} with the context before it from another prompt")
-                + f" (a share kept counts from {KEEPS:g})")
+                f"norm ratio, its norm over the prompt's median norm, {float(clean[sink].mean()):.3g} there, at least "
+                f"{threshold:g}), the state keeps {share(swapped)} of its excess norm with its token replaced in place, "
+                f"{share(follows)} at the token's new place when {MOVE} tokens are put in front of it"
+                + (" (after the BOS token)" if cut else "") + f" (and {share(stays)} at the old place, another token "
+                "there)" + ("" if context is None else f", and {share(context)} with the context before it from another "
+                "prompt") + f" (a share kept counts from {KEEPS:g})")
     return KeyedOn(at=at, layer=layer, prompts=n, clean=float(clean[sink].mean()), swapped=swapped, follows=follows,
                    stays=stays, context=context, verdict=verdict, evidence=evidence)
 
@@ -167,7 +180,7 @@ def target_of(where: str, tokens: tuple = ()) -> Optional[tuple[str, str]]:
     looks for: ``("first", ",")``, ``("later", ",")`` or ``("token", " the")``; None for P0 and a later BOS."""
     if where.startswith(("first ", "later ")):
         kind, quoted = where.split(" ", 1)
-        return kind, quoted.strip("'\"").replace("\\n", "\n")
+        return kind, ast.literal_eval(quoted)  # the class names its delimiter as repr() writes it
     if where == "other" and tokens:
         return "token", tokens[0][0]
     return None
@@ -192,6 +205,10 @@ def aligned_prompts(model: Any, target: tuple[str, str], n: int, length: int, at
     (a planted one) gets random regular prompts with token ``#id`` put at ``at`` and nowhere else."""
     kind, value = target
     text = length - int(bos)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BadInputError(f"aligned_prompts: n must be a whole number >= 1, got {n!r}")
+    if length > model.cfg.n_ctx:
+        raise BadInputError(f"aligned_prompts: length {length} exceeds the model's context of {model.cfg.n_ctx} positions")
     if not 0 < at < length - 1:
         raise BadInputError(f"aligned_prompts: at={at} must lie inside the prompt, after position 0 and before its "
                             f"last ({length - 1})")
