@@ -291,7 +291,7 @@ def test_no_signal_is_judged_in_the_metrics_own_unit():
     assert not signal and "min_signal=0.05 logits (an absolute change: this metric is in logits)" in msg
     # a ratio: relative to its scale, said so with the bound it came to
     _, signal, msg = normalize(100.45, 100.0, {"x": 100.2}, "noise", 0.05)
-    assert not signal and "of their scale (a relative change: 5.02 here)" in msg
+    assert not signal and "of their scale (5.02 here: a relative threshold)" in msg
     assert p0.NormRatio(1).signal_unit == "" and p0.CacheMetric.signal_unit == ""
 
 

@@ -194,8 +194,9 @@ def test_every_method_and_corruption_on_smollm2(smollm2, method):
     for corruption in ("shift", "pos_mean", "zero", "resample"):
         kw = {"edges": edges} if method in ("path", "attribution_edges") else {"nodes": nodes}
         circuit = p0.discover(smollm2, toks, method=method, corruption=corruption, metric=p0.NormRatio(2), bos=False, **kw)
-        if corruption == "resample":  # a position-only circuit: English in, English out, no signal
-            assert circuit.interpretation.startswith("no signal") and not circuit.nodes
+        if corruption == "resample":  # other passages keep position 0 where it is: the sink stands in both runs
+            clean, corrupted = circuit.settings["clean_metric"], circuit.settings["corrupted_metric"]
+            assert corrupted > 0.6 * clean > 0, (method, clean, corrupted)  # on 2 prompts its size moves with them
         else:
             assert circuit.settings["signal"] and circuit.nodes, (method, corruption)
             assert "raising norm_ratio@L2" in circuit.interpretation

@@ -62,7 +62,7 @@ def _sink_part(summary: dict[str, Any], keyed: Optional[dict[str, Any]]) -> dict
         text += f"; the state is keyed on {keyed['verdict']} ({keyed['evidence']})"
     others = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
     if others:
-        text += "; other sink states sit at " + ", ".join(others)
+        text += "; sink states away from position 0: " + ", ".join(others)
     out = {"status": HOLDS if holds else FAILS, "evidence": text, "strongest_alpha0": strongest}
     if holds and keyed and keyed.get("verdict") not in (None, "position"):  # a sink at position 0, not made by it
         out.update(status=AS_STATED, found_at=f"position 0, keyed on {keyed['verdict']}")

@@ -106,8 +106,16 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
              "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
              f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. " + cost_line(d.timing), "",
-             f"**The paper's claim, part by part**: {d.verdict['claim']}"
-             + (" (every part holds)." if d.verdict.get("holds") else " (not every part holds)."), ""]
+             f"**The paper's claim, part by part**: {d.verdict['claim']}. "
+             + ("Every part holds." if d.verdict.get("holds") else "Not every part holds."), "",
+             "Terms: the *P0 norm ratio* is position 0's residual norm over the mean norm of the other positions "
+             "after a block; an *onset* is a block where it first reaches the threshold, an *erasure* one where it "
+             "falls back below it. A *position norm ratio* is a position's norm over its prompt's median norm (the "
+             "sink report's, for any position; a *sink state* is a position where it reaches the threshold). A state's "
+             "*excess norm* is that ratio minus 1. Nodes: `A2.H0@0` is block 2's head 0 at position 0, `M1@rest` block "
+             "1's MLP at every other position, `M2.N90@0` one neuron, `E@0` the token embedding, `R2@0` block 2's "
+             "output (what a metric reads); an edge `X->Y.mlp_in` (or `.q`, `.k`, `.v`) is X's path into that input of "
+             "Y. Layer and block mean the same: block N's output is read \"after layer N\".", ""]
     parts = d.verdict.get("parts") or {}
     if parts:
         lines += ["**The claim in four parts** (" + "; ".join(f"{letter}: {text}" for _, letter, text in PARTS)
