@@ -117,12 +117,11 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     records = [as_record(d, "an analysis in the atlas") for d in analyses]
     head = ["model", "BOS", sink_rate_label(), "P0 onsets", "massive dims", "sinks at", "nodes at the first onset",
             "edges", "faithful circuit at the first onset"]
-    sizes = sorted({f"{d.settings['n_prompts']} English prompts x {d.settings['length']} tokens, up to "
-                    f"{d.settings['max_onsets']} P0 onset(s) patched" for d in records}) or ["no analysis"]
+    sizes = sorted({f"`--n-prompts {d.settings['n_prompts']} --length {d.settings['length']} --max-onsets "
+                    f"{d.settings['max_onsets']} --max-edges {d.settings['max_edges']}`" for d in records}) or ["no analysis"]
     lines = ["# The P0-sink atlas", "",
-             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY --max-onsets {ONSETS} "
-             f"--max-edges {EDGES}`, "
-             f"{' or '.join(sizes)}; "
+             f"Written by `p0circuit atlas` (each model: `p0circuit analyze --model ENTRY` with {' or '.join(sizes)}; "
+             "English prompts, "
              "random regular ids for plants, which have no tokenizer). Effects are normalized (the share of "
              "the clean-to-corrupted change of the P0 norm ratio at the onset one component carries alone; + raises "
              "it). The corruption is `shift` without BOS and, with BOS, whichever of `swap` (the BOS token replaced "

@@ -148,8 +148,8 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             peak = max(ps, key=lambda p: p["ratio"])
             lines.append(f"- Sink states at **{where}**: layers {', '.join(str(p['layer']) for p in ps)}; peak "
                          f"{peak['ratio']:.3g}x the prompt's median norm at layer {peak['layer']} (in "
-                         f"{peak['share']:.0%} of prompts), attention received {peak['attention']:.3f} (strongest head "
-                         f"{peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
+                         f"{peak['share']:.0%} of prompts), attention it receives there {peak['attention']:.3f} (mean over the "
+                         f"queries after it and every head; the strongest head {peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
                              f"{t!r} x{c}" for t, c in peak.get("tokens", [])[:3])) if where == "other" else "") + ".")
         lines.append("")
         for o in d.onsets.get(tag, []):
@@ -194,7 +194,8 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             if "metric" in npass:
                 lines.append(f"- Neurons writing `{npass['metric']}` (corruption `{o['corruption']}`, {npass['clean']:.4g} "
                              f"clean -> {npass['corrupted']:.4g} corrupted; MLPs {npass['mlps']}, {npass['screen']}): "
-                             f"{_fmt(o['neurons'], 10)}; faithfulness within the confirmed: "
+                             f"{_fmt(o['neurons'], 10)}; faithfulness within the confirmed (the share kept with only the top k of the "
+                             f"confirmed neurons clean, the rest of them corrupted): "
                              f"{_curve(npass['faithfulness_within_confirmed'])}.")
             elif npass.get("note"):
                 lines.append(f"- Neurons: {npass['note']}.")

@@ -171,7 +171,7 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
                 f"{share(follows)} at the token's new place when {MOVE} tokens are put in front of it"
                 + (" (after the BOS token)" if cut else "") + f" (and {share(stays)} at the old place, another token "
                 "there)" + ("" if context is None else f", and {share(context)} with the context before it from another "
-                "prompt") + f" (a share kept counts from {KEEPS:g})")
+                "prompt") + f" (a share of {KEEPS:g} or more counts as kept)")
     return KeyedOn(at=at, layer=layer, prompts=n, clean=float(clean[sink].mean()), swapped=swapped, follows=follows,
                    stays=stays, context=context, verdict=verdict, evidence=evidence)
 
