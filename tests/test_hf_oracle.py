@@ -16,6 +16,8 @@ written into the value (and back), a query edge into the next head's query.
 import logging
 
 import pytest
+
+from tiers import FAST
 import torch
 
 import hf_oracle as H
@@ -26,7 +28,8 @@ from p0circuit.core.types import Node
 from test_families import METRIC_LAYER, P0_DIM, TOKENS, sample
 from tolerance import close, tolerance
 
-FAMILIES = ["llama", "qwen2", "gemma3", "gpt2", "pythia", "olmo2", "mixtral", "olmoe"]
+FAMILIES = ["llama", "qwen2", "gemma3", "gpt2", "pythia", "olmo2", "olmoe"] + ([] if FAST else ["mixtral"])
+"""The main families and one mixture of experts; the full suite adds the second (the fast tier's time budget)."""
 MOE = {"mixtral", "olmoe"}
 CASES = [("shift", "noise", None), ("swap", "noise", None), ("shift", "denoise", None), ("shift", "noise", P0_DIM)]
 """(corruption, direction, residual dimension read at P0 or None for the norm ratio)."""

@@ -6,6 +6,8 @@ import pytest
 
 import p0circuit as p0
 
+pytestmark = pytest.mark.xdist_group("secondary")  # one worker builds and analyses the plant, once
+
 
 @pytest.fixture(scope="module")
 def secondary():
