@@ -64,10 +64,10 @@ DRAW = 4
 """Windows drawn per prompt wanted: the row keeps those in which its class is a sink state at its index."""
 
 
-def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> Tensor:
+def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> tuple[Tensor, str]:
     """The row's prompts: up to ``s.n_prompts`` windows with its class at index ``at`` (:func:`aligned_prompts`) in
     which it is a sink state there after the row's layer (:func:`sink_rows`), so that the circuit, its neurons and
-    the position/token/context test are all measured on prompts that hold the state."""
+    the position/token/context test are all measured on prompts that hold the state; and what they are, in words."""
     drawn = aligned_prompts(model, tuple(row["target"]), DRAW * s.n_prompts, s.length + int(bos), row["at"], bos=bos,
                             seed=s.seed)
     keep = sink_rows(model, drawn, row["at"], row["layer"], s.norm_threshold)
@@ -75,17 +75,16 @@ def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> Tensor:
         raise BadInputError(f"{row['where']} is a sink state at index {row['at']} after block {row['layer']} in "
                             f"{int(keep.sum())} of {drawn.shape[0]} windows of the passages that put it there; at least "
                             "2 are needed")
-    row["windows"] = [int(keep.sum()), int(drawn.shape[0])]
-    return drawn[keep][:s.n_prompts]
+    toks = drawn[keep][:s.n_prompts]
+    return toks, _label(model, row, toks, bos, int(keep.sum()), int(drawn.shape[0]))
 
 
-def prompt_label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool) -> str:
+def _label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool, held: int, drawn: int) -> str:
     """The row's prompts, in words."""
     kind, value = row["target"]
     source = ("windows of the shipped English passages" if getattr(model, "tokenizer", None) is not None
               else "regular random-id prompts")
     what = {"token": f"the token {value!r}", "first": f"a first {value!r}", "later": f"a later {value!r}"}[kind]
-    held, drawn = row.get("windows", (toks.shape[0], toks.shape[0]))
     return (f"{toks.shape[0]} {source} x {toks.shape[1] - int(bos)} tokens with {what} at index {row['at']}"
             + (", a BOS token first" if bos else ", no BOS") + f" (of {drawn} such windows, the {held} in which it is a "
             "sink state there)")

@@ -406,7 +406,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
             corruption = get_corruption("shift", seed=s.seed)
     else:
         try:
-            toks = elsewhere.prompts(model, onset, s, bos)
+            toks, described = elsewhere.prompts(model, onset, s, bos)
         except P0CircuitError as err:
             entry["skipped"] = str(err)
             for step in ("keyed", "nodes", "edges", "neurons"):
@@ -414,7 +414,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
             return entry
         corruption = Swap(position=at, seed=s.seed)  # the token replaced in place
         metric = NormRatio(layer, pos=at)
-        entry.update(at=at, prompts=int(toks.shape[0]), prompt_set=elsewhere.prompt_label(model, onset, toks, bos))
+        entry.update(at=at, prompts=int(toks.shape[0]), prompt_set=described)
     entry["keyed_on"] = state.run(key + "/keyed", lambda: elsewhere.keyed(model, toks, at, layer, bos, s), bar)
 
     def node_step() -> dict[str, Any]:

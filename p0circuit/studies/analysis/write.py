@@ -21,8 +21,6 @@ from p0circuit.studies.analysis.records import as_record, Absent, AnalysisRecord
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
 from p0circuit.figures.drawing import draw, to_html
 
-_TITLES = TITLES
-
 
 def _fmt(effects: dict[str, float], k: int = 8) -> str:
     items = list(effects.items())[:k]
@@ -123,9 +121,9 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                   f"(faithfulness, denoising, effects) are of the clean-to-corrupted change; {OVERSHOOT}.", ""]
         for tag, p in parts.items():
             for key, letter, _ in PARTS:
-                lines.append(f"- {_TITLES[tag]}, ({letter}) **{label(p[key])}**: {p[key]['evidence']}.")
+                lines.append(f"- {TITLES[tag]}, ({letter}) **{label(p[key])}**: {p[key]['evidence']}.")
         lines.append("")
-    for tag, title in _TITLES.items():
+    for tag, title in TITLES.items():
         sk = d.sinks.get(tag)
         if sk is None:
             continue
@@ -314,7 +312,7 @@ def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
 
     figs: dict[str, list[str]] = {}
     truth = _truth(d)
-    for tag, title in _TITLES.items():
+    for tag, title in TITLES.items():
         sk = d.sinks.get(tag)
         if not sk or "skipped" in sk:
             continue
