@@ -10,8 +10,10 @@ one of these policies:
 * ``one``: one thread (``OMP_NUM_THREADS=1``), the fair-share yardstick;
 * ``spin=N``: ``GOMP_SPINCOUNT=N``, a shorter spin than libgomp's 300,000 (the alternative policy, measured).
 
-and two workloads: ``forward`` (SmolLM2-135M, 8 x 24 tokens, median of several forwards after a warm-up)
-and ``analysis`` (``p0.analyze`` of SmolLM2-135M without BOS, 4 prompts x 16 tokens: a short analysis, wall
+and three workloads: ``forward`` (SmolLM2-135M, 8 x 24 tokens, median of several forwards after a warm-up),
+``plain`` (the same forwards as a researcher's own ``model(tokens)`` of the model ``p0.load_smollm2()`` returns,
+with no call of p0circuit's between them: the model's own look, ``core/threads.share``, is the policy; issue
+52) and ``analysis`` (``p0.analyze`` of SmolLM2-135M without BOS, 4 prompts x 16 tokens: a short analysis, wall
 time). Each runs quiet and beside
 ``--busy`` processes that spin in plain Python (one per core by default: two on this machine), started
 before and stopped after that measurement.
@@ -40,18 +42,19 @@ import p0circuit as p0
 import torch
 from p0circuit.core import threads
 if not adaptive:
-    threads.adapt = lambda: None  # the policy switched off: torch's own threads (what p0circuit did before it)
+    threads.adapt = lambda: None  # the policy switched off: torch's own threads (what p0circuit did before it;
+    # the model's look before each forward, threads._look, calls this module's adapt too)
     from p0circuit.patching import engine
     engine.adapt = threads.adapt
-if what == "forward":
+if what in ("forward", "plain"):
     model = p0.load_smollm2()
     tokens = p0.english_prompts(model, 8, 24, prepend_bos=False)
     with torch.no_grad():
-        threads.adapt()
         model(tokens)
         times = []
         for _ in range(int(sys.argv[3])):
-            threads.adapt()  # as the engine does before each batch of patched forwards
+            if what == "forward":
+                threads.adapt()  # as the engine does before each batch of patched forwards
             t = time.perf_counter(); model(tokens); times.append(time.perf_counter() - t)
     print(json.dumps({"seconds": statistics.median(times), "threads": torch.get_num_threads()}))
 else:
@@ -108,13 +111,15 @@ def main() -> None:
     parser.add_argument("--analysis-rounds", type=int, default=1, help="rounds of the (longer) analysis")
     parser.add_argument("--repeats", type=int, default=5, help="forwards timed per process (the median is kept)")
     args = parser.parse_args()
+    before_load = open("/proc/loadavg").read().split()[0]
     rows = []
     for what in args.what.split(","):
         for load in ("quiet", "busy"):
             seconds: dict[str, list[float]] = {}
-            for _ in range(args.rounds if what == "forward" else args.analysis_rounds):  # the policies interleaved,
+            forwards = what in ("forward", "plain")
+            for _ in range(args.rounds if forwards else args.analysis_rounds):  # the policies interleaved,
                 # so that a slow spell of the machine hits them all
-                for name in args.policies.split(",") if what == "forward" else args.analysis_policies.split(","):
+                for name in args.policies.split(",") if forwards else args.analysis_policies.split(","):
                     burners = busy(args.busy, args.burner) if load == "busy" else []
                     try:
                         time.sleep(2 if burners else 0)
@@ -141,13 +146,19 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "busy_processes": args.busy, "rows": rows,
                                "ratios": ratios}, indent=1))
-    table = "\n".join(["| workload | load | policy | seconds (median) | each round |", "| --- | --- | --- | --- | --- |"]
-                      + [f"| {r['what']} | {r['load']} | {r['policy']} | {r['seconds']} | {r['rounds']} |" for r in rows])
-    table += "\n\n" + "\n".join(f"- {k}: **{v}**" for k, v in ratios.items())
-    publish("docs/performance.md", "threads",
-            f"Measured by `python benchmarks/bench_threads.py` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU "
-            f"cores; busy = beside {args.busy} busy processes (one per core), each running `{BURNERS[args.burner].replace(chr(10), '; ')}`; forwards: medians of {args.rounds} rounds, "
-            f"the analysis: {args.analysis_rounds}, the policies interleaved, each a fresh process.\n\n" + table)
+    header = (f"Measured by `python benchmarks/bench_threads.py` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU "
+              f"cores (load average {before_load} before, {open('/proc/loadavg').read().split()[0]} after); busy = "
+              f"beside {args.busy} busy processes (one per core), each running "
+              f"`{BURNERS[args.burner].replace(chr(10), '; ')}`; forwards: medians of {args.rounds} rounds, "
+              f"the analysis: {args.analysis_rounds}, the policies interleaved, each a fresh process.")
+    for block, kinds in (("threads", ("forward", "analysis")), ("threads-plain", ("plain",))):
+        mine = [r for r in rows if r["what"] in kinds]
+        if not mine:
+            continue
+        table = "\n".join(["| workload | load | policy | seconds (median) | each round |", "| --- | --- | --- | --- | --- |"]
+                          + [f"| {r['what']} | {r['load']} | {r['policy']} | {r['seconds']} | {r['rounds']} |" for r in mine])
+        table += "\n\n" + "\n".join(f"- {k}: **{v}**" for k, v in ratios.items() if k.split()[0] in kinds)
+        publish("docs/performance.md", block, header + "\n\n" + table)
 
 
 if __name__ == "__main__":

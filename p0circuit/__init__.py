@@ -28,13 +28,19 @@ _WHERE = {
     **dict.fromkeys(['auroc', 'compare', 'prune'], 'p0circuit.core.circuits'),
     **dict.fromkeys(['to_dot', 'to_networkx', 'to_svg'], 'p0circuit.figures.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.measures'),
-    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Corruption', 'FaithfulCircuit', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'ResidDim', 'Shift', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'EdgeCircuit', 'expert_routing', 'faithful_circuit', 'faithful_edges', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
+    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Copies', 'Corruption', 'FaithfulCircuit', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'PerPrompt', 'ResidDim', 'Shift', 'SinkRate', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'EdgeCircuit', 'expert_routing', 'faithful_circuit', 'faithful_edges', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
     **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),
-    **dict.fromkeys(['export_gguf', 'load_gemma3', 'load_gguf', 'load_smollm2'], 'p0circuit.models.gguf'),
+    **dict.fromkeys(['export_gguf', 'load_gemma3', 'load_gguf', 'load_qwen25', 'load_smollm2'], 'p0circuit.models.gguf'),
     **dict.fromkeys(['load_model'], 'p0circuit.models.resolve'),
     **dict.fromkeys(['PlantSpec', 'PlantedModel', 'build_planted', 'p0_like_positions', 'regular_prompts'], 'p0circuit.models.planted'),
     **dict.fromkeys(['bos_label', 'check_tokens', 'english_prompts', 'make_prompts', 'probe_tokens', 'set_bos', 'text_windows', 'to_tokens'], 'p0circuit.models.tokens'),
     **dict.fromkeys(['Circuit', 'Edge', 'Input', 'Kind', 'Node'], 'p0circuit.core.types'),
+    **dict.fromkeys(['sink_reads'], 'p0circuit.studies.experiments.reads'),
+    **dict.fromkeys(['diagonal_attention'], 'p0circuit.studies.experiments.detection'),
+    **dict.fromkeys(['super_weights', 'weight_outliers'], 'p0circuit.studies.experiments.super_weights'),
+    **dict.fromkeys(['first_token_map'], 'p0circuit.studies.experiments.first_tokens'),
+    **dict.fromkeys(['keyed_on'], 'p0circuit.studies.experiments.keyed'),
+    **dict.fromkeys(['special_tokens'], 'p0circuit.studies.experiments.special_tokens'),
 }
 
 _threads.note_import()  # a thread count set before this import (torch imported first) is the user's

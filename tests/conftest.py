@@ -23,7 +23,7 @@ def pytest_configure(config):
 
         set_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-REAL_MODULES = {"test_real.py", "test_gemma3.py", "test_hf_oracle_real.py"}
+REAL_MODULES = {"test_real.py", "test_gemma3.py", "test_qwen.py", "test_hf_oracle_real.py"}
 """Modules whose tests load a real model (marker ``real``)."""
 REAL_NOTEBOOKS = ("05_", "06_")
 """Notebooks that load a real model."""
@@ -66,9 +66,9 @@ def pytest_collection_modifyitems(config, items):
         if module in SURFACE_TESTS or f"{module}::{item.originalname}" in SURFACE_TESTS:
             item.add_marker(pytest.mark.surfaces)
         if module in REAL_MODULES:  # pytest -n N --dist loadgroup: each real model loaded by one worker
-            item.add_marker(pytest.mark.xdist_group(module))
+            _group(config, item, module)
         if module == "test_differential.py":  # its budget test reads what the comparison counted, in that process
-            item.add_marker(pytest.mark.xdist_group(module))
+            _group(config, item, module)
     items.sort(key=lambda i: not (i.get_closest_marker("real") or i.get_closest_marker("notebook")))
     # (stable: the longest work, the real models' groups and the notebooks, is handed out first, so that no
     # worker is left with a long test while the other has finished)
@@ -79,15 +79,22 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [i for i in items if i not in heavy]
 
 
-PLANT_VARIANTS = {
-    "rope": {},
-    "nope": {"pos": "nope"},
-    "learned": {"pos": "learned"},
-    "layer2": {"circuit_layer": 2, "n_layers": 6},
-    "sink1": {"sink_pos": 1},
-    "sink1_nope": {"sink_pos": 1, "pos": "nope"},
-    "bos": {"key": "bos"},
-}
+def _group(config, item, name):
+    """Put ``item`` in xdist group ``name``. pytest-xdist (3.8) tells the controller an item's group by appending
+    ``@name`` to its node id on the worker, through ``item._nodeid``; pytest 9.2 builds the node id from ``item._id``
+    instead, so the suffix never reached the controller, and each group's tests were spread over both workers (each
+    loading the real model: measured on 2026-12-04). The suffix is put on ``_id`` here, on workers that group."""
+    item.add_marker(pytest.mark.xdist_group(name))
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup") and hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(f"{item.nodeid}@{name}")
+
+
+from p0circuit.core.entries import VARIANTS  # noqa: E402 (after the type checker is installed; imports no torch)
+
+PLANT_VARIANTS = {**VARIANTS, "sink1": {"sink_pos": 1}, "sink1_nope": {"sink_pos": 1, "pos": "nope"}}
+"""The named plants (``planted:<variant>``) and two the tests build besides (the transition-stage sink at position 1)."""
 
 
 @pytest.fixture(scope="session")

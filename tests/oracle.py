@@ -35,6 +35,7 @@ class Corr:
     """A corruption, as its definition says.
 
     kind: ``shift`` (``filler`` tokens put before each prompt: clean position p is corrupted p + k),
+    ``copies`` (``k`` copies of each prompt's first token put before it: clean position p is corrupted p + k),
     ``swap`` (the token at ``position`` replaced by ``token``, positions kept), ``resample`` (the
     prompts ``tokens`` instead, positions kept), ``swap_first_two`` (a plugin's corruption: tokens 0
     and 1 trade places, so clean 0 is corrupted 1 and back), ``pos_mean`` (an ablation: the value at
@@ -45,6 +46,7 @@ class Corr:
     position: int = 0
     token: int = FILLER
     tokens: Optional[torch.Tensor] = None
+    k: int = 3
 
     @property
     def ablation(self) -> bool:
@@ -54,6 +56,8 @@ class Corr:
         if self.kind == "shift":
             fill = torch.tensor(self.filler, dtype=tokens.dtype).expand(tokens.shape[0], len(self.filler))
             return torch.cat([fill, tokens], dim=1)
+        if self.kind == "copies":
+            return torch.cat([tokens[:, :1].repeat(1, self.k), tokens], dim=1)
         if self.kind == "swap":
             out = tokens.clone()
             out[:, self.position] = self.token
@@ -70,6 +74,8 @@ class Corr:
         """The corrupted index of clean position ``p``."""
         if self.kind == "shift":
             return p + len(self.filler)
+        if self.kind == "copies":
+            return p + self.k
         if self.kind == "swap_first_two" and p in (0, 1):
             return 1 - p
         return p

@@ -65,8 +65,10 @@ def test_position_plant_nodes_edges_and_neurons(rope_run):
     # the plant's last MLP writes the massive dimension straight into the stream the metric reads
     direct = {f"M{a + 1}@0->R{onset['layer']}@0.resid"}
     assert set(onset["edges"]) == within | direct
-    into_keys = {e.name for e in pm.truth.edges if e.dst.layer > onset["layer"]}
-    assert set(onset["into_sinks"]["edges"]) == into_keys
+    sink = onset["sink_circuit"]  # the sink's own circuit, for the first sink heads: the same nodes, and the amplifier
+    assert sink["heads"] == ["A2.H0"] and not sink["only_sink"] and not sink["only_norm"]  # into their keys
+    into_keys = {e.name for e in pm.truth.edges if f"A{e.dst.layer}.H{e.dst.head}" in sink["heads"]}
+    assert set(sink["into_keys"]) == into_keys and set(sink["circuit"]["nodes"]) == {n.name for n in pm.truth.writers}
     layer, amplifier = pm.neurons["amplifier"]
     assert {f"M{layer}.N{n}@0" for n in amplifier} <= set(onset["neurons"])
     assert onset["faithfulness"]["3"] > 0.95 and onset["faithfulness"]["1"] < 0.5
@@ -148,8 +150,8 @@ def test_interrupted_analysis_resumes_without_redoing_steps(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         analyze(pm, out=tmp_path, progress=False, bos=(False,), **SMALL)
     state = strict_load(tmp_path / analysis_run.STATE)
-    assert list(state["steps"]) == [analysis_run.UNIT, "without_bos/sinks", "without_bos/P0@L1/keyed",
-                                    "without_bos/P0@L1/nodes"]
+    assert list(state["steps"]) == [analysis_run.UNIT, "without_bos/sinks", "first_tokens@L1", "weights",
+                                    "without_bos/P0@L1/keyed", "without_bos/P0@L1/nodes"]
     unit = state["steps"][analysis_run.UNIT]["seconds"]  # the cost unit the finished steps were timed against
     assert calls["faithfulness"] == 1 and not (tmp_path / "analysis.json").exists()
     monkeypatch.setattr(steps, "circuit_edges", real_edges)
@@ -349,32 +351,45 @@ def test_a_circuit_that_cannot_be_faithful_says_so(planted):
 
 
 def test_the_verdict_judges_the_whole_claim_as_the_plants_are_built(rope_run, bos_run, planted_models):
-    """Four parts, each as the plant is built: the position-keyed plant holds in all four (its state keyed on
-    position); the BOS-keyed plant fails (a) without BOS, and with it fails (a) as stated (a sink at position 0,
-    keyed on its token), its circuit where the paper puts it; the plant whose
-    circuit sits at blocks 2 and 3 fails (b) and (c) as stated, and the record says where they were found."""
+    """Five parts, each as the plant is built: the position-keyed plant holds in (a)-(d) (its state keyed on
+    position, with no other token before it) and fails (e): its sink heads read the normalized state, its direction
+    (RMSNorm), not its norm; the BOS-keyed plant fails (a) without BOS, where (b)-(e) have no onset to judge (not
+    applicable), and with BOS (a) is partially supported (a sink at position 0 that follows BOS when moved), its
+    circuit where the paper puts it; the plant whose circuit sits at blocks 2 and 3 has (b) and (c) partially
+    supported, the record saying where they were found; the plant whose sink heads need the norm (a large vector
+    written at every position after the amplifier) has (e) hold."""
     _, rope, _ = rope_run
     parts = rope["verdict"]["parts"]["without_bos"]
-    assert [parts[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == ["holds"] * 4
-    assert rope["verdict"]["holds"] is True and rope["verdict"]["claim"].count("holds") == 4
-    assert "keyed on position" in parts["sink"]["evidence"]
+    assert [parts[k]["status"] for k in ("sink", "circuit", "amplification", "direction", "reads")] == \
+        ["holds"] * 4 + ["fails"]
+    assert rope["verdict"]["holds"] is False and rope["verdict"]["claim"].count("holds") == 4
+    assert "keyed on position (no other token before it)" in parts["sink"]["evidence"]
+    assert "the direction" in parts["reads"]["evidence"] and "onset line (5)" in parts["sink"]["evidence"]
     _, bos, _ = bos_run
-    assert bos["verdict"]["parts"]["without_bos"]["sink"]["status"] == "fails"  # its sink follows the BOS token
+    no_bos = bos["verdict"]["parts"]["without_bos"]
+    assert no_bos["sink"]["status"] == "fails"  # its sink follows the BOS token
+    assert [no_bos[k]["status"] for k in ("circuit", "amplification", "direction", "reads")] == ["not applicable"] * 4
+    assert all("no onset" in no_bos[k]["why"] for k in ("circuit", "amplification", "direction", "reads"))
     assert bos["verdict"]["holds"] is False
     with_bos = bos["verdict"]["parts"]["with_bos"]  # a sink at position 0, made by the token that stands there
     assert [with_bos[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == \
-        ["fails as stated"] + ["holds"] * 3
-    assert with_bos["sink"]["found_at"] == "position 0, keyed on token" and "keyed on token" in with_bos["sink"]["evidence"]
+        ["partially supported"] * 2 + ["holds"] * 2
+    assert with_bos["sink"]["found_at"].startswith("position 0, follows BOS when moved")
+    assert with_bos["circuit"]["found_at"].endswith("no attention step in block 0")  # the BOS token's embedding does it
     late = analyze(planted_models("layer2"), progress=False, bos=(False,), **SMALL)  # the circuit at blocks 2 and 3
     parts = late["verdict"]["parts"]["without_bos"]
     assert parts["sink"]["status"] == "holds"
-    assert parts["circuit"]["status"] == "fails as stated" and "attention of blocks 2" in parts["circuit"]["found_at"]
+    assert parts["circuit"]["status"] == "partially supported" and "attention of blocks 2" in parts["circuit"]["found_at"]
+    assert "no attention step in block 0" in parts["circuit"]["found_at"]
     assert "attention of block 2" in parts["circuit"]["evidence"] and "MLP of block 3" in parts["circuit"]["evidence"]
-    assert parts["amplification"]["status"] == "fails as stated"
+    assert parts["amplification"]["status"] == "partially supported"
     assert parts["amplification"]["found_at"] == "MLPs of blocks 2, 3"
-    assert late["verdict"]["holds"] is False and "(b) fails as stated (found at" in late["verdict"]["claim"]
+    assert late["verdict"]["holds"] is False and "(b) partially supported (found at" in late["verdict"]["claim"]
     text = str(late)
-    assert "(b) **fails as stated (found at" in text and "Faithful circuit (ACDC-style pruning" in text
+    assert "(b) **partially supported (found at" in text and "Faithful circuit (ACDC-style pruning" in text
+    norm = analyze(planted_models("norm"), progress=False, bos=(False,), **SMALL)
+    reads = norm["verdict"]["parts"]["without_bos"]["reads"]
+    assert reads["status"] == "holds" and "read both" in reads["evidence"]
 
 
 def test_variations_use_the_corruption_the_analysis_chose(planted_models):

@@ -3,7 +3,7 @@ families bring, random node and edge subsets, every corruption (a plugin's inclu
 kind and both directions; p0circuit's fast path and its reference path, each against the oracle
 (``tests/oracle.py``: plain TransformerLens hooks, no code shared with p0circuit).
 
-The default suite runs a fixed, derandomized budget (``CASES``: 150 cases, about half a minute), and checks that
+The default suite runs a fixed, derandomized budget (``CASES``: 180 cases, about half a minute), and checks that
 its compared cases drew every architecture feature; the long run is
 ``P0_DIFF_CASES=10000 pytest -m full tests/test_differential.py`` (random, a new seed each run;
 ``docs/reliability.md`` records its count and time).
@@ -24,7 +24,7 @@ from p0circuit.core.errors import P0CircuitError
 from p0circuit.core.types import Kind, Node
 
 
-CASES = 150
+CASES = 180
 """Cases in the default suite and the fast tier (fixed examples: the same every run; a smaller budget draws a
 different stream, which at 60 cases drew no parallel block and no RMSNorm)."""
 RTOL = 1e-4
@@ -149,11 +149,14 @@ def metrics(draw, model, length):
 
 
 def corruptions(draw, tokens):
-    kind = draw(st.sampled_from(["shift", "shift2", "swap", "resample", "trade_first_two", "pos_mean", "zero"]))
+    kind = draw(st.sampled_from(["shift", "shift2", "copies", "swap", "resample", "trade_first_two", "pos_mean", "zero"]))
     if kind == "shift":
         return p0.Shift(filler=(O.FILLER,)), O.Corr("shift")
     if kind == "shift2":
         return p0.Shift(k=2, filler=(O.FILLER, 7)), O.Corr("shift", filler=(O.FILLER, 7))
+    if kind == "copies":
+        k = draw(st.integers(1, 2))
+        return p0.Copies(k=k), O.Corr("copies", k=k)
     if kind == "swap":
         at = draw(st.integers(0, 1))
         return p0.Swap(position=at, token=O.FILLER), O.Corr("swap", position=at)
@@ -301,7 +304,7 @@ def test_the_default_budget_compared_every_kind():
     if not COUNTED["compared"] and not COUNTED["refused"]:
         pytest.skip("the default differential test did not run in this session")
     assert COUNTED["compared"] >= CASES * 0.9, COUNTED
-    assert SEEN["corruption"] >= {"shift", "swap", "resample", "trade_first_two", "pos_mean", "zero"}, SEEN
+    assert SEEN["corruption"] >= {"shift", "copies", "swap", "resample", "trade_first_two", "pos_mean", "zero"}, SEEN
     assert SEEN["metric"] >= {"norm_ratio", "resid_dim", "attn_to_p0", "logits", "cache"}, SEEN
     assert SEEN["method"] == {"activation", "path", "each"} and SEEN["direction"] == {"noise", "denoise"}, SEEN
     missing = {k: sorted(map(str, set(OPTIONS[k]) - SEEN[k])) for k in COVERED if set(OPTIONS[k]) - SEEN[k]}

@@ -68,6 +68,32 @@ def test_parameters_own_their_memory(family):
     assert not shared, f"{name}: parameters sharing memory: {shared[:4]}"
 
 
+def test_the_hook_order_traced_by_parts_decides_as_the_whole_model_trace(family):
+    """Issue 52: one block per structure and a one-column unembedding decide every write/read pair, every
+    layout and every suffix layout as a trace of the whole model does. Only between the experts of one
+    block may they differ: which experts fire depends on the routing of the traced ids, and an expert the
+    whole trace did not reach is ordered by its enclosing module (conservatively)."""
+    import re
+
+    from p0circuit.patching.order import trace
+
+    name, _, model = family
+    parts, whole = trace(model), trace(model, whole=True)
+    assert parts.traced == "parts" and whole.traced == "whole"
+    assert parts.positional == whole.positional and parts.new_only == whole.new_only
+
+    def experts_of(hook):
+        found = re.match(r"blocks\.(\d+)\.mlp\.experts\.", hook)
+        return found and found.group(1)
+
+    names = list(model.hook_dict)
+    differ = [(w, r) for w in names for r in names if parts.can_change(w, r) != whole.can_change(w, r)
+              and not (experts_of(w) and experts_of(w) == experts_of(r))]
+    assert not differ, f"{name}: {len(differ)} pairs decided otherwise, e.g. {differ[:3]}"
+    if name not in MOE:
+        assert parts.facts() == whole.facts()
+
+
 def nodes_of(name, model):
     nodes = [n.name for n in p0.candidate_nodes(model)]
     if name not in MOE:

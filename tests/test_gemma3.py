@@ -208,9 +208,16 @@ def test_analyze_gemma3_finds_the_bos_token_sink_and_no_p0_sink(gemma3):
     from p0circuit.studies.analysis import analyze
 
     result = analyze(gemma3, entry="real:gemma3", progress=False, n_prompts=4, length=12, lengths=(8,),
-                     neurons_keep=8, max_onsets=1)
+                     neurons_keep=8, max_onsets=1, spread_prompts=8)
     assert result["verdict"]["holds"] is False and "(a) fails" in result["verdict"]["claim"]
-    assert "never reaches the threshold" in result["verdict"]["parts"]["without_bos"]["sink"]["evidence"]
+    no_bos = result["verdict"]["parts"]["without_bos"]
+    assert "never reaches the onset line" in no_bos["sink"]["evidence"]
+    assert all(no_bos[k]["status"] == "not applicable" for k in ("circuit", "amplification", "direction", "reads"))
+    with_bos = result["verdict"]["parts"]["with_bos"]
+    assert with_bos["sink"]["found_at"].startswith("position 0, follows BOS when moved")
+    weights = result["onsets"]["with_bos"][0]["super_weights"]  # the neuron's weight: the norm goes, the attention stays
+    (zeroed,) = [z for z in weights["zeroed"] if z["weights"] == ["M0.W_out[1405, 400]"]]
+    assert zeroed["norm_ratio"] < 0.5 * weights["clean"]["norm_ratio"] and zeroed["attention"] > 0.8 * weights["clean"]["attention"]
     assert not [o for o in result["onsets"]["without_bos"] if o["where"] == "P0"]
     assert "first ','" in {p["where"] for p in result["sinks"]["without_bos"]["sink_positions"]}
     onset = result["onsets"]["with_bos"][0]

@@ -14,8 +14,10 @@ from tolerance import close
 def test_the_position_keyed_plant_is_keyed_on_position(planted):
     toks = p0.probe_tokens(planted.model, 8, 16, seed=0, regular=True)
     k = keyed_on(planted.model, toks, 0, planted.spec.circuit_layer + 1, bos=False)
-    assert k.verdict == "position" and k.prompts == 8
-    assert k.swapped > 0.9 and k.stays > 0.9 and k.follows < 0.1 and k.context is None
+    assert k.verdict == "position" and k.prompts == 8 and k.means == "no other token before it"
+    assert k.swapped.mean > 0.9 and k.stays.mean > 0.9 and k.follows.mean < 0.1 and k.context is None
+    assert k.copies.mean > 0.95 and k.swapped.min > 0.9 and k.follows.prompts_kept == 0
+    assert k.swapped.interval[0] <= k.swapped.mean <= k.swapped.interval[1]
 
 
 def test_the_bos_keyed_plant_is_keyed_on_its_token(planted_models):
@@ -23,7 +25,8 @@ def test_the_bos_keyed_plant_is_keyed_on_its_token(planted_models):
     toks = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
     toks[:, 0] = pm.spec.bos_id
     k = keyed_on(pm.model, toks, 0, pm.spec.circuit_layer + 1, bos=True)
-    assert k.verdict == "token" and k.swapped < 0.1 and k.follows > 0.9 and k.stays < 0.1
+    assert k.verdict == "token" and k.swapped.mean < 0.1 and k.follows.mean > 0.9 and k.stays.mean < 0.1
+    assert k.reading.startswith("follows BOS when moved") and k.means == ""
 
 
 @pytest.mark.parametrize("shares,verdict", [
@@ -44,9 +47,9 @@ def test_bad_input_is_refused_before_any_forward(planted):
     toks = p0.probe_tokens(model, 4, 12, seed=0, regular=True)
     with pytest.raises(p0.BadInputError, match="at least 2 prompts"):
         keyed_on(model, toks[:1], 0, 1, bos=False)
-    with pytest.raises(p0.BadInputError, match="must index a position before the prompts' last"):
+    with pytest.raises(p0.BadInputError, match=r"at=11 must index a position in 0\.\.10 \(before the prompts' last"):
         keyed_on(model, toks, 11, 1, bos=False)
-    with pytest.raises(p0.BadInputError, match="not a block of this model"):
+    with pytest.raises(p0.BadInputError, match="must be a block of this model"):
         keyed_on(model, toks, 0, model.cfg.n_layers, bos=False)
     with pytest.raises(p0.BadInputError, match="is a sink state .* in 0 of 4 prompts"):
         keyed_on(model, toks, 5, 1, bos=False)  # nothing at position 5 stands out

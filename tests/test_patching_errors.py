@@ -77,7 +77,7 @@ def test_a_metric_name_that_is_not_one(planted, toks):
 
 
 def test_bad_options(planted, toks):
-    with pytest.raises(ConfigError, match=r"unknown corruption 'shuffle'; choose one of \['pos_mean', 'resample', 'shift', 'swap', 'zero'\]"):
+    with pytest.raises(ConfigError, match=r"unknown corruption 'shuffle'; choose one of \['copies', 'pos_mean', 'resample', 'shift', 'swap', 'zero'\]"):
         p0.activation_patch(planted.model, toks, corruption="shuffle")
     with pytest.raises(ConfigError, match="unknown method 'acdc'; choose one of"):
         p0.discover(planted.model, toks, method="acdc")

@@ -18,7 +18,6 @@ from p0circuit.core.defaults import NORM_THRESHOLD
 from p0circuit.core.entries import VARIANTS, entry_layers
 from p0circuit.measures.positions import position_ratios
 
-from conftest import PLANT_VARIANTS
 
 FINGERPRINTS = {
     "rope": "ad8d8c04342e1bb0", "nope": "69d8ef665266def0", "learned": "602df6125617dbd1",
@@ -62,13 +61,13 @@ def resid(pm, toks):
     return torch.stack([cache[hooks.resid_post(l)] for l in range(pm.spec.n_layers)]), cache
 
 
-@pytest.mark.parametrize("variant", list(PLANT_VARIANTS))
+@pytest.mark.parametrize("variant", sorted(FINGERPRINTS))
 def test_the_plants_without_a_secondary_sink_are_unchanged(planted_models, variant):
-    """Every variant's weights are bit for bit those of the build before the secondary fields existed, and
-    its recorded settings lack them."""
+    """Every variant's weights are bit for bit those of the build before the secondary fields existed (and before
+    ``sink_reads``), and its recorded settings lack them."""
     pm = planted_models(variant)
     assert fingerprint(pm.model) == FINGERPRINTS[variant], variant
-    assert not {"secondary_token", "secondary_layer", "secondary_ratio"} & set(pm.spec.to_dict())
+    assert not {"secondary_token", "secondary_layer", "secondary_ratio", "sink_reads"} & set(pm.spec.to_dict())
     assert PlantSpec(**pm.spec.to_dict()) == pm.spec
     assert pm.secondary_truth(3) is None and pm.secondary_heads == () and "secondary" not in pm.neurons
 

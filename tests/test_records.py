@@ -133,3 +133,18 @@ def test_an_analysis_of_another_version_is_refused_by_its_readers(tmp_path):
         AnalysisRecord.from_dict(bad_row)
     with pytest.raises(p0.ConfigError, match=r"unknown key\(s\) \['extra'\]"):
         AnalysisRecord.from_dict(_analysis(extra=1))
+
+
+def test_records_doc_lists_the_studies_records():
+    """docs/records.md's list of the studies' records is the classes of ``p0circuit/studies/findings.py``, every key
+    with its type and docstring (written from them: ``P0_WRITE_DOCS=1``)."""
+    import dataclasses
+
+    import docblocks
+    from p0circuit.core.record import Record, describe_records
+    from p0circuit.studies import findings
+
+    classes = [c for c in vars(findings).values() if isinstance(c, type) and issubclass(c, Record) and c is not Record
+               and dataclasses.is_dataclass(c) and c.__module__ == findings.__name__]
+    assert len(classes) >= 15
+    docblocks.check("docs/records.md", "findings", describe_records(classes))

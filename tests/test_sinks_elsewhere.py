@@ -27,8 +27,11 @@ def test_both_sinks_are_found_with_the_verdicts_they_are_built_with(secondary):
     assert p0_row["keyed_on"]["verdict"] == "position"
     assert token_row["where"] == "other ('#25')" and token_row["keyed_on"]["verdict"] == "token"
     k = token_row["keyed_on"]
-    assert k["swapped"] < 0.1 and k["follows"] > 0.9 and k["stays"] < 0.1 and k["context"] > 0.9
-    assert result["verdict"]["holds"] is True  # the P0 circuit is the paper's, in all four parts
+    assert k["swapped"]["mean"] < 0.1 and k["follows"]["mean"] > 0.9 and k["stays"]["mean"] < 0.1
+    # every window with token 25 at the index holds the state (it is keyed on the token): no context without it exists
+    assert k["context"] is None and "every prompt drawn with the state's token there holds the state" in k["context_note"]
+    parts = result["verdict"]["parts"]["without_bos"]  # the P0 circuit is the paper's in (a)-(d); its heads read the
+    assert [p["status"] for p in parts.values()] == ["holds"] * 4 + ["fails"]  # direction (RMSNorm), not the norm
 
 
 def test_each_circuit_is_the_plants_truth(secondary):

@@ -35,7 +35,7 @@ def config_file(tmp_path):
     "table,msg",
     [
         ('modles = ["planted:rope"]', r"unknown sweep key\(s\) \['modles'\]; valid keys: \["),
-        ('corruptions = ["shuffle"]', r"sweep.corruptions: \['shuffle'\] not valid; choose from \['pos_mean', 'resample', 'shift'"),
+        ('corruptions = ["shuffle"]', r"sweep.corruptions: \['shuffle'\] not valid; choose from \['copies', 'pos_mean', 'resample', 'shift'"),
         ('methods = ["acdc"]', r"sweep.methods: \['acdc'\] not valid; choose from"),
         ('models = ["planted:alibi"]', "use 'planted:<variant>' with variant in"),
         ('metrics = ["norm_ratio:x"]', r"sweep.metrics: metric 'norm_ratio:x' not valid: norm_ratio takes a block number, e.g. 'norm_ratio:2'"),

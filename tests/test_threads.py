@@ -138,3 +138,101 @@ def test_contention_sees_another_busy_process():
         burner.wait()
     assert seen.others > threads.BUSY and seen.busy
     assert "other processes used" in seen.warning("the forward")
+
+
+def _simulated(monkeypatch):
+    """A fresh policy on a simulated 2-core machine whose CPU times the test sets (``cpu``), looks 2 s apart."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (set for the suite's workers: a fixed share each)
+    monkeypatch.setattr(threads, "default_threads", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "_POLICY", threads._Policy())
+    cpu = {"machine": 0.0, "own": 0.0, "now": 100.0}
+    monkeypatch.setattr(threads, "_machine_cpu", lambda: cpu["machine"])
+    monkeypatch.setattr(threads, "_own_cpu", lambda: cpu["own"])
+    monkeypatch.setattr(threads.time, "perf_counter", lambda: cpu["now"])
+    return cpu
+
+
+def _others_use(cpu, cores):
+    """Two seconds pass in which other processes use ``cores`` of the machine (this process none)."""
+    cpu["now"] += 2.0
+    cpu["machine"] += 2.0 * cores
+
+
+@pytest.mark.parametrize("build", ["spec", "planted", "wrapped"])
+def test_the_users_own_forwards_share_a_busy_machine(monkeypatch, build):
+    """Issue 52: a plain ``model(tokens)`` (and ``run_with_cache``) of a model p0circuit built, or was given,
+    takes the policy's look too: one thread while others keep the cores busy, the count found once quiet."""
+    import torch
+    from transformer_lens import HookedTransformer
+
+    import p0circuit as p0
+    from p0circuit.patching.hooking import user_hooks
+
+    before = torch.get_num_threads()
+    cpu = _simulated(monkeypatch)
+    spec = p0.ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=16, n_ctx=8)
+    try:
+        torch.set_num_threads(2)  # torch's own default here (the suite's workers take one thread each)
+        if build == "spec":
+            model = spec.build()
+        elif build == "planted":
+            model = p0.build_planted().model
+        else:
+            model = HookedTransformer(spec.to_config("cpu"))
+            assert not model._forward_pre_hooks  # a model of the user's own: no look until p0circuit is given it
+            p0.sink_report(model, p0.probe_tokens(model, 2, 6, seed=0, regular=True))
+        tokens = p0.probe_tokens(model, 2, 6, seed=0, regular=True)
+        with torch.no_grad():
+            model(tokens)  # a look (the first was taken while the model was built or checked)
+            _others_use(cpu, 1.8)
+            model(tokens)
+            assert torch.get_num_threads() == 1, threads.status()
+            _others_use(cpu, 0.0)
+            model.run_with_cache(tokens)
+            assert torch.get_num_threads() == 2, threads.status()
+        assert not user_hooks(model)  # the look is p0circuit's own: the fast path still runs
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_users_thread_choice_wins_in_their_own_forwards(monkeypatch):
+    """``OMP_NUM_THREADS`` (or ``set_threads``, ``--threads``) and a ``torch.set_num_threads`` of the user's
+    between two forwards: the look never changes the count again, busy or quiet."""
+    import torch
+
+    import p0circuit as p0
+
+    before = torch.get_num_threads()
+    model = p0.ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=16, n_ctx=8).build()
+    tokens = p0.probe_tokens(model, 2, 6, seed=0, regular=True)
+    try:
+        for choice, want in (("environment", 2), ("torch", 1)):
+            cpu = _simulated(monkeypatch)
+            torch.set_num_threads(2)
+            with torch.no_grad():
+                model(tokens)  # the first look: 2 threads found
+                if choice == "environment":
+                    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+                else:
+                    torch.set_num_threads(1)  # the user's own count, between two forwards
+                for others in (1.8, 0.0):  # busy (p0circuit alone would take 1), then quiet (it would go back to 2)
+                    _others_use(cpu, others)
+                    model(tokens)
+                    assert torch.get_num_threads() == want, (choice, others, threads.status())
+            assert threads._POLICY.off, threads.status()
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_look_is_added_once_and_pickles_with_the_model():
+    import pickle
+
+    import p0circuit as p0
+
+    model = p0.ModelSpec(n_layers=1, d_model=16, n_heads=2, d_head=8, d_vocab=16, n_ctx=8).build()
+    threads.share(threads.share(model))
+    assert list(model._forward_pre_hooks.values()) == [threads._look]
+    again = pickle.loads(pickle.dumps(model))
+    assert list(again._forward_pre_hooks.values()) == [threads._look]

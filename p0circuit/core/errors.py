@@ -97,3 +97,22 @@ def from_known_keys(cls: type, data: dict, what: str) -> object:
     if unknown:
         raise ConfigError(f"unknown {what} key(s) {unknown}; valid keys: {sorted(known)}")
     return cls(**data)
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointed at the user's line: the first frame on the stack outside the p0circuit package
+    (through however many of its wrappers the call came), so a notebook or script shows its own line."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    def ours(frame: object) -> bool:  # a module of the package, or a checker's wrapper of one of its functions
+        name = frame.f_code.co_filename  # type: ignore[attr-defined]
+        return (os.path.abspath(name).startswith(package + os.sep) or name.startswith("<@beartype(p0circuit")
+                or str(frame.f_globals.get("__name__", "")).startswith("p0circuit."))  # type: ignore[attr-defined]
+
+    level, frame = 2, sys._getframe(1)  # stacklevel 2: warn_user's caller
+    while frame is not None and ours(frame):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

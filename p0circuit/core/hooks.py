@@ -4,6 +4,11 @@ Other modules ask for names through these functions, so a change of naming in Tr
 is a change to this file alone. Layer numbers are never parsed out of strings.
 """
 
+OBSERVES = "_p0circuit_observes"
+"""An attribute p0circuit sets on a module hook of its own that changes no tensor (the work counter,
+``patching/work.py``; the thread policy's look before a forward, ``core/threads.py``): it fires the same on
+any path and is not a user's hook, so the fast path's check for the user's hooks passes it."""
+
 EMBED = "hook_embed"
 POS_EMBED = "hook_pos_embed"
 

@@ -1,4 +1,5 @@
-"""Writing files and directories so that they appear whole or not at all.
+"""Writing files and directories so that they appear whole or not at all, and where p0circuit keeps what it derives
+from the real models' files (:func:`cache_root`).
 
 A reader (a resumed sweep, the report, a resumed training run) never sees half a file: text goes
 to a temporary file that is renamed over the target, and a checkpoint directory is filled under a
@@ -8,8 +9,9 @@ temporary name and renamed when complete.
 import math
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def strict(x: Any) -> Any:
@@ -93,6 +95,40 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+@contextmanager
+def file_atomic(final: Path) -> Iterator[Path]:
+    """A temporary sibling of ``final`` to write, ``.<name>.<pid>.partial``, renamed over ``final`` in one step when
+    the block ends and removed when it raises or is interrupted: another process that reads ``final`` (a sweep
+    worker, a notebook kernel) never sees it half-written, and nothing half-written is left. Partial files of
+    processes that no longer run (killed while writing) are removed first."""
+    for stale in final.parent.glob(f".{final.name}.*.partial"):
+        pid = stale.name[len(final.name) + 2:-len(".partial")]
+        if pid.isdigit() and not _running(int(pid)):
+            stale.unlink(missing_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def cache_root() -> Path:
+    """Where p0circuit keeps what it derives from the real models' files (assembled GGUF files under ``models/``,
+    converted models under ``gguf/``): ``$P0CIRCUIT_CACHE``, else ``~/.cache/p0circuit``."""
+    return Path(os.environ.get("P0CIRCUIT_CACHE") or Path.home() / ".cache" / "p0circuit")
 
 
 def write_dir_atomic(final: Path, fill: Callable[[Path], None]) -> Path:

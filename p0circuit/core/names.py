@@ -2,8 +2,8 @@
 implement them take their name from here (``patching/corruptions.py``, ``patching/methods/``), and the
 command line offers them from here before torch is imported (:mod:`p0circuit.core.choices`)."""
 
-SHIFT, POS_MEAN, SWAP, RESAMPLE, ZERO = "shift", "pos_mean", "swap", "resample", "zero"
-CORRUPTIONS = tuple(sorted((SHIFT, POS_MEAN, SWAP, RESAMPLE, ZERO)))
+SHIFT, POS_MEAN, SWAP, RESAMPLE, ZERO, COPIES = "shift", "pos_mean", "swap", "resample", "zero", "copies"
+CORRUPTIONS = tuple(sorted((SHIFT, POS_MEAN, SWAP, RESAMPLE, ZERO, COPIES)))
 """The built-in corruptions (``p0circuit.CORRUPTIONS`` holds them and any plugin's)."""
 
 ACTIVATION, PATH, ATTRIBUTION, ATTRIBUTION_EDGES, TRIAGE = (

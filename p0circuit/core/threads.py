@@ -18,6 +18,13 @@ when the machine is quiet again it goes back to the count it started from.
 A quiet machine pays nothing (two file reads a second), and it works the same when a notebook imported
 torch before p0circuit.
 
+The researcher's own forwards follow the same rule: every model p0circuit loads or builds, and every model
+passed to one of its functions, carries a forward pre-hook (:func:`share`) that takes the same look before
+each forward of the model, so ``model(tokens)``, ``run_with_cache`` and TransformerLens' patching in the same
+notebook use no more threads than the cores other processes leave free either. The hook changes no tensor
+and is not counted as a hook of the user's (the fast path refuses those); the first look is taken when
+p0circuit is imported, so the first forward after it already knows how busy the machine was since.
+
 A user's own choice always wins: with ``OMP_NUM_THREADS`` set (by the user, by :func:`set_threads` or
 ``--threads``), or a thread count other than torch's own default (:func:`default_threads`) found at the
 first look, or one changed later to anything but what p0circuit set, p0circuit never changes the thread
@@ -28,10 +35,11 @@ who sets exactly the count p0circuit chose; use ``OMP_NUM_THREADS`` or :func:`se
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import ConfigError
+from p0circuit.core.hooks import OBSERVES
 
 BUSY = 0.3
 """Cores' worth of other processes' CPU use, since the last look, above which p0circuit uses no more threads
@@ -134,10 +142,32 @@ def adapt() -> None:
 
 def note_import() -> None:
     """Called when p0circuit is imported: if torch is loaded already (a notebook that imported it first),
-    its thread count is looked at now, so that a count the user set before is known as theirs."""
+    its thread count is looked at now, so that a count the user set before is known as theirs; and the
+    machine's CPU time is sampled, so that the first forward's look sees how busy it was since."""
     torch = sys.modules.get("torch")
     if torch is not None and _POLICY.found is None and "OMP_NUM_THREADS" not in os.environ:
         _POLICY.first_look(torch.get_num_threads())
+    if _POLICY.sample is None:
+        machine = _machine_cpu()
+        if machine is not None:
+            _POLICY.sample = (time.perf_counter(), machine, _own_cpu())
+
+
+def _look(module: Any, args: Any) -> None:
+    """A forward pre-hook (:func:`share`): one look at the machine before the model's forward."""
+    adapt()
+
+
+setattr(_look, OBSERVES, True)
+
+
+def share(model: Any) -> Any:
+    """Give ``model`` (a torch module) the thread policy's look before each of its forwards, once: the user's
+    own calls of it then share a busy machine as p0circuit's do (a user's thread choice still wins). Returns
+    the model."""
+    if not any(hook is _look for hook in model._forward_pre_hooks.values()):
+        model.register_forward_pre_hook(_look)
+    return model
 
 
 @entry_point

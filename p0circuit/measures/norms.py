@@ -46,6 +46,18 @@ def direction_stability(h0: Float[Tensor, "batch d_model"]) -> Float[Tensor, ""]
     return (gram.sum() - gram.diagonal().sum()) / (n * (n - 1))
 
 
+def direction_stability_ordinary(h: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, ""]:
+    """The baseline of :func:`direction_stability`: its value for the state at each position t > 0 (across prompts),
+    averaged over those positions: how alike ordinary states are across prompts anyway."""
+    n = h.shape[0]
+    if n < 2 or h.shape[1] < 2:
+        raise BadInputError("the ordinary positions' direction stability needs at least 2 prompts of 2 tokens")
+    unit = torch.nn.functional.normalize(h[:, 1:].float(), dim=-1).transpose(0, 1)  # (T-1, B, d)
+    gram = unit @ unit.transpose(1, 2)  # (T-1, B, d) x (T-1, d, B) -> (T-1, B, B)
+    off = gram.sum((1, 2)) - gram.diagonal(dim1=1, dim2=2).sum(-1)
+    return (off / (n * (n - 1))).mean()
+
+
 def direction_to(h0: Float[Tensor, "layer batch d_model"], ref: int) -> Float[Tensor, "layer"]:
     """Per layer, the cosine between the prompts' mean direction of ``h_0`` (the mean of the unit vectors) and that
     mean direction at layer ``ref``: how far the state turns from where it formed."""

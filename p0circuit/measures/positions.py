@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from p0circuit.core.defaults import SINK_EPS
 from p0circuit.core.errors import BadInputError
 
 DELIMITERS = (",", ".", "\n", ";", ":", "?", "!", "-", "(", ")", '"', "'")
@@ -99,9 +100,10 @@ class SinkPosition:
     ratio: float
     """Mean position norm ratio of those positions."""
     attention: float
-    """Mean attention they receive from the queries after them (all heads, all prompts with one)."""
+    """Mean attention they receive from the queries after them in the next block, the first to read the state (all
+    heads, all prompts with one; the last block's own heads for a state after the last block)."""
     max_head_attention: float
-    """The strongest head's mean attention to them."""
+    """The strongest head's mean attention to them (the same block)."""
     positions: tuple[int, ...]
     """The indices at which they sat (distinct, sorted)."""
     tokens: tuple[tuple[str, int], ...] = ()
@@ -116,6 +118,12 @@ class SinkPosition:
 
 MIN_SHARE = 0.25
 """Share of the prompts in which a position class must be a sink state for the sink report to list it."""
+
+
+def state_name(max_head_attention: float, eps: float = SINK_EPS) -> str:
+    """What a high-norm state is called: a *sink* where some head gives it a mean attention above ``eps`` (it is
+    attended to), a *massive-norm state* otherwise (large, but nothing attends to it)."""
+    return "sink" if max_head_attention > eps else "massive-norm state"
 
 
 def position_ratios(resid: Tensor) -> Tensor:
@@ -150,7 +158,8 @@ def sink_positions(
             rows_hit = sink.any(1)
             if not rows_with.any() or float(rows_hit.sum()) < min_share * batch:
                 continue
-            att = received[layer].permute(0, 2, 1)[sink]  # (n, H)
+            reader = min(layer + 1, n_layers - 1)  # block L's output is first read by block L + 1's attention
+            att = received[reader].permute(0, 2, 1)[sink]  # (n, H)
             where_hit = torch.nonzero(sink).tolist()
             common = Counter(texts[b][t] for b, t in where_hit).most_common(5) if texts is not None else []
             found.append(SinkPosition(

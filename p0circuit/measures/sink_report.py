@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from transformer_lens import ActivationCache, HookedTransformer
 
-from p0circuit.core.defaults import MASSIVE_RATIO, NORM_THRESHOLD, SINK_EPS, sink_rate_label
+from p0circuit.core.defaults import ALPHA_LINE, MASSIVE_RATIO, NORM_THRESHOLD, SINK_EPS, sink_rate_label
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError, MissingHookError, NonFiniteError, non_finite_fix
 from p0circuit.core.args import entry_point
@@ -26,7 +26,7 @@ from p0circuit.measures.attention import (
     sink_rate,
     sink_rate_per_layer,
 )
-from p0circuit.measures.norms import direction_stability, direction_to, first_layer_at_least, massive_activations, norm_ratio
+from p0circuit.measures.norms import direction_stability, direction_stability_ordinary, direction_to, first_layer_at_least, massive_activations, norm_ratio
 from p0circuit.measures.positions import SinkPosition, classify, sink_positions, token_text
 from p0circuit.models.tokens import bos_id, check_tokens
 from p0circuit.models.checks import check_model
@@ -78,6 +78,12 @@ class SinkReport:
     direction_to_onset: Optional[list[float]] = None
     """Per layer, the cosine of h_0's mean direction (over prompts) with its mean direction at the norm onset
     (:attr:`norm_onset_layer`); None without an onset."""
+    direction_stability_ordinary: Optional[list[float]] = None
+    """The baseline of :attr:`direction_stability`: per layer, the mean pairwise cosine across prompts of the state at
+    one ordinary position (t > 0), averaged over those positions (None with a single prompt)."""
+    direction_stability_unmassive: Optional[list[float]] = None
+    """The other baseline: :attr:`direction_stability` of h_0 with its massive dimensions at that layer set to 0 (how
+    much of the agreement those few dimensions make; None with a single prompt)."""
 
     @property
     def n_layers(self) -> int:
@@ -170,6 +176,19 @@ class SinkReport:
         return "\n".join(lines)
 
 
+def no_sink(report: SinkReport, line: float = ALPHA_LINE) -> Optional[str]:
+    """Why these prompts show no P0 sink (no block where the P0 norm ratio reaches the report's threshold and no head
+    giving position 0 a mean attention, alpha_0, above the sink ``line``), or None when they show one: a circuit found
+    for a P0 metric there explains that metric's change, not a sink."""
+    strongest = max(max(row) for row in report.alpha)
+    if report.norm_onset_layer is not None or strongest > line:
+        return None
+    peak = max(range(report.n_layers), key=lambda l: report.norm_ratio_resid[l])
+    return (f"no P0 sink on these prompts: the P0 norm ratio peaks at {report.norm_ratio_resid[peak]:.3g} (block {peak}), "
+            f"below the line {report.norm_threshold:g}, and the strongest head's alpha_0 (mean attention to position 0) "
+            f"is {strongest:.2f}, below the sink line {line:g} ({sink_rate_label(report.eps)} = {report.sink_rate:.3f})")
+
+
 def _layer_ranges(layers: list[int]) -> str:
     out: list[list[int]] = []
     for l in sorted(layers):
@@ -227,9 +246,15 @@ def report_from_cache(
         for layer in range(n_layers)
         for d, v, r in massive_activations(resid[layer], ratio=massive_ratio)
     ]
-    stability = None
+    stability = ordinary = unmassive = None
     if batch >= 2:
         stability = [float(direction_stability(resid[l, :, 0])) for l in range(n_layers)]
+        ordinary = [float(direction_stability_ordinary(resid[l])) for l in range(n_layers)]
+        unmassive = []
+        for l in range(n_layers):
+            h0 = resid[l, :, 0].clone()
+            h0[:, [d for layer, d, _, _ in massive if layer == l]] = 0.0
+            unmassive.append(float(direction_stability(h0)))
     onset = first_layer_at_least(ratio_resid.mean(1), norm_threshold)
     return SinkReport(
         n_prompts=batch,
@@ -247,6 +272,7 @@ def report_from_cache(
         massive=massive,
         norm_onset_layer=onset,
         direction_to_onset=None if onset is None else direction_to(resid[:, :, 0], onset).tolist(),
+        direction_stability_ordinary=ordinary, direction_stability_unmassive=unmassive,
         head_onset_layer=int(head_hits[0]) if len(head_hits) else None,
         sink_position=sink_pos,
         sink_position_scores=scores.tolist(),

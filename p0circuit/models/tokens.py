@@ -108,10 +108,28 @@ def prepend_id(model: HookedTransformer) -> int:
     return bid
 
 
+def special_ids(model: HookedTransformer) -> list[int]:
+    """The ids the model's tokenizer treats as special (its BOS, end-of-text, padding and chat tokens, and any
+    added special token), within the vocabulary, in id order; none without a tokenizer."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return []
+    ids = set(getattr(tok, "all_special_ids", None) or [])
+    ids |= {i for i, t in (getattr(tok, "added_tokens_decoder", None) or {}).items() if getattr(t, "special", False)}
+    return sorted(int(i) for i in ids if 0 <= int(i) < model.cfg.d_vocab)
+
+
 def avoid_ids(tokens: Tensor, ids: Sequence[int], vocab: int) -> Tensor:
-    """Replace every occurrence of ``ids`` (e.g. a BOS id) in random probe tokens by the next id, in place."""
-    for i in ids:
-        tokens[tokens == i] = (i + 1) % vocab
+    """Replace every occurrence of ``ids`` (e.g. a BOS id) in random probe tokens by the next id that is none of
+    them, in place."""
+    banned = {int(i) for i in ids}
+    if len(banned) >= vocab:
+        raise BadInputError(f"avoid_ids: every id of the vocabulary of {vocab} is to be avoided; nothing is left")
+    for i in banned:
+        j = (i + 1) % vocab
+        while j in banned:
+            j = (j + 1) % vocab
+        tokens[tokens == i] = j
     return tokens
 
 

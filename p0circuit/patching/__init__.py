@@ -20,9 +20,13 @@ Layer 4: the patching engine and its methods.
 May import: p0circuit.core, p0circuit.models, p0circuit.measures.
 """
 
-from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, PosMean, Resample, Shift, Swap, Zero, get_corruption
+from p0circuit.patching.corruptions import (
+    CORRUPTIONS, Copies, Corruption, PosMean, Resample, Shift, Swap, Zero, get_corruption,
+)
 from p0circuit.patching.edges import candidate_edges
-from p0circuit.patching.metrics import AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, ResidDim, RunView
+from p0circuit.patching.metrics import (
+    AttnToP0, CacheMetric, LogitMetric, NormRatio, PatchMetric, PerPrompt, ResidDim, RunView, SinkRate,
+)
 from p0circuit.patching.methods import activation_patch, attribution_patch, path_patch
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.registry import METHODS, Method, get_method, register
@@ -35,8 +39,8 @@ from p0circuit.patching.sites import candidate_neurons, candidate_nodes
 from p0circuit.patching.experts import candidate_experts, expert_routing
 
 __all__ = [
-    "CORRUPTIONS", "METHODS", "AttnToP0", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
-    "NormRatio", "PatchMetric", "PatchOptions", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
+    "CORRUPTIONS", "METHODS", "AttnToP0", "SinkRate", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
+    "Copies", "NormRatio", "PatchMetric", "PerPrompt", "PatchOptions", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
     "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "EdgeCircuit", "faithful_circuit", "faithful_edges", "faithfulness_curve", "FaithfulCircuit",
     "expert_routing", "get_corruption", "get_method", "path_patch", "register", "takes_options",
 ]

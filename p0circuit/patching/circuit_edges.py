@@ -97,14 +97,19 @@ class EdgeCircuit:
 
 def _candidates(model: Any, job: PatchJob, senders: list[Node], inside: list[Node], positions: set[Any]) -> list[Edge]:
     """The candidate edges: from a circuit node into an input of another (:func:`~p0circuit.patching.edges.among`),
-    or into what the metric reads; a circuit head's key and value inputs count at every position class
-    (a head's output at the other positions reads P0's key and value), and only receivers that can
-    change the metric."""
+    or into what the metric reads (a block's output, :meth:`~p0circuit.PatchMetric.residual_reads`; the query and
+    key inputs of the heads whose attention it reads, :meth:`~p0circuit.PatchMetric.attention_reads`, at every
+    position class); a circuit head's key and value inputs count at every position class (a head's output at the
+    other positions reads P0's key and value), and only receivers that can change the metric."""
     everything = candidate_edges(model, senders, metric=job.metric)
     heads = [Node(Kind.HEAD, n.layer, n.head, p) for n in inside if n.kind == Kind.HEAD for p in positions]
+    read = [Node(Kind.HEAD, l, h, p) for l, h in job.metric.attention_reads(model.cfg.n_layers, model.cfg.n_heads)
+            for p in positions]
     narrow = set(among(model, everything, inside))
     wide = set(among(model, everything, list(dict.fromkeys(inside + heads))))
-    return [e for e in everything if (e in narrow or (e in wide and e.input in (Input.K, Input.V)))
+    metric_inputs = set(among(model, everything, read)) if read else set()
+    return [e for e in everything if (e in narrow or (e in wide and e.input in (Input.K, Input.V))
+                                      or (e in metric_inputs and e.input in (Input.Q, Input.K)))
             and job.reaches(receiver_site(e, model)[0])]
 
 

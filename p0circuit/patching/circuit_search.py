@@ -251,9 +251,14 @@ def faithful_circuit(
     target: float = TARGET,
     tolerance: float = TOLERANCE,
     max_size: int = MAX_SIZE,
+    require_denoising: bool = True,
 ) -> FaithfulCircuit:
     """The node circuit of an activation-patching ``result``, pruned as the module docstring says, on the
-    setup the result carries (``setup``: only for a result read back from a file, or to assert which one)."""
+    setup the result carries (``setup``: only for a result read back from a file, or to assert which one).
+    ``require_denoising=False``: ``faithful`` asks faithfulness alone (denoising is still measured and recorded),
+    for a corruption whose corrupted run holds a rival of what the metric measures that no circuit restored at
+    the clean positions removes (``shift`` and the attention to P0: the shifted run's own first token is a sink
+    too, and takes about half of the attention from a restored one)."""
     setup = searched(result, setup, "faithful_circuit")
     if result.level != "node":
         raise BadInputError("faithful_circuit needs a node-level PatchResult (from activation_patch), got one of edges")
@@ -303,13 +308,14 @@ def faithful_circuit(
         short.append(f"{len(circuit)} nodes, more than the budget of {max_size}")
     if faithfulness < target:
         short.append(f"faithfulness {faithfulness:.3f} < {target}")
-    if denoising is not None and denoising < target:
+    if denoising is not None and denoising < target and require_denoising:
         short.append(f"denoising the circuit restores {denoising:.3f} < {target} of the change")
     return FaithfulCircuit(
         nodes=[n.name for n in circuit], candidates=len(live), faithfulness=faithfulness, denoising=denoising,
         completeness=completeness,
         faithful=not short, why="; ".join(short),
-        settings={"target": target, "tolerance": tolerance, "max_size": max_size, "corruption": result.corruption,
+        settings={"target": target, "tolerance": tolerance, "max_size": max_size, "require_denoising": require_denoising,
+                  "corruption": result.corruption,
                   "metric": result.metric, "setup": setup.describe(), "clean": clean, "corrupted": corrupted,
                   "evaluations": evaluations, "bulk_dropped": bulk,
                   "search": f"the {bulk} weakest candidates dropped at once (binary search), then ACDC-style pruning of "

@@ -202,10 +202,26 @@ class Shift(Corruption):
                 raise ConfigError(f"shift filler has {len(self.filler)} tokens but k={self.k}")
             fill = torch.tensor(self.filler, dtype=torch.long).expand(b, self.k)
         else:
-            gen = torch.Generator().manual_seed(self.seed)
-            fill = torch.randint(0, model.cfg.d_vocab, (b, self.k), generator=gen)
+            fill = _fillers(model, tokens, self.k, self.seed)
         corrupt = torch.cat([fill.to(tokens.device), tokens], dim=1)
         return Prepared(self, tokens, corrupt, offset=self.k)
+
+
+def _fillers(model: Any, tokens: Tensor, k: int, seed: int) -> Tensor:
+    """``k`` random filler ids per prompt (seeded), never the prompt's own first token (a filler equal to it would
+    leave that token with nothing but copies of itself before it, which under rotary or no position encoding is
+    position 0 again) and never the BOS id."""
+    gen = torch.Generator().manual_seed(seed)
+    b = tokens.shape[0]
+    fill = torch.randint(0, model.cfg.d_vocab, (b, k), generator=gen)
+    banned = {bos_id(model)} - {None}
+    for _ in range(64):
+        bad = (fill == tokens[:, :1].cpu()) | torch.isin(fill, torch.tensor(sorted(banned), dtype=fill.dtype))
+        if not bool(bad.any()):
+            return fill
+        fill[bad] = torch.randint(0, model.cfg.d_vocab, (int(bad.sum()),), generator=gen)
+    raise BadInputError(f"no filler token differs from the prompts' first tokens and the BOS id in a vocabulary of "
+                        f"{model.cfg.d_vocab}; pass Shift(filler=...)")
 
 
 @entry_point
@@ -240,6 +256,35 @@ class PosMean(Corruption):
             if p == at:
                 out[:, i] = rest
         return out
+
+
+@entry_point  # parameters are checked in prepare() with messages that name the fix
+@dataclass(frozen=True)
+class Copies(Corruption):
+    """Prepend ``k`` copies of each prompt's first token, so the clean first token sits at position k with nothing but
+    copies of itself before it: a *control*. Under rotary or no position encoding positions 0..k then compute exactly
+    what position 0 computes (each attends to copies of one value), so a state keyed on "no other token before it"
+    is the same at position k as at position 0 and this corruption shows no signal; a state keyed on the absolute
+    position (a learned position embedding) is lost, and it does."""
+
+    k: int = 3
+    """Number of prepended copies."""
+    name: ClassVar[str] = names.COPIES
+    summary: ClassVar[str] = ("prepends copies of the first token (a control: a state keyed on having no other token "
+                              "before it stays)")
+    sees_position: ClassVar[bool] = False
+    sees_bos_token: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        at_least("Copies", "k", self.k, 1, "the number of copies put before each prompt")
+
+    def prepare(self, model: Any, tokens: Tensor) -> Prepared:
+        b, t = tokens.shape
+        if t + self.k > model.cfg.n_ctx:
+            raise BadInputError(f"putting {self.k} copies before prompts of length {t} needs n_ctx >= {t + self.k}, but "
+                                f"the model's n_ctx is {model.cfg.n_ctx}: use prompts of at most {model.cfg.n_ctx - self.k} "
+                                "tokens")
+        return Prepared(self, tokens, torch.cat([tokens[:, :1].expand(b, self.k), tokens], dim=1), offset=self.k)
 
 
 @entry_point

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 from p0circuit.core.errors import ConfigError
+from p0circuit.core.hooks import OBSERVES
 
 
 @contextmanager
@@ -60,11 +61,6 @@ def _call(fn: Callable, point: Any, module: Any, inputs: Any, output: Any) -> An
     hook, which the test-time type checker would wrap each time)."""
     result = fn(output, hook=point)
     return output if result is None else result
-
-
-OBSERVES = "_p0circuit_observes"
-"""An attribute p0circuit sets on a hook of its own that only reads shapes (:class:`~p0circuit.patching.work.Count`):
-it changes no tensor, fires the same on any path, and is not a user's hook."""
 
 
 def user_hooks(model: Any) -> list[str]:

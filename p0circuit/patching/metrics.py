@@ -55,6 +55,11 @@ class PatchMetric:
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
         raise NotImplementedError
 
+    def per_prompt(self, view: RunView) -> Optional[Float[Tensor, " batch"]]:
+        """The metric of each prompt, where the metric is their mean (the built-in sink metrics), else None: what
+        an interval over prompts (:class:`PerPrompt`) is computed from."""
+        return None
+
     def validate(self, n_layers: int, n_heads: int) -> None:
         """Raise a clear error if the metric does not fit the model."""
 
@@ -73,6 +78,12 @@ class PatchMetric:
         if self.needs_logits:
             return [n_layers - 1]
         return sorted({h.layer for h in self.needs(n_layers) if h.name == hooks.resid_post(h.layer)})
+
+    def attention_reads(self, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+        """The (layer, head) pairs whose attention pattern this metric reads itself: their query and key inputs
+        are what the metric reads, as a block's output is for :meth:`residual_reads`, so a circuit's edges into
+        them (``M1@0->A3.H0@0.k``) are candidates of its edge search. None by default."""
+        return []
 
     def last_position(self, p0: int) -> Optional[int]:
         """The last sequence position this metric reads in a run whose clean first token sits at
@@ -126,6 +137,9 @@ class NormRatio(PatchMetric):
         _check_layer(self.layer, n_layers, "NormRatio")
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        return self.per_prompt(view).mean()
+
+    def per_prompt(self, view: RunView) -> Float[Tensor, " batch"]:
         h = view.acts[hooks.resid_post(self.layer)].float()
         norms = h.norm(dim=-1)[:, view.p0:]  # (B, T - p0): the run's own positions
         batch, seq = norms.shape
@@ -137,7 +151,7 @@ class NormRatio(PatchMetric):
                                 f"{max(int(ks.max()) + 1, 2)} tokens; use longer prompts")
         at = norms.gather(1, ks[:, None])[:, 0]
         others = (norms.sum(1) - at) / (seq - 1)
-        return (at / others).mean()
+        return at / others
 
 
 @entry_point
@@ -172,12 +186,15 @@ class ResidDim(PatchMetric):
             raise BadInputError(f"ResidDim.dim must be a dimension index >= 0, got {self.dim!r}")
 
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        return self.per_prompt(view).mean()
+
+    def per_prompt(self, view: RunView) -> Float[Tensor, " batch"]:
         h = view.acts[hooks.resid_post(self.layer)]
         if self.dim >= h.shape[-1]:
             raise BadInputError(f"ResidDim: dimension {self.dim} is outside the residual stream's 0..{h.shape[-1] - 1}")
         if view.p0 + self.pos >= h.shape[1]:
             raise BadInputError(f"ResidDim at position {self.pos} needs prompts of at least {self.pos + 1} tokens")
-        return h[:, view.p0 + self.pos, self.dim].float().mean()
+        return h[:, view.p0 + self.pos, self.dim].float()
 
     def last_position(self, p0: int) -> Optional[int]:
         return p0 + self.pos  # one position: a patched forward runs the positions up to it
@@ -225,14 +242,65 @@ class AttnToP0(PatchMetric):
         layers = sorted({l for l, _ in self.heads} | set(self.layers))
         return [HookRef(l, hooks.pattern(l)) for l in layers]
 
+    def attention_reads(self, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+        return sorted(set(self.heads) | {(l, h) for l in self.layers for h in range(n_heads)})
+
     def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        return self.per_prompt(view).mean()
+
+    def per_prompt(self, view: RunView) -> Float[Tensor, " batch"]:
         vals = []
         for layer, head in self._resolved:
             pat = view.acts[hooks.pattern(layer)][:, head].float()  # (B, Q, K), in float32 whatever the model's dtype
             if pat.shape[-1] <= view.p0 + 1:
                 raise BadInputError("AttnToP0 needs at least one query after P0; use longer prompts")
             vals.append(pat[:, view.p0 + 1:, view.p0].mean(-1))
-        return torch.stack(vals).mean()
+        return torch.stack(vals).mean(0)
+
+
+@entry_point
+@dataclass
+class SinkRate(PatchMetric):
+    """Sink_0^eps of ``layers`` (Gu et al. 2025): the share of their heads whose alpha_0, the mean attention to P0 of
+    the queries that can see it (P0's own included), exceeds ``eps``, per prompt, then the mean over prompts. A step
+    function of the attention: a circuit is searched with :class:`AttnToP0` and this is read beside it."""
+
+    layers: Sequence[int]
+    """Blocks whose heads are counted."""
+    eps: float = 0.3
+    """alpha_0 above which a head counts as sinking."""
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(self.layers)
+        if not self.layers:
+            raise ConfigError("SinkRate needs layers=[...], the blocks whose heads are counted")
+        if not 0 <= self.eps < 1:
+            raise ConfigError(f"SinkRate.eps={self.eps!r} must lie in [0, 1) (an attention share)")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"sink_rate@L{_ranges(self.layers)}"
+
+    def validate(self, n_layers: int, n_heads: int) -> None:
+        for layer in self.layers:
+            _check_layer(layer, n_layers, "SinkRate")
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        return [HookRef(l, hooks.pattern(l)) for l in sorted(set(self.layers))]
+
+    def attention_reads(self, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+        return [(l, h) for l in sorted(set(self.layers)) for h in range(n_heads)]
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        return self.per_prompt(view).mean()
+
+    def per_prompt(self, view: RunView) -> Float[Tensor, " batch"]:
+        rates = []
+        for layer in sorted(set(self.layers)):
+            pat = view.acts[hooks.pattern(layer)].float()  # (B, H, Q, K)
+            alpha = pat[:, :, view.p0:, view.p0].mean(-1)  # (B, H): the queries from P0 on
+            rates.append((alpha > self.eps).float())
+        return torch.cat(rates, dim=1).mean(1)
 
 
 @entry_point
@@ -293,6 +361,52 @@ class CacheMetric(PatchMetric):
                                    f"{[n for _, n in self.hooks_needed]}: add (layer, {err.args[0]!r}) to "
                                    "hooks_needed") from None
         return _scalar(value, self.label)
+
+
+class PerPrompt(PatchMetric):
+    """A built-in metric that also keeps each prompt's value: every time it is read, :attr:`values` gets the
+    per-prompt tensor (:meth:`PatchMetric.per_prompt`) and the run gets its mean, the wrapped metric's value to the
+    bit. What intervals over prompts are computed from (``values[-1]`` after the one run of interest)."""
+
+    def __init__(self, metric: Any) -> None:  # checked here, with the message below
+        if not isinstance(metric, PatchMetric) or type(metric).per_prompt is PatchMetric.per_prompt:
+            raise BadInputError(f"PerPrompt needs a metric that is a mean over prompts (NormRatio, ResidDim, AttnToP0, "
+                                f"SinkRate), got {metric!r:.60}")
+        self.metric = metric
+        self.values: list[Tensor] = []
+        self.needs_logits = metric.needs_logits
+        self.signal_unit = metric.signal_unit  # type: ignore[misc]
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.metric.name
+
+    def params(self) -> dict[str, Any]:
+        return self.metric.params()
+
+    def needs(self, n_layers: int) -> list[HookRef]:
+        return self.metric.needs(n_layers)
+
+    def validate(self, n_layers: int, n_heads: int) -> None:
+        self.metric.validate(n_layers, n_heads)
+
+    def residual_reads(self, n_layers: int) -> list[int]:
+        return self.metric.residual_reads(n_layers)
+
+    def attention_reads(self, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+        return self.metric.attention_reads(n_layers, n_heads)
+
+    def last_position(self, p0: int) -> Optional[int]:
+        return self.metric.last_position(p0)
+
+    def per_prompt(self, view: RunView) -> Float[Tensor, " batch"]:
+        return self.metric.per_prompt(view)  # type: ignore[return-value]
+
+    def __call__(self, view: RunView) -> Float[Tensor, ""]:
+        values = self.metric.per_prompt(view)
+        assert values is not None  # refused when made
+        self.values.append(values.detach().cpu())
+        return values.mean()
 
 
 def _ranges(values: Sequence[int]) -> str:

@@ -10,8 +10,11 @@ What it counts: each attention call by its query rows (a suffix forward over cac
 suffix), each MLP call by its rows (a mixture of experts as its chosen experts' share), the
 unembedding by its rows. Work done with a graph recorded (attribution, integrated gradients) is also
 counted apart (``with_grad``): its backward, about twice it, is not seen by forward hooks and is not
-counted. What it leaves out: work done outside these modules (the engine's own sums of a head's
-output, the norms, the embeddings), which is small against them.
+counted. A call of a few rows costs about the read of its weights, not its rows' products, so each call
+is also counted once whatever its rows (:meth:`Count.passes`: a forward of any batch reads every weight
+once): a trace of tiny forwards (``patching/order.py``) is small in rows and large in passes. What it
+leaves out: work done outside these modules (the engine's own sums of a head's output, the norms, the
+embeddings), which is small against them.
 """
 
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from p0circuit.patching.hooking import OBSERVES
+from p0circuit.core.hooks import OBSERVES
 
 
 def shares(model: Any) -> dict[str, float]:
@@ -45,6 +48,7 @@ class Count:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.work = {"attn": 0.0, "mlp": 0.0, "unembed": 0.0, "with_grad": 0.0}
+        self.reads = 0.0  # each call's weight once (its share per token), whatever its rows
         self._handles: list[Any] = []
 
     def _hook(self, kind: str, weight: float):
@@ -54,6 +58,7 @@ class Count:
                 return
             w = weight * x.shape[0] * x.shape[1]
             self.work[kind] += w
+            self.reads += weight
             if torch.is_grad_enabled() and x.requires_grad:  # a graph is recorded: a backward may follow
                 self.work["with_grad"] += w
         setattr(pre, OBSERVES, True)  # reads shapes only: the fast path's check of the user's hooks passes it
@@ -76,6 +81,11 @@ class Count:
     def forwards(self, rows: int) -> float:
         """The forward work counted, in forwards of ``rows`` token rows."""
         return sum(self.work[k] for k in ("attn", "mlp", "unembed")) / forward_work(self.model, rows)
+
+    def passes(self) -> float:
+        """The calls counted once each, whatever their rows, in forwards (one forward reads every block and the
+        unembedding once): what the calls cost where the weights' reads, not the rows, dominate."""
+        return self.reads / forward_work(self.model, 1)
 
     def with_grad(self, rows: int) -> float:
         """Of :meth:`forwards`, the work done with a graph recorded (a backward, about twice it, usually follows;

@@ -31,6 +31,18 @@ keys read ``k`` alone, so the score to the sink position is ``sink_logit`` (defa
 elsewhere: at least 0.8 of the attention (in fact > 0.99 up to ``n_ctx = 64``) lands on the sink.
 Their values write a constant into a "dump" coordinate nothing reads: they are no-op heads.
 
+*What the sink heads read.* Each sink head's key reads ``k`` from the *normalized* state (RMSNorm before
+every sublayer), which is the same for ``h`` and ``c * h``: it reads the state's direction, and scaling the P0
+state down to an ordinary norm (its direction kept) leaves its attention as it is, while an ordinary direction
+of the same norm removes it (:mod:`p0circuit.studies.experiments.reads`). With ``sink_reads="norm"`` the block
+after the amplifier holds no sink head; instead its MLP's output bias writes a vector of :data:`WASH` times the
+largest ordinary norm along its own coordinate ``wash`` at every position, whatever the state there (anything
+computed from the normalized state would shrink with the state and turn it no more than it turns a large one).
+A large P0 state keeps most of its direction under it; a P0 state scaled to an ordinary norm turns away from
+``k``. The sink heads, from the block after it on, then need the norm as well as the direction: the
+paper's *stabilization*, written into the weights. The P0 norm ratio falls back below the onset's line after
+that block (every other position grows too), while the sink heads keep attending to P0.
+
 *Distractors (real work on the logits, not part of the circuit).* Every other head is a
 content head: its query reads the bias coordinate, its key reads whether the token lies in a
 keyword class of 4 tokens (a different class per head), and its value copies the keyword's
@@ -97,6 +109,7 @@ from p0circuit.core.entries import PLANT_LAYERS
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError, ConfigError, from_known_keys
 from p0circuit.core.args import entry_point
+from p0circuit.core.threads import share
 from p0circuit.models.planted.layout import Layout
 from p0circuit.models.tokens import BOS_ATTR, p0_like_positions, probe_tokens, regular_prompts  # noqa: F401 (re-exported)
 from p0circuit.core.types import Circuit, Edge, Input, Kind, Node
@@ -125,6 +138,8 @@ KW = 4
 """Tokens per keyword class."""
 SECONDARY_RATIO = 8.0
 """Default ``PlantSpec.secondary_ratio``: below P0's ``norm_ratio``, above the sink report's threshold."""
+WASH = 8.0
+"""Size of the ``norm`` plant's write at every position, in largest ordinary norms."""
 SECONDARY_FIELDS = ("secondary_token", "secondary_layer", "secondary_ratio")
 """The settings of the secondary sink; left out of :meth:`PlantSpec.to_dict` when there is none."""
 
@@ -173,6 +188,10 @@ class PlantSpec:
     secondary_ratio: float = SECONDARY_RATIO
     """Guaranteed minimum of ||h_t|| / median_s ||h_s|| after ``secondary_layer`` at every position
     t >= 1 holding ``secondary_token``, on prompts where such positions and P0 are fewer than half."""
+    sink_reads: str = "direction"
+    """What the sink heads need of the P0 state (see *What the sink heads read*): ``direction`` (they read its
+    direction, right after the amplifier) or ``norm`` (a block between the amplifier and them writes a large vector
+    at every position, which only a large state outlasts: they need its norm too)."""
 
     def __post_init__(self) -> None:
         for name, high in (("n_layers", 64), ("n_heads", 64), ("d_vocab", 4096), ("n_ctx", 8192)):
@@ -207,6 +226,12 @@ class PlantSpec:
                               "values overflow float32 weights")
         if self.norm_ratio < 1 or self.sink_logit <= 0 or self.mu < 0 or self.sigma <= 0:
             raise ConfigError("PlantSpec needs norm_ratio >= 1, sink_logit > 0, mu >= 0, sigma > 0")
+        if self.sink_reads not in ("direction", "norm"):
+            raise ConfigError(f"PlantSpec.sink_reads={self.sink_reads!r}; choose 'direction' or 'norm'")
+        if self.sink_reads == "norm" and (self.n_layers < self.circuit_layer + 4 or self.sink_pos != 0):
+            raise ConfigError(f"PlantSpec.sink_reads='norm' needs sink_pos=0 and n_layers >= circuit_layer + 4 (the "
+                              "amplifier, the block that writes at every position, then sink heads); got "
+                              f"n_layers={self.n_layers}, circuit_layer={self.circuit_layer}, sink_pos={self.sink_pos}")
         self._check_secondary()
 
     def _check_secondary(self) -> None:
@@ -248,7 +273,14 @@ class PlantSpec:
         if self.secondary_token is None:
             for name in SECONDARY_FIELDS:
                 del out[name]
+        if self.sink_reads == "direction":  # the default, left out so that earlier plants record what they did
+            del out["sink_reads"]
         return out
+
+    @property
+    def first_sink_block(self) -> int:
+        """The first block with a sink head: right after the amplifier, or after the writing block (``norm``)."""
+        return self.circuit_layer + (3 if self.sink_reads == "norm" else 2)
 
 
 @dataclass
@@ -340,7 +372,7 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
     roles = _roles(spec)
     content = [lh for lh, r in roles.items() if r == "content"]
     lay = _layout(spec, content)
-    model = HookedTransformer(_config(spec, lay), move_to_device=False)
+    model = share(HookedTransformer(_config(spec, lay), move_to_device=False))  # (core/threads.py)
     model.eval()
     b = _Build(spec, model, lay, roles, content, torch.Generator().manual_seed(spec.seed))
     if spec.key == "bos":  # before the probe: the calibration prompts start with the BOS token, as the sink needs
@@ -424,7 +456,7 @@ def _roles(spec: PlantSpec) -> dict[tuple[int, int], str]:
             role = "content"
             if (layer, h) == (a, 0):
                 role = "ident"
-            elif layer >= a + 2 and h == 0:
+            elif layer >= spec.first_sink_block and h == 0:
                 role = "sink"
             elif (layer, h) == (a + 1, 1) and sp == 1 and not learned:
                 role = "avg"
@@ -446,6 +478,8 @@ def _layout(spec: PlantSpec, content: list[tuple[int, int]]) -> Layout:
         lay.add(f"mlpc{layer}", 4)
     if spec.secondary_token is not None:  # last: a plant without it keeps its layout (and d_model)
         lay.add("sink2", 1)
+    if spec.sink_reads == "norm":
+        lay.add("wash", 1)
     return lay
 
 
@@ -535,6 +569,8 @@ def _write_mlp(b: _Build, layer: int) -> None:
         _write_amplifier(b, layer, r2[b.spec.sink_pos])
     if layer == b.spec.secondary_at:
         _write_secondary(b, layer)
+    if b.spec.sink_reads == "norm" and layer == a + 2:
+        _write_wash(b, layer)
 
 
 def _write_content_neurons(b: _Build, layer: int, r2_rest: float) -> None:
@@ -594,6 +630,14 @@ def _write_amplifier(b: _Build, layer: int, r2_sink: float) -> None:
     if worst < 1.1 * spec.norm_ratio:  # the scales vary with content: rescale to the worst case
         W_out[amp] *= 1.1 * spec.norm_ratio / worst
         b.k_val *= 1.1 * spec.norm_ratio / worst
+
+
+def _write_wash(b: _Build, layer: int) -> None:
+    """The MLP's output bias writes :data:`WASH` times the largest ordinary norm along the coordinate ``wash`` at every
+    position, whatever the state there (a bias reads nothing): a large state (P0 after the amplifier) hardly turns,
+    an ordinary-sized one turns almost wholly towards ``wash``."""
+    rest_norm = b.median(hooks.resid_pre(layer), "rest", norm=True, q=1.0)
+    b.model.blocks[layer].mlp.b_out[b.lay.one("wash")] = WASH * rest_norm
 
 
 def _secondary_ratios(b: _Build, layer: int) -> Tensor:

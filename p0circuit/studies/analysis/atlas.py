@@ -3,12 +3,13 @@
 Each model is analysed with :func:`p0circuit.analyze` into ``RUNS/<entry>`` (resumable: a finished
 analysis is read back, not run again), and the page puts, per model and BOS setting, the sink rate,
 the onset layers, the massive dimensions, where the sinks sit, the circuit's strongest nodes and
-edges, the faithful circuit and the verdict on the paper's claim in its four parts, as measured; and every sink state,
-at position 0 and away from it, with what it is keyed on and its circuit.
+edges, the faithful circuit and the verdict on the paper's claim part by part, as measured; what makes position 0 a
+sink beyond its norm (what the later heads read, detection, the sink's own circuit, the super weights, every first
+token); and every sink state, at position 0 and away from it, with what it is keyed on and its circuit.
 """
 
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from p0circuit.core.defaults import sink_rate_label
 from p0circuit.studies.analysis.records import Absent, as_record, AnalysisRecord
@@ -103,9 +104,9 @@ def _state_row(model: str, title: str, o: dict[str, Any]) -> list[str]:
     if "skipped" in o:
         return [model, title, state, str(o["layer"]), "not measured", o["skipped"], "", "", ""]
     k = o.get("keyed_on") or {}
-    keyed = (f"**{k['verdict']}** ({k['swapped']:.2f} / {k['follows']:.2f} / {k['stays']:.2f} / "
-             + ("n/a" if k.get("context") is None else f"{k['context']:.2f}") + ")") if "verdict" in k else \
-        ("not measured: " + k.get("error", "")) if k else ""
+    said = lambda x: "n/a" if x is None else f"{x['mean']:.2f} (min {x['min']:.2f})"  # noqa: E731
+    keyed = (f"**{k['reading']}** ({' / '.join(said(k.get(e)) for e in ('swapped', 'follows', 'stays', 'context', 'copies'))})"
+             if "verdict" in k else ("not measured: " + k.get("error", "")) if k else "")
     change = f"`{o['corruption']}`: {o['clean']:.3g} -> {o['corrupted']:.3g}" + ("" if o["signal"] else " (no signal)")
     circuit = _circuit_cell(o.get("circuit") or {}) if o["signal"] else ""
     return [model, title, state, str(o["layer"]), keyed, change, circuit, _top(o.get("edges") or {}, 2),
@@ -137,7 +138,7 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     for d in records:
         for row in rows(d):
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    lines += ["", "## BOS in training and the paper's claim, in four parts", "",
+    lines += ["", f"## BOS in training and the paper's claim, in {len(PARTS)} parts", "",
               "; ".join(f"({letter}) {text}" for _, letter, text in PARTS) + f". As measured, {ANSWERS}. The "
               "evidence is in each model's analysis.md.", "",
               "| model | position 0 in training | BOS | " + " | ".join(f"({letter}) {key}" for key, letter, _ in PARTS)
@@ -150,17 +151,20 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
             cells = [d.model, TRAINED_WITH.get(d.model, "unknown"), title,
                      *(f"**{label(part[k])}**: {part[k]['evidence']}" for k, _, _ in PARTS)]
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    lines += _beyond_norm(records) + _how_sure(records)
     lines += ["", "## What each sink state is keyed on, and its circuit", "",
               "Every sink state: P0 at its first onset (on the analysis' prompts) and each state away from position 0 "
               f"that is a sink state in at least {SINK_SHARE:.0%} of the prompts (at most `max_sinks` of them, the "
               "strongest; on windows of the passages that put it at one index in every prompt and hold the state "
               "there). Keyed on: the position/token/context test (`p0circuit/studies/experiments/keyed.py`): the share "
               f"of the state's excess norm kept with its token replaced in place, at the token's new place when {MOVE} "
-              "tokens are put in front, at the old place then, and with the context before it from another prompt. "
+              "tokens are put in front, at the old place then, with the context before it from a prompt without the "
+              f"state, and (at position 0) after {MOVE} copies of its own token; each the mean over the prompts holding "
+              "the state, with the lowest prompt's. "
               "The circuit "
               "of a state away from position 0 is found with its token replaced in place (`swap` at its index) and "
               "the norm ratio at its index.", "",
-              "| model | BOS | state | layer | keyed on (swapped / follows / stays / context) | corruption: clean -> "
+              "| model | BOS | state | layer | keyed on (swapped / follows / stays / context / copies) | corruption: clean -> "
               "corrupted | faithful circuit | edges | neurons |", "|---|---|---|---|---|---|---|---|---|"]
     for d in records:
         for tag, title in _SETTINGS:
@@ -187,6 +191,82 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
               "directory; the command prints where.", ""]
     return "\n".join(lines)
+
+
+def _first_p0(d: AnalysisRecord, tag: str) -> Optional[dict[str, Any]]:
+    return next((o for o in d.onsets.get(tag, []) if o["where"] == "P0" and "skipped" not in o), None)
+
+
+def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
+    """What makes position 0 a sink beyond its norm, per model and BOS setting (the first P0 onset)."""
+    out = ["", "## What makes position 0 a sink, beyond its norm", "",
+           "At the first P0 onset: what the sink heads of the two blocks after it read of the state (its share of their "
+           "excess attention to P0 kept when the state is scaled to an ordinary norm, direction kept / given an ordinary "
+           "direction, norm kept; the same over every later block), detection (self-only attention in blocks 0..k: the "
+           "other positions' norm as a share of P0's and their cosine with it), the sink's own circuit (the sink heads' "
+           "attention to P0) beside the norm circuit, the strongest single weight into the massive dimension and what "
+           "zeroing it does, and every vocabulary token as the first token.", "",
+           "| model | BOS | the sink reads (rescaled / redirected; later blocks) | detection (blocks 0..k: norm, cosine) | "
+           "sink circuit | super weight | first tokens |", "|---|---|---|---|---|---|---|"]
+    for d in records:
+        for tag, title in _SETTINGS:
+            o = _first_p0(d, tag)
+            if o is None:
+                continue
+            r = o.get("reads") or {}
+            reads = (r.get("error") or r.get("reads", "")) if "edits" not in r else (
+                f"**{r['reads']}** ({r['edits']['rescaled']['kept']:.2f} / {r['edits']['direction_replaced']['kept']:.2f}); "
+                f"later: {r['reads_later']}")
+            det = o.get("detection") or {}
+            detection = det.get("error", "") if "upto" not in det else "; ".join(
+                f"0-{k}: {det['norm_share'][i]:.2f}, {det['cosine'][i]:.3f}" for i, k in enumerate(det["upto"]))
+            sc = o.get("sink_circuit") or {}
+            c = sc.get("circuit") or {}
+            sink = sc.get("error", "") if "heads" not in sc else (
+                f"{c.get('size', 0)} nodes, faithfulness {c['faithfulness']:.2f}" if "nodes" in c else c.get("note", ""))
+            if "heads" in sc:
+                sink += f"; shares {len(sc['shared'])} with the norm circuit, only here: {', '.join(sc['only_sink']) or 'none'}"
+            w = o.get("super_weights") or {}
+            weight = w.get("error", "")
+            if w.get("weights"):
+                top, zero = w["weights"][0], (w.get("zeroed") or [None])[0]
+                weight = (f"M{top['block']}.W_out[{top['neuron']}, {top['dim']}] (z {top['z']:+.1f})"
+                          + ("" if zero is None else f": zeroed, norm ratio {w['clean']['norm_ratio']:.3g} -> "
+                             f"{zero['norm_ratio']:.3g}, loss {w['clean']['loss']:.2f} -> {zero['loss']:.2f}"))
+            f = d.first_tokens.get(str(o["layer"]))
+            first = ("" if f is None else getattr(f, "error", "") if not hasattr(f, "sinks") else
+                     f"{f.sinks:.1%} of {f.vocab} become sink states ({f.not_sinks} do not)")
+            out.append("| " + " | ".join(x.replace("|", "\\|") for x in [d.model, title, reads, detection, sink, weight,
+                                                                          first]) + " |")
+    return out
+
+
+def _how_sure(records: list[AnalysisRecord]) -> list[str]:
+    """Thresholds that flip a label, the spread over prompts and the controls, per model and BOS setting."""
+    out = ["", "## How sure: thresholds, spread over prompts, controls", "",
+           "Flips: each threshold swept over its range (analysis.md lists the ranges and every label); the spread: the "
+           "first P0 onset's numbers on `spread_prompts` other prompts, mean [95% bootstrap interval] and the lowest "
+           "prompt; controls: passed / failed / not measured.", "",
+           "| model | BOS | where a label flips | onset ratio | faithfulness on new prompts | strongest neuron | "
+           "h_0 cosine (ordinary) | controls |", "|---|---|---|---|---|---|---|---|"]
+    said = lambda x: "n/a" if x is None else f"{x.mean:.3g} [{x.low:.3g}, {x.high:.3g}], min {x.min:.3g}"  # noqa: E731
+    for d in records:
+        for tag, title in _SETTINGS:
+            sens = d.sensitivity.get(tag)
+            if sens is None:
+                continue
+            flips = "; ".join(f"{sw.threshold}: {f}" for sw in sens.sweeps for f in sw.flips) or "none"
+            sp = d.spread.get(tag)
+            if sp is None or not hasattr(sp, "ratio"):
+                spread = [getattr(sp, "error", "not measured")] + [""] * 3
+            else:
+                spread = [said(sp.ratio), said(sp.faithfulness),
+                          "n/a" if sp.neuron is None else f"{sp.neuron_name}: {said(sp.neuron)}",
+                          f"{said(sp.direction)} ({sp.direction_ordinary:.2f})"]
+            controls = ", ".join(f"{c.name} {'?' if c.passed is None else 'passed' if c.passed else 'failed'}"
+                                 for c in d.controls.get(tag, [])) or "none"
+            out.append("| " + " | ".join(x.replace("|", "\\|") for x in [d.model, title, flips, *spread, controls]) + " |")
+    return out
 
 
 def atlas(models: Sequence[str] = ATLAS_MODELS, *, out: Union[str, Path] = "docs/atlas.md",

@@ -14,7 +14,8 @@ and ``C`` candidate nodes, a patch of a node in block ``l`` runs blocks ``l..L``
   ``GRAD (L + 1)``, and its exact nodes at half depth), the top-k curve (``CURVE`` runs of ``L + 1``) and
   the circuit search (``2 log2 C + SEARCH_BASE`` runs of ``L + 1``, times ``SEARCH``), and where the
   circuit's edges are likely searched (``C`` at most ``max_edges``) ``EDGE_SEARCH`` runs of ``L + 1`` more;
-* edges and attention into the sinks: ``EDGES`` runs of ``L + 3``;
+* edges, where the node step did not search the circuit's edges (more candidates than ``max_edges``): ``EDGES`` runs
+  of ``L + 3``; otherwise nothing (the step reads what the search found);
 * neurons: integrated gradients, ``ig_steps`` forwards and backwards per MLP from its block on (the
   last four MLPs up to the onset), and ``neurons_keep`` exact patches;
 * each other corruption: a node pass; each other length: the sinks and a node pass, scaled by length.
@@ -29,6 +30,7 @@ from typing import Any
 
 from p0circuit.patching.work import forward_work, shares
 from p0circuit.studies.analysis.steps import screened as is_screened  # the rule, defined once
+from p0circuit.studies.experiments.reads import READ_BLOCKS as WINDOW  # the sink circuit's blocks (from the first reader)
 
 SINK = 1.5
 """Forwards of the sink report (a forward that keeps every attention pattern)."""
@@ -47,8 +49,15 @@ EDGES = 20
 """Runs of the path patching into the next blocks' sink heads (and between the strongest nodes)."""
 GRAD = 4
 """Block passes of a forward and backward through one block (with its hooks)."""
-KEYED = 4
+KEYED = 5
 """Runs up to the onset of the position/token/context test (:func:`~p0circuit.studies.experiments.keyed.keyed_on`)."""
+READS = 6
+"""Whole forwards of the edits of the P0 state (:func:`~p0circuit.studies.experiments.reads.sink_reads`: the clean
+run and five edits, stacked in one batch)."""
+WEIGHTS = 7
+"""Whole forwards of the super-weight step (the model as it is, each weight zeroed alone, the strongest together)."""
+ONSET_STEPS = ("keyed", "nodes", "edges", "neurons", "reads", "detection", "sink", "weights")
+"""The steps of one onset, each keyed under the onset (``without_bos/P0@L2/reads``)."""
 
 
 def block_cost(model: Any) -> float:
@@ -70,22 +79,43 @@ def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, screen
 
 
 def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened: int, n_corruptions: int,
-               first: bool) -> dict[str, float]:
-    """Forwards of each step of one onset (``keyed``, ``nodes``, ``edges``, ``neurons``), and, for the first P0 onset
-    (``first``), of its variations (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
+               first: bool, p0: bool = True) -> dict[str, float]:
+    """Forwards of each step of one onset (``keyed``, ``nodes``, ``edges``, ``neurons``; at a P0 onset (``p0``) also
+    ``reads``, ``detection``, ``sink``, ``weights``), and, for the first P0 onset (``first``), of its variations
+    (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
     b, depth = block_cost(model), layer + 1
     parts = node_parts(model, layer, candidates, settings, screened)
     node = parts["pass"]
     mlps = range(max(0, layer - 3), layer + 1)
     neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
+    n = model.cfg.n_layers
+    searched = candidates <= settings.max_edges  # the node step searches the circuit's edges: the edge step reads them
     out = {"keyed": b * KEYED * depth, "nodes": sum(parts.values()),
-           "edges": b * EDGES * min(depth + 2, model.cfg.n_layers),
+           "edges": 0.0 if searched else b * EDGES * min(depth + 2, n),
            "neurons": 0.0 if model.cfg.attn_only else b * neurons}
+    if p0:  # a P0 onset: what the sink reads, detection, the sink's circuit, the super weights
+        last = min(layer + WINDOW, n - 1)  # the first block after the onset that holds a sink head, usually the next
+        sink_nodes = candidates * (last + 1) / depth
+        out.update(reads=b * READS * n, detection=b * (depth + 1) * depth,
+                   sink=sum(node_parts(model, last, int(sink_nodes), settings, screened).values()),
+                   weights=0.0 if model.cfg.attn_only else b * WEIGHTS * n)
     if first:
         out["corruptions"] = n_corruptions * node
         for n in settings.lengths:
             out[f"length{n}"] = (SINK + node) * n / settings.length
     return out
+
+
+def special(model: Any, tokens: int) -> float:
+    """Forwards of the special-token step: one whole forward of the batch per token tested."""
+    return float(tokens)
+
+
+def first_tokens(model: Any, layer: int, settings: Any) -> float:
+    """Forwards of the first-token map at ``layer``: every vocabulary id once, up to the onset, in units of the
+    batch's tokens."""
+    tokens = min(model.cfg.d_vocab, settings.first_tokens or model.cfg.d_vocab)
+    return block_cost(model) * (layer + 1) * tokens / (settings.n_prompts * settings.length)
 
 
 def node_parts(model: Any, layer: int, candidates: int, settings: Any, screened: int) -> dict[str, float]:

@@ -9,12 +9,13 @@ position/token/context test (:func:`~p0circuit.studies.experiments.keyed.keyed_o
 """
 
 import statistics
-from typing import Any
+from typing import Any, Optional
 
 from torch import Tensor
 
 from p0circuit.core.errors import BadInputError, P0CircuitError
 from p0circuit.measures.positions import MIN_SHARE
+from p0circuit.studies.findings import Unmeasured
 from p0circuit.studies.experiments.keyed import aligned_prompts, keyed_on, sink_rows, target_of
 
 SINK_SHARE = MIN_SHARE
@@ -64,10 +65,11 @@ DRAW = 4
 """Windows drawn per prompt wanted: the row keeps those in which its class is a sink state at its index."""
 
 
-def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> tuple[Tensor, str]:
+def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> tuple[Tensor, Tensor, str]:
     """The row's prompts: up to ``s.n_prompts`` windows with its class at index ``at`` (:func:`aligned_prompts`) in
     which it is a sink state there after the row's layer (:func:`sink_rows`), so that the circuit, its neurons and
-    the position/token/context test are all measured on prompts that hold the state; and what they are, in words."""
+    the position/token/context test are all measured on prompts that hold the state; the windows drawn in which it
+    is *not* a sink state (the contexts of the keyed test's context edit); and what the prompts are, in words."""
     drawn = aligned_prompts(model, tuple(row["target"]), DRAW * s.n_prompts, s.length + int(bos), row["at"], bos=bos,
                             seed=s.seed)
     keep = sink_rows(model, drawn, row["at"], row["layer"], s.norm_threshold)
@@ -76,7 +78,7 @@ def prompts(model: Any, row: dict[str, Any], s: Any, bos: bool) -> tuple[Tensor,
                             f"{int(keep.sum())} of {drawn.shape[0]} windows of the passages that put it there; at least "
                             "2 are needed")
     toks = drawn[keep][:s.n_prompts]
-    return toks, _label(model, row, toks, bos, int(keep.sum()), int(drawn.shape[0]))
+    return toks, drawn[~keep], _label(model, row, toks, bos, int(keep.sum()), int(drawn.shape[0]))
 
 
 def _label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool, held: int, drawn: int) -> str:
@@ -90,9 +92,12 @@ def _label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool, held: int, 
             "sink state there)")
 
 
-def keyed(model: Any, toks: Tensor, at: int, layer: int, bos: bool, s: Any) -> dict[str, Any]:
-    """:func:`keyed_on`'s record for the state at ``at`` after ``layer``, or why it could not run."""
+def keyed(model: Any, toks: Tensor, at: int, layer: int, bos: bool, s: Any,
+          contexts: Optional[Tensor] = None) -> dict[str, Any]:
+    """:func:`keyed_on`'s record for the state at ``at`` after ``layer`` (``contexts``: prompts without the state, for
+    its context edit), or why it could not run."""
     try:
-        return keyed_on(model, toks, at, layer, bos=bos, seed=s.seed, threshold=s.norm_threshold).to_dict()
+        return keyed_on(model, toks, at, layer, bos=bos, seed=s.seed, threshold=s.norm_threshold,
+                        contexts=contexts).to_dict()
     except P0CircuitError as err:
-        return {"error": str(err)}
+        return Unmeasured(error=str(err)).to_dict()

@@ -11,105 +11,32 @@ the model is loaded (:func:`p0circuit.studies.analysis.settings.precheck`).
 """
 
 import json
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional, TypeVar, Union
+from typing import Any, ClassVar, Optional, Union
 
 from p0circuit.core.errors import ConfigError
+from p0circuit.core.record import ABSENT, SCHEMA, Absent, Maybe, Record, check_schema  # noqa: F401 (re-exported)
+from p0circuit.studies.findings import (
+    Control, Detection, FirstTokens, KeyedOn, SinkCircuit, SinkReads, SpecialToken, Spread, SuperWeights, Sweep,
+    Unmeasured, Weight,
+)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of ``analysis.json`` and ``analysis.state.json`` this p0circuit writes, and the only one it reads.
 Bump it when a key of a record (or of a step's value in the state) is added, removed, renamed or changes
 meaning (docs/contributing.md)."""
-SCHEMA = "schema"
-"""The key of the version in both files."""
 
 
-class Absent:
-    """A key that a record's dict leaves out (``None`` is a value, and JSON holds it): the default of a
-    field that some rows have and others lack (a skipped onset has no ``nodes``)."""
+class _Record(Record):
+    """A record of this module: its keys are its fields in this file."""
 
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-    def __copy__(self) -> "Absent":
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "Absent":
-        return self
-
-
-ABSENT = Absent()
-"""The one :class:`Absent`."""
-T = TypeVar("T")
-Maybe = Union[T, Absent]
-"""A field that some rows lack (its key left out of ``to_dict()``)."""
-
-
-def check_schema(data: Any, source: str, fix: str) -> None:
-    """Refuse a file (``data``, read from ``source``) whose schema version is not :data:`SCHEMA_VERSION`,
-    saying which it is, which this p0circuit reads, and ``fix``."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source} holds a JSON {type(data).__name__}, not an object: not a p0circuit analysis "
-                          f"record; {fix}")
-    found = data.get(SCHEMA)
-    if found == SCHEMA_VERSION and not isinstance(found, bool):
-        return
-    if found is None:
-        said = "has no schema version (it was written by a p0circuit from before the records were versioned)"
-    elif isinstance(found, int) and not isinstance(found, bool) and found > SCHEMA_VERSION:
-        said = f"has schema version {found} (written by a newer p0circuit; upgrade p0circuit to read it as it is)"
-    else:
-        said = f"has schema version {found!r}"
-    raise ConfigError(f"{source} {said}; this p0circuit reads schema version {SCHEMA_VERSION} only: {fix}")
-
-
-class _Record:
-    """``to_dict``/``from_dict`` for a frozen dataclass whose fields are a JSON object's keys."""
-
-    NESTED: ClassVar[dict[str, type]] = {}
-    """Fields that hold another record (read back with its ``from_dict``)."""
-    FIX: ClassVar[str] = ""
-    """What to do about a file of another schema version (records with a ``schema`` field)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object: every field (``schema`` first), a nested record as its dict, an absent one left out."""
-        out: dict[str, Any] = {}
-        names = [f.name for f in fields(self)]
-        for name in ([SCHEMA] if SCHEMA in names else []) + [n for n in names if n != SCHEMA]:
-            value = getattr(self, name)
-            if isinstance(value, Absent):
-                continue
-            out[name] = value.to_dict() if isinstance(value, _Record) else value
-        return out
+    SCHEMA_VERSION: ClassVar[Optional[int]] = SCHEMA_VERSION
 
     @classmethod
-    def from_dict(cls, data: Any, what: Optional[str] = None) -> Any:
-        """The record of a JSON object (``what``: the object, in words, for the errors): its schema version
-        checked first where it has one, then a missing or unknown key refused by name."""
-        what = what or cls.__name__
-        known = [f.name for f in fields(cls)]
-        if SCHEMA in known:
-            check_schema(data, what, cls.FIX)
-        if not isinstance(data, dict):
-            raise ConfigError(f"{what} must be a JSON object, got {type(data).__name__}")
-        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise ConfigError(f"{what} lacks the key(s) {missing}; a record's keys are its fields in "
-                              f"p0circuit/studies/analysis/records.py ({cls.__name__}; docs/records.md)")
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ConfigError(f"{what} has the unknown key(s) {unknown}; a record's keys are its fields in "
-                              f"p0circuit/studies/analysis/records.py ({cls.__name__}: {known}); a new key is added "
-                              "there, with SCHEMA_VERSION bumped (docs/contributing.md)")
-        record = cls(**{k: (cls.NESTED[k].from_dict(v, f"{what}, its {k!r}") if k in cls.NESTED else v)
-                        for k, v in data.items()})
-        record._check(what)
-        return record
-
-    def _check(self, what: str) -> None:
-        """What a record checks beyond its keys (nothing by default)."""
+    def _fix(cls) -> str:
+        return cls.FIX or (f"a record's keys are its fields in p0circuit/studies/analysis/records.py ({cls.__name__}; "
+                           "docs/records.md); a new key is added there, with SCHEMA_VERSION bumped (docs/contributing.md)")
 
 
 @dataclass(frozen=True)
@@ -138,7 +65,6 @@ class StateFile(_Record):
     schema: int = SCHEMA_VERSION
     """The records' version (:data:`SCHEMA_VERSION`)."""
 
-    NESTED: ClassVar[dict[str, type]] = {"header": StateHeader}
     FIX: ClassVar[str] = ("pass fresh=True (--fresh) to recompute the analysis in this directory, or write to another "
                           "directory")
 
@@ -169,9 +95,9 @@ class OnsetRow(_Record):
     """The sink state's index in every prompt (a row away from position 0 only)."""
     prompts: Maybe[int] = ABSENT
     """How many prompts were patched (a row away from position 0 only)."""
-    keyed_on: Maybe[dict[str, Any]] = ABSENT
+    keyed_on: Maybe[Union[KeyedOn, Unmeasured]] = ABSENT
     """What the state is keyed on: position, token or context, with the kept shares
-    (:class:`~p0circuit.studies.experiments.keyed.KeyedOn`), or an ``error``."""
+    (:class:`~p0circuit.studies.findings.KeyedOn`), or why it was not measured."""
     skipped: Maybe[str] = ABSENT
     """Why the onset was not measured (then no measured key follows)."""
     corruption: Maybe[str] = ABSENT
@@ -206,16 +132,44 @@ class OnsetRow(_Record):
     """k -> share of the change kept with only the top k single nodes clean (a screen)."""
     circuit: Maybe[dict[str, Any]] = ABSENT
     """The faithful circuit (nodes, faithfulness, denoising, completeness, ``edge_circuit``), or a ``note``."""
+    circuit_targets: Maybe[dict[str, dict[str, Any]]] = ABSENT
+    """The first P0 onset: its faithful circuit searched at each faithfulness target of the sensitivity table
+    (target -> nodes, size, measures; without edges)."""
     edges: Maybe[dict[str, float]] = ABSENT
     """Edge -> normalized effect (path patching between the kept nodes)."""
     neurons: Maybe[dict[str, float]] = ABSENT
     """Neuron -> normalized effect on the onset's massive dimension at P0."""
-    into_sinks: Maybe[dict[str, Any]] = ABSENT
-    """Edges into the next blocks' sink heads' keys and values."""
     edge_pass: Maybe[dict[str, Any]] = ABSENT
     """The edge pass' metric, signal and candidates (only when nodes were kept)."""
     neuron_pass: Maybe[dict[str, Any]] = ABSENT
     """The neuron pass' metric, screen and faithfulness, or a ``note`` saying why none ran."""
+    reads: Maybe[Union[SinkReads, Unmeasured]] = ABSENT
+    """A P0 onset: what the later heads read of the state (its norm, its direction), from edits of it after the
+    onset (:class:`~p0circuit.studies.findings.SinkReads`)."""
+    detection: Maybe[Union[Detection, Unmeasured]] = ABSENT
+    """A P0 onset: how close the other positions come to P0's state with self-only attention in blocks 0..k
+    (:class:`~p0circuit.studies.findings.Detection`)."""
+    sink_circuit: Maybe[Union[SinkCircuit, Unmeasured]] = ABSENT
+    """A P0 onset: the circuit of the sink heads' attention to P0 after it, beside the norm circuit
+    (:class:`~p0circuit.studies.findings.SinkCircuit`)."""
+    super_weights: Maybe[Union[SuperWeights, Unmeasured]] = ABSENT
+    """A P0 onset: the weights through which its neurons write the massive dimension, zeroed
+    (:class:`~p0circuit.studies.findings.SuperWeights`)."""
+
+
+@dataclass(frozen=True)
+class Sensitivity(_Record):
+    """How one BOS setting's verdict depends on its thresholds (:mod:`p0circuit.studies.analysis.sensitivity`)."""
+
+    sweeps: list[Sweep]
+    """Each threshold swept, with the labels it gives."""
+    rows: list[dict[str, Any]]
+    """The blocks below the first P0 onset that another onset line makes the onset, each patched as an onset there
+    (an :class:`OnsetRow`'s dict)."""
+
+    def _check(self, path: str) -> None:
+        for i, row in enumerate(self.rows):
+            OnsetRow.from_dict(row, f"the sensitivity rows[{i}]")
 
 
 @dataclass(frozen=True)
@@ -250,6 +204,19 @@ class AnalysisRecord(_Record):
     when that setting did not run)."""
     truth: Maybe[dict[str, list[str]]] = ABSENT
     """A planted model's ground truth (``nodes``, ``edges``); absent for any other model."""
+    first_tokens: dict[str, Union[FirstTokens, Unmeasured]] = field(default_factory=dict)
+    """Block of a P0 onset -> every vocabulary token's P0 state there (:class:`~p0circuit.studies.findings.FirstTokens`)."""
+    weights: Union[list[Weight], Unmeasured, None] = None
+    """The model's super-weight candidates: every block's ``W_out`` entries far from its mean
+    (:func:`~p0circuit.studies.experiments.super_weights.weight_outliers`), or why there are none to read."""
+    sensitivity: dict[str, Sensitivity] = field(default_factory=dict)
+    """BOS setting -> how its verdict depends on each threshold."""
+    spread: dict[str, Union[Spread, Unmeasured]] = field(default_factory=dict)
+    """BOS setting -> the first P0 onset's headline numbers over ``spread_prompts`` prompts, with intervals."""
+    controls: dict[str, list[Control]] = field(default_factory=dict)
+    """BOS setting -> the first P0 onset's controls (two negative, one positive)."""
+    special_tokens: dict[str, Union[list[SpecialToken], Unmeasured]] = field(default_factory=dict)
+    """BOS setting -> the model's start, end-of-text and chat tokens put in the middle of its prompts."""
     variant: Maybe[str] = ABSENT
     """What a model read from a GGUF file is: the release it came from, its quantization, dequantized to float32
     (:func:`p0circuit.models.gguf.variant`); absent for any other model."""
@@ -258,10 +225,10 @@ class AnalysisRecord(_Record):
 
     FIX: ClassVar[str] = "re-run `p0circuit analyze` with --fresh (fresh=True) to rewrite it with this p0circuit"
 
-    def _check(self, what: str) -> None:
+    def _check(self, path: str) -> None:
         for tag, rows in self.onsets.items():  # each row read as an OnsetRow: a missing or unknown key refused
             for i, row in enumerate(rows):
-                OnsetRow.from_dict(row, f"{what}, its onsets[{tag!r}][{i}]")
+                OnsetRow.from_dict(row, f"the analysis' onsets[{tag!r}][{i}]")
 
     @classmethod
     def read(cls, path: Path) -> "AnalysisRecord":

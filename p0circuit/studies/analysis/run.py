@@ -16,7 +16,6 @@ import copy
 import hashlib
 import json
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -25,18 +24,30 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from p0circuit.core.defaults import SINK_EPS
+from p0circuit.core.defaults import KEEPS, SINK_EPS
 from p0circuit.studies.analysis import cost, elsewhere, steps
+from p0circuit.studies.analysis.sensitivity import TARGETS, first_onsets, sweeps
+from p0circuit.studies.analysis.sink_circuit import sink_circuit
+from p0circuit.studies.analysis.spread import SCAN_SHARE, spread
+from p0circuit.studies.experiments.detection import diagonal_attention
+from p0circuit.studies.experiments.first_tokens import first_token_map
+from p0circuit.studies.experiments.reads import CONTROL, first_readers, sink_reads
+from p0circuit.studies.experiments.special_tokens import candidates as special_candidates, special_tokens
+from p0circuit.studies.experiments.super_weights import super_weights, weight_outliers
+from p0circuit.studies.findings import Control, Unmeasured
 from p0circuit.studies.analysis.eta import Bar
-from p0circuit.studies.analysis.records import ABSENT, AnalysisRecord, OnsetRow, StateFile, StateHeader
+from p0circuit.studies.analysis.records import (
+    ABSENT, SCHEMA_VERSION, AnalysisRecord, Sensitivity, StateFile, StateHeader,
+)
 from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, precheck, read_state
 from p0circuit.studies.analysis.verdict import SETTINGS, verdict
 from p0circuit.studies.analysis.write import markdown, write_all
-from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
+from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError, warn_user
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core import memory, threads
 from p0circuit.patching import NormRatio, work
+from p0circuit.patching.order import hook_order
 from p0circuit.patching.corruptions import Swap, get_corruption
 from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked
@@ -44,6 +55,8 @@ from p0circuit.models.planted import PlantedModel
 from p0circuit.core.progress import tqdm
 from p0circuit.models.tokens import BOS_ATTR, bos_label, english_prompts, prepend_id, probe_tokens, set_bos
 
+MASSIVE_EDITED = 8
+"""Massive dimensions at an onset that the ``massive_removed`` edit removes at most (the strongest first)."""
 UNIT = "forward of the batch"
 """The state's record of the cost unit: one forward of the prompt batch, timed when the analysis started."""
 
@@ -180,10 +193,22 @@ def _p0_onsets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _onset_plan(model: Any, summary: dict[str, Any], s: AnalysisSettings, bos: bool) -> list[dict[str, Any]]:
-    """The onsets of one BOS setting: P0's (at most ``max_onsets``), then the sink states away from position 0
-    (:func:`.elsewhere.plan`: at most ``max_sinks``, strongest first)."""
-    return [{k: v for k, v in o.items() if k != "ratio"} for o in _p0_onsets(summary)[:s.max_onsets]] + \
-        elsewhere.plan(summary, s, bos)
+    """The onsets of one BOS setting: P0's (at most ``max_onsets``; the first marked ``first``), then the sink states
+    away from position 0 (:func:`.elsewhere.plan`: at most ``max_sinks``, strongest first)."""
+    p0 = [{k: v for k, v in o.items() if k != "ratio"} for o in _p0_onsets(summary)[:s.max_onsets]]
+    if p0:
+        p0[0]["first"] = True
+    return p0 + elsewhere.plan(summary, s, bos)
+
+
+def _below(summary: dict[str, Any], plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks below the first P0 onset that another onset line of the sensitivity table makes the onset
+    (:data:`.sensitivity.ONSET_LINES`): each patched as an onset there, for the table (cheaper than the onset)."""
+    first = next((o["layer"] for o in plan if o["where"] == "P0"), None)
+    if first is None:
+        return []
+    blocks = sorted({b for b in first_onsets(summary["norm_ratio"]).values() if b is not None and b < first})
+    return [{"layer": b, "where": "P0", "below": True} for b in blocks]
 
 
 def _left_out(model: Any, sinks: dict[str, Any], s: AnalysisSettings) -> dict[str, list[dict[str, Any]]]:
@@ -274,20 +299,27 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     else:
         threads.adapt()  # a first look at the machine ...
         model(first)  # a first forward pays one-off costs (allocations, lazy set-up) that would inflate the unit
+        hook_order(model)  # the model's one-time trace (a tenth of a forward), here: no step's count depends on it
         threads.adapt()  # ... and a second: one thread for the unit and what follows if other processes are busy
         with threads.Contention() as contention:
             t = time.perf_counter()
             model(first)  # one forward of the batch, timed in the same run as the analysis: the unit of its cost
             forward_s = time.perf_counter() - t
         if contention.busy:  # the cost model's seconds assume the forward's speed holds; say why it may not
-            warnings.warn(contention.warning("the analysis' unit forward"), stacklevel=3)
+            warn_user(contention.warning("the analysis' unit forward"))
         state.keep(UNIT, forward_s)
     started = time.perf_counter()
     bar = Bar(tqdm(total=None, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5,
                    bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}{unit} [{elapsed}{postfix}]"), forward_s)
     sinks: dict[str, Any] = {}
+    first_tokens: dict[str, Any] = {}
+    weights: Any = None
     onsets: dict[str, Any] = {}
     variations: dict[str, Any] = {}
+    controls: dict[str, Any] = {}
+    spreads: dict[str, Any] = {}
+    sensitivity: dict[str, Any] = {}
+    special: dict[str, Any] = {}
     reports: dict[str, Any] = {}
     with threads.Contention() as during:  # the other processes' cores while the steps run
         try:  # (the bar's thread stops in the finally below, whatever happens from here)
@@ -301,21 +333,37 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
                 sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
             plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s, b) for b in tags}
             bar.plan(*_costs(model, plans, s))
+            reference = tokens[False] if False in tokens else prompts(model, s.n_prompts, s.length, False, s.seed)
+            first_tokens = {str(l): state.run(f"first_tokens@L{l}", lambda l=l: _measured(lambda: first_token_map(
+                model, reference, l, threshold=s.norm_threshold, most=s.first_tokens, seed=s.seed)), bar)
+                for l in _p0_layers(plans)}
+            massive = sorted({d["dim"] for sk in sinks.values() for d in sk.get("massive_dims", [])})
+            weights = state.run("weights", lambda: _weights(model, massive), bar)
             for b in tags:
-                onsets[SETTINGS[b]] = [_onset(model, tokens[b], b, o, sinks[SETTINGS[b]], s, state, bar) for o in plans[b]]
-                p0_onsets = [o for o in onsets[SETTINGS[b]] if o["where"] == "P0"]
+                tag = SETTINGS[b]
+                onsets[tag] = [_onset(model, tokens[b], b, o, sinks[tag], s, state, bar) for o in plans[b]]
+                p0_onsets = [o for o in onsets[tag] if o["where"] == "P0"]
+                below = [_onset(model, tokens[b], b, o, sinks[tag], s, state, bar) for o in _below(sinks[tag], plans[b])]
                 if p0_onsets:
                     chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
-                    variations[SETTINGS[b]] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
+                    variations[tag] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
+                    controls[tag] = _controls(model, b, p0_onsets[0], variations[tag])
+                    if s.spread_prompts:
+                        scan = b == tags[0]  # the length scan once, in the first setting (without BOS where measured)
+                        spreads[tag] = state.run(f"{tag}/spread@L{p0_onsets[0]['layer']}", lambda b=b, scan=scan: _measured(
+                            lambda: _spread(model, b, p0_onsets[0], s, scan)), bar)
+                special[tag] = state.run(f"{tag}/special", lambda b=b: _special(model, tokens[b], b, s), bar)
+                rows = {o["layer"]: o for o in p0_onsets + below}
+                sensitivity[tag] = Sensitivity(sweeps=sweeps(sinks[tag], p0_onsets[0] if p0_onsets else None, rows,
+                                                             header.settings, b), rows=below).to_dict()
         finally:
             bar.close()
-    data = AnalysisRecord(  # the keys are the record's fields (records.py); each onset row checked as an OnsetRow
+    fields = dict(  # the keys are the record's fields (records.py), read back typed: each onset row as an OnsetRow
         model=label, settings=header.settings, prompt_source=header.prompt_source,
         n_layers=int(model.cfg.n_layers),
         n_heads=int(model.cfg.n_heads), sinks=sinks,
-        onsets={tag: [OnsetRow.from_dict(o, f"the analysis' onsets[{tag!r}][{i}]").to_dict()
-                      for i, o in enumerate(rows)] for tag, rows in onsets.items()}, variations=variations,
-        verdict=verdict(sinks, onsets, s.threshold),
+        onsets=onsets, variations=variations,
+        verdict=verdict(sinks, onsets, s.threshold, line=s.norm_threshold),
         timing={"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
                 "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
                 "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
@@ -331,7 +379,11 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         truth=ABSENT if truth is None else {"nodes": [n.name for n in truth.nodes],
                                             "edges": [e.name for e in truth.edges]},
         variant=getattr(model.cfg, "variant", None) or ABSENT,
-    ).to_dict()
+        first_tokens=first_tokens, weights=weights, sensitivity=sensitivity, spread=spreads, controls=controls,
+        special_tokens=special, schema=SCHEMA_VERSION,
+    )
+    data = AnalysisRecord.from_dict(strict({k: v for k, v in fields.items() if v is not ABSENT}),
+                                    "the analysis").to_dict()
     result = Analysis(data, out, reports)
     if out is not None:
         write_all(result, out)
@@ -357,11 +409,24 @@ def _counted(state: _State, forward_s: float, others: float) -> dict[str, Any]:
                "while the steps ran" if others > threads.BUSY else
                "the machine was quiet while the steps ran, so the steps' many small forwards cost more per token "
                "than one forward of the batch (or the unit forward was timed beside other work)")
-        warnings.warn(f"the analysis' steps took {seconds:.0f} s, {slowdown:.1f}x what their counted work ({counted:.0f} "
+        warn_user(f"the analysis' steps took {seconds:.0f} s, {slowdown:.1f}x what their counted work ({counted:.0f} "
                       f"forwards of the batch, {grad:.0f} of them with a backward) takes at the unit forward's speed "
-                      f"({forward_s * 1000:.0f} ms): {why}", stacklevel=4)
+                      f"({forward_s * 1000:.0f} ms): {why}")
     return {"forwards": counted, "with_grad": grad, "forwards_by_step": by_step,
             "timed_forwards": round(seconds / forward_s, 1), "slowdown": slowdown, "others_cores": round(others, 2)}
+
+
+def _p0_layers(plans: dict[bool, list[dict[str, Any]]]) -> list[int]:
+    """The blocks of every P0 onset planned, in either BOS setting, once each."""
+    return sorted({o["layer"] for plan in plans.values() for o in plan if o["where"] == "P0"})
+
+
+def _weights(model: Any, massive: list[int]) -> Any:
+    """The model's super-weight candidates (:func:`weight_outliers`) as JSON, or why there are none to read."""
+    try:
+        return [w.to_dict() for w in weight_outliers(model, massive=massive)]
+    except P0CircuitError as err:
+        return Unmeasured(error=str(err)).to_dict()
 
 
 def _onset_key(bos: bool, onset: dict[str, Any]) -> str:
@@ -380,12 +445,17 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
             cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
             screened = steps.SCREEN_TOP + steps.SCREEN_SAMPLE
             costs = cost.step_costs(model, o["layer"], cands, s, screened, len(steps.corruption_variants(b)) - 1,
-                                    o is first)
+                                    o is first, o["where"] == "P0")
             for name, value in costs.items():
-                key = (f"{_onset_key(b, o)}/{name}" if name in ("keyed", "nodes", "edges", "neurons") else
+                key = (f"{_onset_key(b, o)}/{name}" if name in cost.ONSET_STEPS else
                        f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
+    for layer in _p0_layers(plans):
+        out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s)
+    for b in plans:
+        out[f"{SETTINGS[b]}/special"] = cost.special(model, len(special_candidates(model)))
+    out["weights"] = 0.0
     return out, parts
 
 
@@ -397,6 +467,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
                                                                                           s.length, bos)}
     choice: dict[str, Any] = {}
     at = onset.get("at", 0)
+    contexts = None
     if where == "P0":
         metric = NormRatio(layer)
         toks = tokens
@@ -406,7 +477,7 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
             corruption = get_corruption("shift", seed=s.seed)
     else:
         try:
-            toks, described = elsewhere.prompts(model, onset, s, bos)
+            toks, contexts, described = elsewhere.prompts(model, onset, s, bos)
         except P0CircuitError as err:
             entry["skipped"] = str(err)
             for step in ("keyed", "nodes", "edges", "neurons"):
@@ -415,7 +486,8 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         corruption = Swap(position=at, seed=s.seed)  # the token replaced in place
         metric = NormRatio(layer, pos=at)
         entry.update(at=at, prompts=int(toks.shape[0]), prompt_set=described)
-    entry["keyed_on"] = state.run(key + "/keyed", lambda: elsewhere.keyed(model, toks, at, layer, bos, s), bar)
+    entry["keyed_on"] = state.run(key + "/keyed", lambda: elsewhere.keyed(model, toks, at, layer, bos, s,
+                                                                         None if where == "P0" else contexts), bar)
 
     def node_step() -> dict[str, Any]:
         res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed, at)
@@ -424,23 +496,17 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         out["faithfulness"] = steps.faithfulness(res)
         bar.part(key + "/nodes", "curve")
         out["circuit"] = steps.circuit(res, s.max_edges)
+        if onset.get("first"):  # the sensitivity table's other faithfulness targets
+            out["circuit_targets"] = steps.circuit_targets(res, out["circuit"], TARGETS)
         return out
 
     entry.update(state.run(key + "/nodes", node_step, bar))
     entry["edges"] = {}
     entry["neurons"] = {}
-    entry["into_sinks"] = {}
-    if entry["signal"] and entry["nodes"]:
-        def edge_step() -> dict[str, Any]:
-            out = steps.circuit_edges(model, toks, bos, corruption, metric, layer, entry.get("circuit") or {},
-                                      entry["nodes"], s.threshold)
-            if where == "P0":
-                out["into_sinks"] = steps.into_sinks(model, toks, bos, corruption, layer, entry["nodes"],
-                                                     summary["alpha"], SINK_EPS, s.threshold)
-            return out
-
-        e = dict(state.run(key + "/edges", edge_step, bar))
-        entry["edges"], entry["into_sinks"], entry["edge_pass"] = e.pop("edges"), e.pop("into_sinks", {}), e
+    if entry["signal"] and entry["nodes"] and not onset.get("below"):  # a row below the onset: its nodes only
+        e = dict(state.run(key + "/edges", lambda: steps.circuit_edges(
+            model, toks, bos, corruption, metric, layer, entry.get("circuit") or {}, entry["nodes"], s.threshold), bar))
+        entry["edges"], entry["edge_pass"] = e.pop("edges"), e
     else:
         bar.done(key + "/edges")
     dims = [d["dim"] for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
@@ -455,7 +521,160 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
         entry["neuron_pass"] = {"note": f"no massive dimension at position {at} after block {layer}" if entry["signal"]
                                 else "no signal at the node pass"}
         bar.done(key + "/neurons")
+    if where == "P0":
+        entry.update(_p0_studies(model, toks, bos, corruption, layer, entry, summary, dims, s, state, key, bar,
+                                 below=bool(onset.get("below"))))
     return entry
+
+
+def _measured(fn: Callable[[], Any]) -> dict[str, Any]:
+    """A study's record as JSON, or :class:`~p0circuit.studies.findings.Unmeasured` with why it could not run."""
+    try:
+        return fn().to_dict()
+    except P0CircuitError as err:
+        return Unmeasured(error=f"{type(err).__name__}: {err}").to_dict()
+
+
+def _p0_studies(model: Any, toks: Tensor, bos: bool, corruption: Any, layer: int, entry: dict[str, Any],
+                summary: dict[str, Any], dims: list[int], s: AnalysisSettings, state: "_State", key: str,
+                bar: Bar, below: bool = False) -> dict[str, Any]:
+    """What makes a P0 onset a sink, beyond its norm: what later heads read of the state (edits after the onset),
+    whether undiluted attention detects position 0 (self-only attention up to it), the sink's own circuit (the
+    attention of the sink heads after it), and the single weights through which its neurons write the massive
+    dimension. A block ``below`` the first onset (patched for the sensitivity table) gets what the verdict's parts
+    read only: what the sink reads."""
+    out: dict[str, Any] = {}
+    massive = [d["dim"] for d in summary["massive_dims"]]
+    later = layer < model.cfg.n_layers - 1
+    if later:
+        out["reads"] = state.run(key + "/reads", lambda: _measured(lambda: sink_reads(
+            model, toks, layer, bos=bos, dims=dims[:MASSIVE_EDITED], seed=s.seed)), bar)
+    else:
+        bar.done(key + "/reads")
+    if below:
+        return out
+    out["detection"] = state.run(key + "/detection", lambda: _measured(lambda: diagonal_attention(
+        model, toks, layer, bos=bos)), bar)
+    heads = first_readers(summary["alpha"], layer, SINK_EPS)
+    if later and heads and entry["signal"]:
+        norm_nodes = (entry.get("circuit") or {}).get("nodes") or list(entry["nodes"])
+        out["sink_circuit"] = state.run(key + "/sink", lambda: _measured(lambda: sink_circuit(
+            model, toks, bos, corruption, layer, heads, norm_nodes, threshold=s.threshold, exact_nodes=s.exact_nodes,
+            seed=s.seed, max_edges=s.max_edges)), bar)
+    else:
+        why = ("no block after the onset" if not later else f"no head after block {layer} gives position 0 an alpha_0 "
+               f"above {SINK_EPS:g}" if not heads else "no signal at the node pass")
+        out["sink_circuit"] = Unmeasured(error=why).to_dict()
+        bar.done(key + "/sink")
+    strong = [n for n, v in (entry.get("neurons") or {}).items() if abs(v) >= s.threshold]
+    metric = (entry.get("neuron_pass") or {}).get("metric", "")
+    if strong and "[" in metric:
+        dim = int(metric.split("[")[1].split("]")[0])
+        out["super_weights"] = state.run(key + "/weights", lambda: _measured(lambda: super_weights(
+            model, toks, layer, strong, [dim], bos=bos, massive=massive)), bar)
+    else:
+        out["super_weights"] = Unmeasured(error="no neuron carries the massive dimension's change at the threshold"
+                                          if not strong else "no massive dimension's neurons").to_dict()
+        bar.done(key + "/weights")
+    return out
+
+
+ROTARY_OR_NONE = ("rotary", "alibi")
+"""TransformerLens' position encodings that give no position an absolute identity (with no position embedding at all,
+``standard`` weights frozen at 0, the planted NoPE variant, the same holds)."""
+
+
+CONTROL_SHARE = 0.1
+"""The change a negative control may make, as a share of the onset's own clean-to-corrupted change, and still pass (a
+norm ratio also moves with the other positions, which every edit of the prompt touches a little); a positive control
+must move the metric by :data:`~p0circuit.core.defaults.KEEPS` of it."""
+
+
+def _controls(model: Any, bos: bool, row: dict[str, Any], variations: dict[str, Any]) -> list[dict[str, Any]]:
+    """The controls of the first P0 onset, each with its prediction and what a pass and a failure would mean: two
+    corruptions compared at the onset (``resample``: other prompts, every position kept, a negative control;
+    ``copies``: copies of the first token put in front, negative without absolute positions, positive with them),
+    each judged by its change of the onset's metric as a share of the onset's own change (:data:`CONTROL_SHARE`), and
+    the positive control of what the sink reads (a random direction of the same norm written at P0)."""
+    out = []
+    by = variations.get("corruption") or {}
+    absolute = str(model.cfg.positional_embedding_type) not in ROTARY_OR_NONE and bool(
+        getattr(model, "W_pos", None) is not None and float(model.W_pos.detach().abs().max()) > 0)
+    own = abs(row["clean"] - row["corrupted"]) or float("nan")
+
+    def corruption(name: str, does: str, positive: bool, expects: str, fail: str, hold: str) -> None:
+        c = by.get(name) or {}
+        kind = "positive" if positive else "negative"
+        if "clean" not in c:
+            out.append(Control(name=name, kind=kind, does=does, expects=expects,
+                               observed=c.get("error", "not measured"), passed=None, meaning="not measured").to_dict())
+            return
+        moved = abs(c["clean"] - c["corrupted"]) / own
+        seen = (f"`{c['metric']}` {c['clean']:.4g} clean -> {c['corrupted']:.4g} corrupted: {moved:.1%} of the onset's "
+                f"own change under `{row['corruption']}`")
+        passed = moved >= KEEPS if positive else moved < CONTROL_SHARE
+        out.append(Control(name=name, kind=kind, does=does, expects=expects, observed=seen, passed=passed,
+                           meaning=hold if passed else fail).to_dict())
+
+    corruption("resample", "other prompts of the same length, every position kept", False,
+               f"less than {CONTROL_SHARE:.0%} of the onset's change: a state made by position 0 (or by a BOS token every "
+               "prompt keeps) does not depend on which tokens the prompts hold",
+               "the metric moves with the prompts' tokens (the P0 state, or the other positions' norms it is divided "
+               "by): part of what it measures is keyed on content",
+               "the metric barely moves with the prompts' tokens, as a position-keyed state predicts (this shows only "
+               "that; the position itself is tested by shift and copies)")
+    if absolute:
+        corruption("copies", "copies of the first token put in front of it", True,
+                   f"at least {KEEPS:.0%} of the onset's change: with a learned absolute position embedding, a position "
+                   "after copies of the first token is not position 0",
+                   "the metric barely moves: the state does not read the absolute position, only that no other token "
+                   "comes first",
+                   "the state needs position 0 itself (its absolute position), not only an empty prefix")
+    else:
+        corruption("copies", "copies of the first token put in front of it", False,
+                   f"less than {CONTROL_SHARE:.0%} of the onset's change: without absolute positions a position whose "
+                   "prefix is copies of its own token computes exactly what position 0 computes, so a state keyed on "
+                   "'no other token before it' stays",
+                   "the state changes although no other token comes before it: it reads more than an empty prefix "
+                   "(e.g. the prompt's length or its later tokens)",
+                   "'position 0' here means 'no other token before it': the two are the same for this model")
+    reads = row.get("reads") or {}
+    edit = (reads.get("edits") or {}).get(CONTROL)
+    does = "P0's state after the onset replaced by a random direction of the same norm"
+    if edit is None:
+        out.append(Control(name="random direction", kind="positive", does=does,
+                           expects="the sink heads lose their attention to P0",
+                           observed=reads.get("error") or reads.get("reads", "not measured"), passed=None,
+                           meaning="not measured").to_dict())
+    else:
+        passed = bool(reads.get("control"))
+        out.append(Control(name="random direction", kind="positive", does=does, expects="the sink heads lose their "
+                           f"attention to P0 (keep less than {reads['keep']:g} of its excess over uniform)",
+                           observed=f"they keep {edit['kept']:.2f}", passed=passed,
+                           meaning="the attention metric sees a changed state, so what the other edits keep is "
+                           "evidence" if passed else "the attention metric does not move when the state is replaced: "
+                           "what the edits keep says nothing").to_dict())
+    return out
+
+
+def _special(model: Any, toks: Tensor, bos: bool, s: AnalysisSettings) -> Any:
+    """The model's start, end-of-text and chat tokens in the middle of the prompts (:mod:`..experiments.special_tokens`),
+    or why not."""
+    try:
+        return [t.to_dict() for t in special_tokens(model, toks, bos=bos, threshold=s.norm_threshold)]
+    except P0CircuitError as err:
+        return Unmeasured(error=str(err)).to_dict()
+
+
+def _spread(model: Any, bos: bool, row: dict[str, Any], s: AnalysisSettings, scan: bool) -> Any:
+    """The first P0 onset's headline numbers on ``s.spread_prompts`` other prompts (:mod:`.spread`), and the length scan
+    when ``scan``."""
+    toks = prompts(model, s.spread_prompts, s.length, bos, s.seed + 1)
+    corruption = get_corruption(row["corruption"], **row["corruption_params"])
+    label = prompt_label(model, s.spread_prompts, s.length, bos) + f" (drawn with seed {s.seed + 1})"
+    few = max(2, int(s.n_prompts * SCAN_SHARE))
+    make = (lambda n: prompts(model, few, n, bos, s.seed)) if scan else None
+    return spread(model, toks, bos, corruption, row["layer"], row, make, line=s.norm_threshold, seed=s.seed, label=label)
 
 
 def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: AnalysisSettings, state: _State,

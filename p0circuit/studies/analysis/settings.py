@@ -85,15 +85,26 @@ class AnalysisSettings:
     """Other prompt lengths compared at the first onset."""
     seed: int = 0
     """Seed of the prompts and of the random corruptions."""
+    first_tokens: int = 65536
+    """Vocabulary tokens run as first tokens at each P0 onset: every token of a vocabulary no larger, else that many
+    drawn with the seed (the special tokens and the prompts' first tokens always among them); 0: every token."""
+    spread_prompts: int = 64
+    """Prompts the first P0 onset's headline numbers are measured again on, with 95% bootstrap intervals and per-prompt
+    minima (drawn with seed + 1; 0: not measured)."""
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "length", "max_onsets", "max_sinks", "neurons_keep", "ig_steps", "exact_nodes", "max_edges",
-                     "seed"):
+                     "seed", "spread_prompts", "first_tokens"):
             value = getattr(self, name)
-            low = 0 if name in ("seed", "exact_nodes", "max_sinks") else (2 if name in ("n_prompts", "length") else 1)
+            low = 0 if name in ("seed", "exact_nodes", "max_sinks", "first_tokens") else \
+                (2 if name in ("n_prompts", "length") else 1)
+            if name == "spread_prompts":
+                if value == 0:
+                    continue
+                low = 8  # an interval over fewer prompts says little
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"analysis setting {_named(name)} must be a whole number >= {low}, "
-                                  f"got {value!r:.40}")
+                raise ConfigError(f"analysis setting {_named(name)} must be a whole number >= {low}"
+                                  + (" (or 0: not measured)" if name == "spread_prompts" else "") + f", got {value!r:.40}")
         if self.seed > 2**32 - 1:
             raise ConfigError(f"analysis setting {_named('seed')} must be a whole number in 0..{2**32 - 1} (what the "
                               f"prompt and corruption generators take), got {self.seed!r:.40}")

@@ -20,7 +20,7 @@ from p0circuit.measures.norms import massive_activations
 from p0circuit.core.errors import P0CircuitError
 from p0circuit.measures.sink_report import SinkReport, sink_report
 from p0circuit.patching import (
-    AttnToP0, NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
+    NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
     candidate_nodes, faithful_circuit, faithful_edges, faithfulness_curve, path_patch,
 )
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
@@ -98,6 +98,8 @@ def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple
         "sink_positions": [s.to_dict() for s in rep.sink_positions],
         "norm_ratio": rep.norm_ratio_resid, "alpha": rep.alpha, "sink_rate_per_layer": rep.sink_rate_per_layer,
         "direction_stability": rep.direction_stability, "direction_to_onset": rep.direction_to_onset,
+        "direction_stability_ordinary": rep.direction_stability_ordinary,
+        "direction_stability_unmassive": rep.direction_stability_unmassive,
         "n_prompts": rep.n_prompts, "seq_len": rep.seq_len,
     }
 
@@ -193,28 +195,6 @@ def edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
             "seconds": round(time.perf_counter() - t, 2)}
 
 
-def into_sinks(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int,
-               node_effects: dict[str, float], alpha: list[list[float]], eps: float, threshold: float,
-               blocks: int = 2, max_senders: int = 6) -> dict[str, Any]:
-    """Path patching from the strongest nodes into the keys and values of the sink heads (alpha_0 >
-    ``eps``) of the ``blocks`` blocks after the onset, metric = their attention to P0: how the
-    amplified P0 state becomes the key every later query attends to."""
-    layers = list(range(layer + 1, min(layer + 1 + blocks, model.cfg.n_layers)))
-    heads = [(l, h) for l in layers for h in range(model.cfg.n_heads) if alpha[l][h] > eps]
-    senders = sorted(n for n in (Node.parse(x) for x in list(node_effects)[:max_senders]) if n.kind != Kind.EXPERT)
-    if not heads or not senders:
-        return {"edges": {}, "candidates": 0, "note": f"no sink head (alpha_0 > {eps}) in blocks {layers}" if not heads
-                else "no sender"}
-    cands = [e for e in candidate_edges(model, senders, qkv=("k", "v"), receiver_layers=max(layers) + 1)
-             if e.dst.layer in layers and e.dst.pos == 0]
-    metric = AttnToP0(heads=heads)
-    t = time.perf_counter()
-    res = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos)
-    return {"edges": strong(res, threshold), "candidates": len(cands), "metric": res.metric, "signal": res.signal,
-            "clean": res.clean_metric, "corrupted": res.corrupted_metric, "message": res.message,
-            "seconds": round(time.perf_counter() - t, 2)}
-
-
 def massive_dim_at(model: Any, tokens: Tensor, layer: int, at: int) -> Optional[int]:
     """The strongest massive dimension (:func:`~p0circuit.measures.norms.massive_activations`) of block
     ``layer``'s output at index ``at``, or None."""
@@ -268,7 +248,7 @@ def faithfulness(result: PatchResult) -> dict[str, float]:
     return {str(int(kept)): round(f, 4) for _, kept, f in curve}
 
 
-def circuit(result: PatchResult, max_edges: Optional[int] = None) -> dict[str, Any]:
+def circuit(result: PatchResult, max_edges: Optional[int] = None, require_denoising: bool = True) -> dict[str, Any]:
     """The onset's faithful circuit (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), or why
     there is none, and its edges (:func:`~p0circuit.patching.circuit_edges.faithful_edges`), searched also when the
     node circuit keeps the target but holds more nodes than the budget; the top-k faithfulness curve stays beside it
@@ -276,11 +256,12 @@ def circuit(result: PatchResult, max_edges: Optional[int] = None) -> dict[str, A
     if not result.signal:
         return {"note": f"no signal: {result.message}"}
     t = time.perf_counter()
-    circuit_ = faithful_circuit(result)
+    circuit_ = faithful_circuit(result, require_denoising=require_denoising)
     found = circuit_.to_dict()
     found["seconds"] = round(time.perf_counter() - t, 2)
     target = circuit_.settings["target"]
-    keeps = circuit_.faithfulness >= target and (circuit_.denoising is None or circuit_.denoising >= target)
+    keeps = circuit_.faithfulness >= target and (circuit_.denoising is None or circuit_.denoising >= target
+                                                 or not require_denoising)
     if not keeps:  # over the node budget but faithful, its edges are still searched: they may fit an edge budget
         found["edge_circuit"] = {"note": "the node circuit is not faithful, so its edges were not searched"}
         return found
@@ -288,6 +269,23 @@ def circuit(result: PatchResult, max_edges: Optional[int] = None) -> dict[str, A
     found["edge_circuit"] = faithful_edges(circuit_, max_candidates=max_edges).to_dict()
     found["edge_circuit"]["seconds"] = round(time.perf_counter() - t, 2)
     return found
+
+
+def circuit_targets(result: PatchResult, found: dict[str, Any], targets: Sequence[float],
+                    require_denoising: bool = True) -> dict[str, dict[str, Any]]:
+    """The faithful circuit of ``result`` searched at each faithfulness target of ``targets`` (the one already
+    ``found``, at its own target, reused): target (``"0.8"``) -> its nodes, size and measures, without edges."""
+    if "nodes" not in found:
+        return {}
+    keys = ("nodes", "size", "candidates", "faithfulness", "denoising", "completeness", "faithful", "why", "settings")
+    out = {}
+    for t in targets:
+        if t == found["settings"]["target"]:
+            c = found
+        else:
+            c = faithful_circuit(result, target=t, require_denoising=require_denoising).to_dict()
+        out[f"{t:g}"] = {k: c[k] for k in keys}
+    return out
 
 
 def corruption_variants(bos_at_p0: bool) -> list[str]:

@@ -1,36 +1,49 @@
 """The paper's claim, judged part by part from what an analysis measured.
 
-Peng et al. (2026) claim that without a start token (a) position 0 becomes an attention sink, (b) by
-a circuit of layer-0 attention, which finds the position with nothing before it, and the layer-0/1
-MLPs, (c) whose neurons write its massive dimension, and (d) that the state points along one fixed
-direction. Each part is judged per BOS setting as **holds**, **fails as stated** (the mechanism is
-there, but not as the paper says: in other blocks, or at position 0 but keyed on its token; the record
-says where it was found), **fails**, or **not measured** (a part this model or these prompts cannot
-measure), with the evidence in numbers. The headline (``claim``) names all four parts; ``holds`` is true only when all
-four hold without BOS.
+Peng et al. (2026) claim that without a start token (a) position 0 becomes an attention sink, made by its
+position, (b) by a circuit of layer-0 attention, which finds the position with nothing before it, and the
+layer-0/1 MLPs, (c) whose neurons write its massive dimension, (d) that the state points along one fixed
+direction, and (e) that it is this amplified norm the later heads attend to ("the MLPs amplify P0's norm into a
+sink"). Each part is judged per BOS setting as **holds**, **partially supported** (the mechanism is there, but
+not as the paper says: in other blocks, without an attention step, at position 0 but keyed on its token; the
+part says where it was found), **fails**, or **not applicable** (the part's premise is missing: no onset, one
+prompt, a mixture of experts; the part says why), with the evidence in numbers and every threshold a label uses
+printed beside it. A part is judged only where its premise holds: no circuit "explains" a sink that is not
+there, and a state that lasts one block is not "stable across layers". The headline (``claim``) names every
+part; ``holds`` is true only when every part holds without BOS.
+
+Block numbering (:data:`NUMBERING`): p0circuit counts blocks from 0, as TransformerLens does, and an onset at block
+``L`` is the state in block ``L``'s output, which the attention of block ``L + 1`` is the first to read.
 """
 
 from typing import Any, Optional
 
-from p0circuit.core.defaults import CIRCUIT_THRESHOLD, DIRECTION_COS, SINK_EPS, sink_rate_label
+from p0circuit.core.defaults import (
+    ALPHA_LINE, CIRCUIT_THRESHOLD, DIRECTION_COS, DIRECTION_MARGIN, NORM_THRESHOLD, SINK_EPS, sink_rate_label,
+)
 from p0circuit.core.shares import share
 from p0circuit.core.types import Kind, Node
 from p0circuit.studies.analysis.elsewhere import label as sink_label
 
-HOLDS, AS_STATED, FAILS, UNMEASURED = "holds", "fails as stated", "fails", "not measured"
-"""The answers of each part: as the paper says; found, but not as it says (in other blocks, or keyed on the token);
-not found; not measurable on this model or these prompts (a mixture of experts has no single MLP's neurons; one
-prompt has no pairwise cosine)."""
-ANSWERS = ("each part holds; fails as stated (the mechanism was found, but not as the paper says: in other blocks, "
-           "or at position 0 but keyed on its token; the part says where); fails; or is not measured (a part this "
-           "model or these prompts cannot measure)")
+HOLDS, PARTIAL, FAILS, NOT_APPLICABLE = "holds", "partially supported", "fails", "not applicable"
+"""The answers of each part: as the paper says; found, but not as it says (``found_at`` says where); not found;
+the part's premise is missing (``why`` says which)."""
+ANSWERS = ("each part holds; is partially supported (the mechanism was found, but not as the paper says: in other "
+           "blocks, without an attention step, or at position 0 but keyed on its token; the part says where); fails; or "
+           "is not applicable (its premise is missing: no onset, one prompt, no MLP neurons; the part says why)")
 """The answers, in words, for the written pages."""
+NUMBERING = ("Blocks count from 0, as in TransformerLens: an onset at block L is the state in block L's output, which "
+             "the attention of block L+1 reads first. In these terms the paper's account puts the state in the output "
+             "of block 1 (written by the MLPs of blocks 0 and 1, after block 0's attention found position 0), read "
+             "from block 2 on (its 'the sink reappears at layer 2')")
+"""The paper's layer numbering mapped once onto p0circuit's (the written pages say it once)."""
 PAPER_BLOCKS = {"attention": {0}, "mlp": {0, 1}}
 """Where the paper puts the mechanism: layer-0 attention finds position 0, the layer-0/1 MLPs amplify it."""
-PARTS = (("sink", "a", "position 0 becomes a sink"),
+PARTS = (("sink", "a", "position 0 becomes a sink, made by its position"),
          ("circuit", "b", "the first onset's faithful circuit lies in layer-0 attention and the layer-0/1 MLPs"),
          ("amplification", "c", "those MLPs' neurons write the onset's massive dimension"),
-         ("direction", "d", "the state points along one direction, fixed across prompts and stable across layers"))
+         ("direction", "d", "the state points along one direction, fixed across prompts and stable across layers"),
+         ("reads", "e", "the later heads attend to the amplified norm"))
 """Each part's key, letter and statement."""
 SETTINGS = {False: "without_bos", True: "with_bos"}
 """BOS setting -> its key in the results."""
@@ -39,38 +52,63 @@ TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
 
 
 def label(part: dict[str, Any]) -> str:
-    """A part's answer in words: ``holds``, ``fails``, or ``fails as stated (found at <where>)``."""
-    return part["status"] + (f" (found at {part['found_at']})" if part.get("found_at") else "")
+    """A part's answer in words: ``holds``, ``fails``, ``partially supported (found at <where>)`` or
+    ``not applicable (<why>)``."""
+    if part.get("found_at"):
+        return f"{part['status']} (found at {part['found_at']})"
+    if part.get("why"):
+        return f"{part['status']} ({part['why']})"
+    return part["status"]
 
 
-def _sink_part(summary: dict[str, Any], keyed: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """(a) Position 0 becomes a sink: the P0 norm ratio (P0's residual norm over the mean norm of the other
-    positions) reaches the threshold and, from that layer on, some head gives P0 a mean attention (alpha_0)
-    above 0.5; made by the position: a state that the first onset's test (``keyed``) finds keyed on its token
-    or its context fails as stated."""
-    onset = [l for k, l, _ in summary["norm_stages"] if k == "onset"]
-    first = onset[0] if onset else 0
-    strongest, where = max(((max(row), l) for l, row in enumerate(summary["alpha"]) if l >= first), default=(0.0, first))
-    holds = bool(onset) and strongest > 0.5
-    text = ("the P0 norm ratio (||h_0|| over the mean ||h_t|| of the other positions) "
-            + (f"reaches the threshold at layer {onset[0]}" if onset else "never reaches the threshold")
-            + (f" (there its strongest head's alpha_0, mean attention to P0, is {max(summary['alpha'][first]):.2f})"
-               if onset else "")
-            + f", the strongest head's alpha_0 from then on is {strongest:.2f} (layer {where}) and {sink_rate_label()} "
-            f"(share of heads giving P0 over {SINK_EPS:g}) = {summary['sink_rate']:.3f}")
-    if keyed and "verdict" in keyed:
-        text += f"; the state is keyed on {keyed['verdict']} ({keyed['evidence']})"
+def _not_applicable(why: str, evidence: Optional[str] = None) -> dict[str, Any]:
+    return {"status": NOT_APPLICABLE, "why": why, "evidence": evidence or why}
+
+
+def _onset(summary: dict[str, Any]) -> Optional[int]:
+    return next((l for k, l, _ in summary["norm_stages"] if k == "onset"), None)
+
+
+def _sink_part(summary: dict[str, Any], row: Optional[dict[str, Any]], line: float, alpha_line: float,
+               bos: bool) -> dict[str, Any]:
+    """(a) Position 0 becomes a sink: the P0 norm ratio reaches the onset line and, from that layer on, some head
+    gives P0 a mean attention (alpha_0) above ``alpha_line``; made by the position: a state the first onset's keyed
+    test (``row['keyed_on']``) finds keyed on its token or its context is partially supported; the detection test
+    (self-only attention) is cited."""
+    onset = _onset(summary)
+    first = onset if onset is not None else 0
+    strongest, where = max(((max(r), l) for l, r in enumerate(summary["alpha"]) if l >= first), default=(0.0, first))
+    text = (f"the P0 norm ratio (||h_0|| over the mean ||h_t|| of the other positions) "
+            + (f"reaches the onset line ({line:g}) at block {onset} (there its strongest head's alpha_0, mean "
+               f"attention to P0, is {max(summary['alpha'][first]):.2f})" if onset is not None else
+               f"never reaches the onset line ({line:g})")
+            + f", the strongest head's alpha_0 from then on is {strongest:.2f} (block {where}; the sink line is "
+            f"{alpha_line:g}) and {sink_rate_label()} (share of heads giving P0 over {SINK_EPS:g}) = "
+            f"{summary['sink_rate']:.3f}")
+    keyed = (row or {}).get("keyed_on") or {}
+    if "verdict" in keyed:
+        text += f"; the state is {keyed['reading']} ({keyed['evidence']})"
+    detection = (row or {}).get("detection") or {}
+    if "evidence" in detection:
+        text += f"; detection where the paper puts it: {detection['evidence']}"
     others = sorted({sink_label(p) for p in summary["sink_positions"] if not p["where"].startswith("P0")})
     if others:
-        text += "; sink states away from position 0: " + ", ".join(others)
-    out = {"status": HOLDS if holds else FAILS, "evidence": text, "strongest_alpha0": strongest}
-    if holds and keyed and keyed.get("verdict") not in (None, "position"):  # a sink at position 0, not made by it
-        out.update(status=AS_STATED, found_at=f"position 0, keyed on {keyed['verdict']}")
-    return out
+        text += "; high-norm states away from position 0: " + ", ".join(others)
+    out: dict[str, Any] = {"strongest_alpha0": strongest, "evidence": text}
+    if onset is None or strongest <= alpha_line:
+        found = ("attention without a norm onset" if onset is None and strongest > alpha_line else
+                 f"a norm onset at block {onset} that no head attends to above {alpha_line:g}" if onset is not None
+                 else "")
+        return {**out, "status": PARTIAL if found else FAILS, **({"found_at": found} if found else {})}
+    if keyed.get("verdict") not in (None, "position"):
+        return {**out, "status": PARTIAL, "found_at": "position 0, " + (keyed["reading"] if bos else
+                                                                        f"keyed on its {keyed['verdict']}")}
+    return {**out, "status": HOLDS}
 
 
-def _blocks(names: list[str]) -> tuple[list[str], str]:
-    """(the blocks of ``names`` outside the paper's account, every block ``names`` use), in words."""
+def _blocks(names: list[str]) -> tuple[list[str], str, set[int], set[int]]:
+    """(the blocks of ``names`` outside the paper's account, in words; every block ``names`` use, in words; the
+    attention blocks; the MLP blocks)."""
     attn, mlp = set(), set()
     for name in names:
         n = Node.parse(name)
@@ -82,7 +120,7 @@ def _blocks(names: list[str]) -> tuple[list[str], str]:
                + [f"MLP of block {l}" for l in sorted(mlp - PAPER_BLOCKS["mlp"])])
     used = " and ".join(x for x in (f"attention of blocks {', '.join(map(str, sorted(attn)))}" if attn else "",
                                     f"MLPs of blocks {', '.join(map(str, sorted(mlp)))}" if mlp else "") if x)
-    return outside, used
+    return outside, used or "no attention and no MLP", attn, mlp
 
 
 def _edges_said(c: dict[str, Any]) -> str:
@@ -95,87 +133,163 @@ def _edges_said(c: dict[str, Any]) -> str:
 
 
 def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """(b) Where the faithful circuit of the first P0 onset sits."""
+    """(b) Where the faithful circuit of the first P0 onset sits: holds only in layer-0 attention (the detection
+    step, which it must hold) and the layer-0/1 MLPs (the amplification, which it must hold too)."""
     if onset is None:
-        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio, so no circuit to place"}
+        return _not_applicable("no onset of the P0 norm ratio, so no circuit to place")
     c = onset.get("circuit") or {}
     if "nodes" not in c:
-        return {"status": FAILS, "evidence": f"no circuit at the layer-{onset['layer']} onset: {c.get('note', 'not measured')}"}
-    where = (f"the layer-{onset['layer']} onset's circuit ({c['size']} nodes: {', '.join(c['nodes'][:8])}"
+        return _not_applicable(f"no circuit at the block-{onset['layer']} onset: {c.get('note', 'not measured')}")
+    st = c.get("settings") or {}
+    where = (f"the block-{onset['layer']} onset's circuit ({c['size']} nodes: {', '.join(c['nodes'][:8])}"
              + ("..." if c["size"] > 8 else "") + f"; faithfulness {share(c['faithfulness'])}"
-             + ("" if c["denoising"] is None else f", denoising {share(c['denoising'])}") + _edges_said(c) + ")")
+             + ("" if c["denoising"] is None else f", denoising {share(c['denoising'])}") + _edges_said(c)
+             + f"; a faithful circuit keeps at least {st.get('target', 0.9):g} with at most {st.get('max_size', 20)} "
+             "nodes)")
     if not c["faithful"]:
         return {"status": FAILS, "evidence": f"no faithful circuit: {c['why']}; best found: {where}"}
-    outside, used = _blocks(c["nodes"])
-    if not outside:
+    outside, used, attn, mlp = _blocks(c["nodes"])
+    missing = ([] if 0 in attn else ["no attention step in block 0"]) + \
+        ([] if mlp & PAPER_BLOCKS["mlp"] else ["no MLP of blocks 0-1"])
+    if not outside and not missing:
         return {"status": HOLDS, "evidence": f"{where} lies in layer-0 attention and the layer-0/1 MLPs"}
-    return {"status": AS_STATED, "found_at": used,
-            "evidence": f"{where}; outside the paper's blocks: " + ", ".join(outside)}
+    return {"status": PARTIAL, "found_at": used + (f", {'; '.join(missing)}" if missing else ""),
+            "evidence": where + (f"; outside the paper's blocks: {', '.join(outside)}" if outside else "")
+            + (f"; {'; '.join(missing)}" if missing else "")}
 
 
 def _amplification_part(onset: Optional[dict[str, Any]], threshold: float) -> dict[str, Any]:
-    """(c) Which MLPs and neurons write the onset's massive dimension at P0."""
+    """(c) Which MLPs and neurons write the onset's massive dimension at P0 (with the super weights they write it
+    through)."""
     if onset is None:
-        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio"}
+        return _not_applicable("no onset of the P0 norm ratio")
     npass = onset.get("neuron_pass") or {}
     if "metric" not in npass:
         note = npass.get("note", "not measured")
-        unmeasurable = any(w in note for w in ("mixture of experts", "attention-only"))
-        return {"status": UNMEASURED if unmeasurable else FAILS, "evidence": f"at the layer-{onset['layer']} onset: {note}"}
+        if any(w in note for w in ("mixture of experts", "attention-only", "no massive dimension", "no signal")):
+            return _not_applicable(note, f"at the block-{onset['layer']} onset: {note}")
+        return {"status": FAILS, "evidence": f"at the block-{onset['layer']} onset: {note}"}
     strong = [n for n, v in (onset.get("neurons") or {}).items() if abs(v) >= threshold]
     if not npass.get("signal") or not strong:
-        return {"status": FAILS, "evidence": f"no neuron carries {threshold} of the change of {npass['metric']} "
+        return {"status": FAILS, "evidence": f"no neuron carries {threshold:g} of the change of {npass['metric']} "
                 f"({npass.get('message') or 'screened: ' + npass.get('screen', '')})"}
     text = (f"{npass['metric']} (the massive dimension's value at P0 after block {onset['layer']}) is written by "
             f"{len(strong)} neuron(s) each carrying at least {threshold:g} of its clean-to-corrupted change alone "
             "(strongest: " + ", ".join(f"{n} {share(onset['neurons'][n])}" for n in strong[:3]) + ")")
-    outside, used = _blocks(strong)
+    weights = onset.get("super_weights") or {}
+    if "evidence" in weights:
+        text += f"; the single weights: {weights['evidence']}"
+    outside, used, _, _ = _blocks(strong)
     if not outside:
         return {"status": HOLDS, "evidence": text + "; all in the layer-0/1 MLPs"}
-    return {"status": AS_STATED, "found_at": used,
+    return {"status": PARTIAL, "found_at": used,
             "evidence": text + "; outside the paper's layer-0/1 MLPs: " + ", ".join(outside)}
 
 
-def _direction_part(summary: dict[str, Any]) -> dict[str, Any]:
-    """(d) The P0 state points along a fixed direction: across prompts (their mean pairwise cosine of h_0) and across
-    layers (each layer's mean direction against the onset's), both at least :data:`DIRECTION_COS` at every layer
-    from the first onset until the ratio first falls back below the threshold (the state's first span)."""
+def direction_fixed(cos: float, ordinary: Optional[float], line: float) -> bool:
+    """Whether h_0's cosine across prompts counts as a fixed direction: at the ``line``, and above the ordinary
+    positions' own cosine by at least half of what those lack of 1 (where they already reach the line, the line
+    alone cannot tell the sink state from any other state)."""
+    return cos >= line and (ordinary is None or cos - ordinary >= DIRECTION_MARGIN * (1 - ordinary))
+
+
+def _direction_part(summary: dict[str, Any], line: float) -> dict[str, Any]:
+    """(d) The P0 state points along a fixed direction: across prompts (their mean pairwise cosine of h_0, against
+    the ordinary positions' and h_0's without its massive dimensions, :func:`direction_fixed`) and across layers
+    (each layer's mean direction against the onset's), at every layer from the first onset until the ratio first
+    falls back below the line (the state's first span); a span of one block is not "stable across layers"."""
     stages = summary["norm_stages"]
-    onset = next((l for k, l, _ in stages if k == "onset"), None)
+    onset = _onset(summary)
     if onset is None:
-        return {"status": FAILS, "evidence": "no onset of the P0 norm ratio, so no state whose direction to judge"}
+        return _not_applicable("no onset of the P0 norm ratio, so no state whose direction to judge")
     prompts, layers = summary.get("direction_stability"), summary.get("direction_to_onset")
     if prompts is None or layers is None:
-        return {"status": UNMEASURED, "evidence": "one prompt: no pairwise cosine across prompts"}
+        return _not_applicable("one prompt: no pairwise cosine across prompts")
+    ordinary = summary.get("direction_stability_ordinary") or [None] * len(prompts)
+    unmassive = summary.get("direction_stability_unmassive") or [None] * len(prompts)
     end = next((l for k, l, _ in stages if k == "erasure" and l > onset), len(layers))
     span = range(onset, end)
     worst_p = min(span, key=lambda l: prompts[l])
     worst_l = min(span, key=lambda l: layers[l])
-    text = (f"over layers {onset}-{end - 1} (from the onset until the ratio falls back below the threshold), h_0's "
-            f"mean pairwise cosine across prompts is at least {prompts[worst_p]:.3f} (layer {worst_p}) and its mean "
-            f"direction keeps a cosine of at least {layers[worst_l]:.3f} (layer {worst_l}) with the onset's; the "
-            f"threshold is {DIRECTION_COS:g} for both")
+    base = ordinary[worst_p]
+    text = (f"over blocks {onset}-{end - 1} (from the onset until the ratio falls back below the line), h_0's mean "
+            f"pairwise cosine across prompts is at least {prompts[worst_p]:.3f} (block {worst_p}"
+            + ("" if base is None else f"; ordinary positions there {base:.3f}, h_0 without its massive dimensions "
+               f"{unmassive[worst_p]:.3f}") + f") and its mean direction keeps a cosine of at least {layers[worst_l]:.3f} "
+            f"(block {worst_l}) with the onset's; the line is {line:g} for both, and h_0 must exceed the ordinary "
+            f"positions' cosine by at least {DIRECTION_MARGIN:g} of what they lack of 1")
     if end < len(layers):
         low = min(range(end, len(layers)), key=lambda l: layers[l])
-        text += f"; after that span the direction's cosine with the onset's falls to {layers[low]:.3f} (layer {low})"
-    holds = prompts[worst_p] >= DIRECTION_COS and layers[worst_l] >= DIRECTION_COS
-    return {"status": HOLDS if holds else FAILS, "evidence": text,
-            "min_cos_prompts": round(prompts[worst_p], 4), "min_cos_layers": round(layers[worst_l], 4)}
+        text += f"; after that span the direction's cosine with the onset's falls to {layers[low]:.3f} (block {low})"
+    fixed = all(direction_fixed(prompts[l], ordinary[l], line) for l in span)
+    stable = layers[worst_l] >= line
+    out = {"evidence": text, "min_cos_prompts": round(prompts[worst_p], 4), "min_cos_layers": round(layers[worst_l], 4)}
+    if fixed and len(span) == 1:
+        return {**out, "status": PARTIAL, "found_at": "fixed across prompts; stable across layers not applicable: the "
+                                                       "state lasts one block"}
+    if fixed and stable:
+        return {**out, "status": HOLDS}
+    if fixed or stable:
+        return {**out, "status": PARTIAL, "found_at": "fixed across prompts only" if fixed else "stable across layers only"}
+    return {**out, "status": FAILS}
 
 
-def verdict(sinks: dict[str, Any], onsets: dict[str, Any], threshold: float = CIRCUIT_THRESHOLD) -> dict[str, Any]:
-    """The paper's claim in :data:`PARTS` per BOS setting (see the module docstring). ``claim``: every part without
-    BOS, in words; ``holds``: all four hold without BOS."""
+def _reads_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """(e) What the later heads read of the P0 state (:mod:`p0circuit.studies.experiments.reads`): the paper's
+    "amplify the norm into a sink" holds where the heads need the norm; where they read the direction alone right
+    after the onset but need the norm over later blocks (a small state is turned by later writes), it is partially
+    supported (the norm keeps the direction); where they read the direction alone throughout, it fails."""
+    if onset is None:
+        return _not_applicable("no onset of the P0 norm ratio")
+    reads = onset.get("reads") or {}
+    if "reads" not in reads:
+        return _not_applicable(reads.get("error", "not measured"))
+    if reads["reads"].startswith(("not applicable", "not measured")):
+        return _not_applicable(reads["reads"].split("(", 1)[1].rstrip(")"), reads["evidence"])
+    text = f"the window's sink heads read {reads['reads']}, those of every later block {reads['reads_later']} ({reads['evidence']})"
+    near, later = reads["reads"], reads["reads_later"]
+    if near in ("the norm", "both"):
+        return {"status": HOLDS, "evidence": text + ": the norm is what the sink needs, as the paper says"}
+    if later in ("the norm", "both"):
+        return {"status": PARTIAL, "found_at": f"the direction right after the onset; the norm over later blocks",
+                "evidence": text + ": the heads read the state's direction; its norm matters only by keeping that "
+                "direction through later blocks (the paper's stabilization), not as what the heads attend to"}
+    return {"status": FAILS, "evidence": text + ": the heads read the state's direction and not its norm, so 'the MLPs "
+            "amplify the norm into a sink' does not describe what makes the sink here; the amplification writes a "
+            "fixed direction that the heads attend to"}
+
+
+def judge(summary: dict[str, Any], row: Optional[dict[str, Any]], *, line: float = NORM_THRESHOLD,
+          alpha_line: float = ALPHA_LINE, cos: float = DIRECTION_COS, threshold: float = CIRCUIT_THRESHOLD,
+          bos: bool = False) -> dict[str, dict[str, Any]]:
+    """Every part of :data:`PARTS` for one BOS setting: ``summary`` its sink summary, ``row`` its first P0 onset's row
+    (None: no onset was patched), at these lines (see :func:`verdict`)."""
+    parts = {"sink": _sink_part(summary, row, line, alpha_line, bos), "circuit": _circuit_part(row),
+             "amplification": _amplification_part(row, threshold), "direction": _direction_part(summary, cos),
+             "reads": _reads_part(row)}
+    onset = _onset(summary)
+    if row is None and onset is not None:  # an onset no row measured: its parts have nothing to judge
+        for key in ("circuit", "amplification", "reads"):
+            parts[key] = _not_applicable(f"the onset at block {onset} was not patched")
+    return parts
+
+
+def verdict(sinks: dict[str, Any], onsets: dict[str, Any], threshold: float = CIRCUIT_THRESHOLD,
+            line: float = NORM_THRESHOLD, alpha_line: float = ALPHA_LINE, cos: float = DIRECTION_COS) -> dict[str, Any]:
+    """The paper's claim in :data:`PARTS` per BOS setting (see the module docstring), with ``line`` the onset line
+    (the analysis' norm threshold), ``alpha_line`` the sink line on alpha_0, ``cos`` the direction line and
+    ``threshold`` the neurons' effect line. ``claim``: every part without BOS, in words; ``holds``: all hold
+    without BOS."""
     parts: dict[str, Any] = {}
     for tag, summary in sinks.items():
         if not summary or "skipped" in summary:
             continue
         first = next((o for o in onsets.get(tag, []) if o["where"] == "P0" and "skipped" not in o), None)
-        parts[tag] = {"sink": _sink_part(summary, (first or {}).get("keyed_on")), "circuit": _circuit_part(first),
-                      "amplification": _amplification_part(first, threshold), "direction": _direction_part(summary)}
+        parts[tag] = judge(summary, first, line=line, alpha_line=alpha_line, cos=cos, threshold=threshold,
+                           bos=tag == SETTINGS[True])
     no = parts.get(SETTINGS[False])
     if no is None:
-        return {"claim": "not measured (no run without BOS)", "parts": parts}
+        return {"claim": "not applicable (no run without BOS)", "parts": parts}
     out = {"claim": "without BOS, " + "; ".join(f"({letter}) {label(no[key])}" for key, letter, _ in PARTS),
            "holds": all(no[key]["status"] == HOLDS for key, _, _ in PARTS),
            "strongest_alpha0": no["sink"]["strongest_alpha0"], "parts": parts}

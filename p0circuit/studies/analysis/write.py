@@ -12,7 +12,10 @@ from typing import Any, Optional, Union
 from p0circuit.core.defaults import sink_rate_label
 from p0circuit.core.shares import OVERSHOOT, share
 from p0circuit.studies.analysis import cost
-from p0circuit.studies.analysis.verdict import ANSWERS, PARTS, TITLES, label
+from p0circuit.studies.analysis.verdict import ANSWERS, NUMBERING, PARTS, TITLES, label
+from p0circuit.studies.experiments.super_weights import PER_BLOCK, SUPER_Z, name_of
+from p0circuit.studies.findings import Unmeasured
+from p0circuit.measures.positions import state_name
 from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core.circuits import searched_circuit
@@ -113,10 +116,10 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
              "*excess norm* is that ratio minus 1. Nodes: `A2.H0@0` is block 2's head 0 at position 0, `M1@rest` block "
              "1's MLP at every other position, `M2.N90@0` one neuron, `E@0` the token embedding, `R2@0` block 2's "
              "output (what a metric reads); an edge `X->Y.mlp_in` (or `.q`, `.k`, `.v`) is X's path into that input of "
-             "Y. Layer and block mean the same: block N's output is read \"after layer N\".", ""]
+             f"Y. Layer and block mean the same: block N's output is read \"after layer N\". {NUMBERING}.", ""]
     parts = d.verdict.get("parts") or {}
     if parts:
-        lines += ["**The claim in four parts** (" + "; ".join(f"{letter}: {text}" for _, letter, text in PARTS)
+        lines += [f"**The claim in {len(PARTS)} parts** (" + "; ".join(f"{letter}: {text}" for _, letter, text in PARTS)
                   + f"). As measured, {ANSWERS}. Shares "
                   f"(faithfulness, denoising, effects) are of the clean-to-corrupted change; {OVERSHOOT}.", ""]
         for tag, p in parts.items():
@@ -144,7 +147,8 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             by_where.setdefault(p["where"], []).append(p)
         for where, ps in by_where.items():
             peak = max(ps, key=lambda p: p["ratio"])
-            lines.append(f"- Sink states at **{where}**: layers {', '.join(str(p['layer']) for p in ps)}; peak "
+            lines.append(f"- High-norm states at **{where}** ({state_name(peak['max_head_attention'])}s): layers "
+                         f"{', '.join(str(p['layer']) for p in ps)}; peak "
                          f"{peak['ratio']:.3g}x the prompt's median norm at layer {peak['layer']} (in "
                          f"{peak['share']:.0%} of prompts), attention it receives there {peak['attention']:.3f} (mean over the "
                          f"queries after it and every head; the strongest head {peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
@@ -162,7 +166,8 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                 lines[-1] += f" Corruption chosen: {o['corruption_choice']['why']}."
             keyed = o.get("keyed_on") or {}
             if keyed:
-                lines.append("- Keyed on: " + (f"**{keyed['verdict']}**: {keyed['evidence']}." if "verdict" in keyed
+                lines.append("- Keyed on: " + (f"**{keyed['reading']}**: {keyed['evidence']}; the context edit: "
+                                               f"{keyed['context_note']}." if "verdict" in keyed
                                                else f"not measured: {keyed['error']}."))
             if not o["signal"]:
                 lines += ["", f"No signal: {o['message']}", ""]
@@ -180,14 +185,6 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
             if ep:
                 of = f"; {ep['of']}" if ep.get("of") else ""
                 lines.append(f"- Edges ({ep.get('candidates', 0)} candidates{of}): {_fmt(o['edges'], 10)}.")
-            sk_e = o.get("into_sinks") or {}
-            if sk_e.get("candidates"):
-                lines.append(f"- Edges into the sink heads' keys and values (corruption `{o['corruption']}`, metric "
-                             f"`{sk_e['metric']}`, {sk_e['clean']:.3g} clean -> {sk_e['corrupted']:.3g} corrupted; "
-                             f"{sk_e['candidates']} candidates): "
-                             + (_fmt(sk_e["edges"], 8) if sk_e["signal"] else "no signal") + ".")
-            elif sk_e.get("note"):
-                lines.append(f"- Edges into the sink heads: {sk_e['note']}.")
             npass = o.get("neuron_pass", {})
             if "metric" in npass:
                 lines.append(f"- Neurons writing `{npass['metric']}` (corruption `{o['corruption']}`, {npass['clean']:.4g} "
@@ -197,6 +194,7 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                              f"{_curve(npass['faithfulness_within_confirmed'])}.")
             elif npass.get("note"):
                 lines.append(f"- Neurons: {npass['note']}.")
+            lines += _sink_lines(o)
             lines.append("")
         left = (d.timing.get("onsets_left_out") or {}).get(tag) or []
         if left:
@@ -231,10 +229,149 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                         f"nodes {_effects(row)}" if row.get("signal") else "no signal")
                 lines.append(text)
             lines.append("")
+        lines += _control_lines(d, tag) + _spread_lines(d, tag) + _special_lines(d, tag) + _sensitivity_lines(d, tag)
+    lines += _first_token_lines(d) + _weight_lines(d)
     if not isinstance(d.truth, Absent):
         lines += ["## Planted ground truth", "", "Nodes: " + ", ".join(d.truth["nodes"]),
                   "", "Edges: " + ", ".join(d.truth["edges"]), ""]
     return "\n".join(lines)
+
+
+STUDIES = (("reads", "What the sink reads (the P0 state edited after the onset)"),
+           ("detection", "Detection (self-only attention in the first blocks)"),
+           ("sink_circuit", "The sink's own circuit (the sink heads' attention to P0)"),
+           ("super_weights", "Super weights (the single weights into the massive dimension)"))
+"""A P0 onset's studies beyond its norm (:func:`p0circuit.studies.analysis.run._p0_studies`), in the order written."""
+
+
+def _sink_lines(o: dict[str, Any]) -> list[str]:
+    """A P0 onset's studies, one line each: the answer in bold where there is one, then the evidence."""
+    out = []
+    for key, title in STUDIES:
+        rec = o.get(key)
+        if not rec:
+            continue
+        if "error" in rec:
+            out.append(f"- {title}: not measured: {rec['error']}.")
+        elif key == "reads":
+            out.append(f"- {title}: the sink heads right after it read **{rec['reads']}**; over every later block "
+                       f"**{rec['reads_later']}**: {rec['evidence']}.")
+        else:
+            out.append(f"- {title}: {rec['evidence']}.")
+    return out
+
+
+def _control_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """The first P0 onset's controls, each with what it predicts and what its outcome means."""
+    controls = d.controls.get(tag)
+    if not controls:
+        return []
+    out = ["### Controls that can fail", ""]
+    for c in controls:
+        verdict = "not measured" if c.passed is None else "**passed**" if c.passed else "**failed**"
+        out.append(f"- `{c.name}` ({c.kind} control: {c.does}): predicts {c.expects}; observed {c.observed}: {verdict}; "
+                   f"{c.meaning}.")
+    return out + [""]
+
+
+def _spread_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """The first P0 onset's headline numbers over many prompts."""
+    sp = d.spread.get(tag)
+    if sp is None:
+        return []
+    if isinstance(sp, Unmeasured):
+        return ["### How sure the numbers are", "", f"Not measured: {sp.error}.", ""]
+    out = ["### How sure the numbers are", "", f"- {sp.evidence}."]
+    k = sp.keyed
+    if isinstance(k, Unmeasured):
+        out.append(f"- Keyed on, on these prompts: not measured: {k.error}.")
+    else:
+        said = lambda e: "n/a" if e is None else f"{e.mean:.2f} [{e.interval[0]:.2f}, {e.interval[1]:.2f}], lowest {e.min:.2f}"  # noqa: E731
+        out.append(f"- Keyed on, on these prompts: **{k.reading}**; kept shares (mean [95% interval], lowest prompt): "
+                   f"swapped {said(k.swapped)}; follows {said(k.follows)}; stays {said(k.stays)}; context "
+                   f"{said(k.context)}; copies {said(k.copies)}.")
+    if sp.lengths:
+        out.append("- By prompt length (the P0 norm ratio per block; its onset, where it falls back, its value at block "
+                   f"{sp.layer}): " + "; ".join(
+                       f"{r.length} tokens: " + ("no onset" if r.onset is None else f"onset {r.onset}")
+                       + ("" if r.erasure is None else f", falls back at {r.erasure}")
+                       + ("" if r.at_onset is None else f", {r.at_onset:.3g}x at block {sp.layer}") for r in sp.lengths) + ".")
+    return out + [""]
+
+
+def _special_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """The model's special tokens in the middle of the prompts."""
+    sp = d.special_tokens.get(tag)
+    if not sp:
+        return []
+    if isinstance(sp, Unmeasured):
+        return ["### Special tokens mid-prompt", "", f"Not measured: {sp.error}.", ""]
+    return ["### Special tokens mid-prompt", "", "Each at one index in the middle of every prompt, in place of the token "
+            "there (position norm ratio: its norm over the prompt's median norm; attention: mean over the queries after "
+            "it, every head, and the strongest head's):", ""] + [
+        f"- {t.text!r} (id {t.id}) at index {t.at}: **{t.called}**; " + (
+            f"reaches the line after block {t.first_block}, " if t.first_block is not None else "never reaches the line; ")
+        + f"peak {t.peak:.3g}x after block {t.peak_block}, attention there {t.attention:.3f} (strongest head "
+          f"{t.max_head_attention:.3f})." for t in sp] + [""]
+
+
+def _sensitivity_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """How the verdict depends on each threshold: one row per threshold, each part's labels over its range."""
+    sens = d.sensitivity.get(tag)
+    if sens is None:
+        return []
+    letters = {key: letter for key, letter, _ in PARTS}
+    out = ["### How the verdict depends on its thresholds", "",
+           "Each threshold moved over its range with the others as used above; each part's answer at each value "
+           "(`h` holds, `p` partially supported, `f` fails, `n/a` not applicable, `?` not measured); a part a threshold "
+           "does not touch is left blank.", "",
+           "| threshold (used) | what it decides | values | " + " | ".join(f"({letters[k]})" for k, _, _ in PARTS)
+           + " |", "|---|---|---|" + "---|" * len(PARTS)]
+    short = {"holds": "h", "partially supported": "p", "fails": "f", "not applicable": "n/a", "not measured": "?"}
+    for sw in sens.sweeps:
+        cells = [" ".join(short.get(lab.split(" (")[0], "?") for lab in sw.parts[k]) if k in sw.parts else ""
+                 for k, _, _ in PARTS]
+        out.append(f"| {sw.threshold} ({sw.used:g}) | {sw.meaning} | {', '.join(f'{v:g}' for v in sw.values)} | "
+                   + " | ".join(cells) + " |")
+    flips = [f"{sw.threshold}: {f}" for sw in sens.sweeps for f in sw.flips]
+    out += ["", "Where an answer changes: " + ("; ".join(flips) if flips else "nowhere in these ranges") + "."]
+    if sens.rows:
+        out.append("The blocks below the onset that a lower onset line makes the onset were patched for this table: "
+                   + ", ".join(f"block {r['layer']}" for r in sens.rows) + ".")
+    return out + [""]
+
+
+def _first_token_lines(d: AnalysisRecord) -> list[str]:
+    """Every first token's P0 state at each P0 onset's block."""
+    if not d.first_tokens:
+        return []
+    out = ["## Every first token", "", "Under the causal mask the P0 state depends on the first token alone, so every "
+           "vocabulary token is run as a one-token prompt (the prompts above sample a few of them).", ""]
+    for layer, rec in d.first_tokens.items():
+        if isinstance(rec, Unmeasured):
+            out += [f"- Block {layer}: not measured: {rec.error}.", ""]
+            continue
+        named = lambda pts: ", ".join(f"{p.text!r} {p.ratio:.2f}" for p in pts[:8]) or "none"  # noqa: E731
+        out += [f"- Block {layer}: {rec.evidence}.",
+                f"  The lowest: {named(rec.lowest)}; special tokens: {named(rec.special)}; the prompts' own first "
+                f"tokens: {named(rec.prompts)} (ratio over {rec.reference}).", ""]
+    return out
+
+
+def _weight_lines(d: AnalysisRecord) -> list[str]:
+    """The model's super-weight candidates."""
+    w = d.weights
+    if w is None:
+        return []
+    if isinstance(w, Unmeasured):
+        return ["## Super-weight candidates", "", f"Not measured: {w.error}.", ""]
+    head = ["## Super-weight candidates", "", f"Every entry of a block's MLP `W_out` at least {SUPER_Z:g} standard "
+            f"deviations from the mean of its matrix (at most {PER_BLOCK} per block, the largest first), whether or not an "
+            "onset uses it; *massive*: its column is a massive dimension at P0.", ""]
+    if not w:
+        return head + ["None.", ""]
+    return head + ["| weight | value | rank in its matrix | z | massive |", "|---|---|---|---|---|"] + [
+        f"| {name_of(x)} | {x.value:+.3g} | {x.rank} | {x.z:+.1f} | {'yes' if x.massive else 'no'} |" for x in w[:24]] + [""]
 
 
 def _png(fig: Any) -> str:

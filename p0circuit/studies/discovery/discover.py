@@ -11,7 +11,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD
-from p0circuit.core.errors import ConfigError
+from p0circuit.core.errors import BadInputError, ConfigError, warn_user
+from p0circuit.measures.sink_report import no_sink, sink_report
 from p0circuit.core.args import entry_point
 from p0circuit.patching import METHODS, PatchResult, get_method
 from p0circuit.patching.options import PatchOptions, takes_options, taken_by, unused
@@ -19,9 +20,10 @@ from p0circuit.core.types import Circuit, Edge, Kind, Node, format_effect
 
 
 @entry_point
-def interpret(result: PatchResult, threshold: float) -> str:
+def interpret(result: PatchResult, threshold: float, no_sink: Optional[str] = None) -> str:
     """A one-line reading of a P0 circuit: what identifies P0, which components raise the metric
-    and which lower it.
+    and which lower it; ``no_sink`` (why the prompts show no P0 sink, :func:`p0circuit.measures.sink_report.no_sink`):
+    the reading says the circuit explains the metric's change, not a sink, and names no component as identifying P0.
 
     A component *raises* the metric when its clean value pushes the metric above what the
     corrupted run gives: with ``clean > corrupted`` that is a positive normalized effect (noising
@@ -30,6 +32,9 @@ def interpret(result: PatchResult, threshold: float) -> str:
     """
     if not result.signal:
         return "no signal: " + result.message
+    if no_sink is not None and (not isinstance(no_sink, str) or not no_sink):
+        raise BadInputError(f"interpret: no_sink={no_sink!r:.40} must be None or the reason, in words, that the prompts "
+                            "show no P0 sink")
     keep = set(result.kept(threshold))
     kept = [item for name, item in zip(result.names, result.parsed()) if name in keep]
     nodes = sorted({n for item in kept for n in ((item.src, item.dst) if isinstance(item, Edge) else (item,))})
@@ -57,8 +62,10 @@ def interpret(result: PatchResult, threshold: float) -> str:
         return ", ".join(f"{i.name} {format_effect(result.normalized[i.name])}" for i in items) or "none"
 
     what = "edges" if result.level == "edge" else "components"
-    return (f"P0 is identified by {ident}; {what} raising {result.metric}: {listed(raising)}; "
-            f"lowering it: {listed(lowering)}")
+    said = f"{what} raising {result.metric}: {listed(raising)}; lowering it: {listed(lowering)}"
+    if no_sink is not None:
+        return f"{no_sink}: this circuit explains the change of {result.metric}, not a sink; {said}"
+    return f"P0 is identified by {ident}; {said}"
 
 
 @entry_point
@@ -100,7 +107,13 @@ def discover(
     result = registered.fn(model, tokens, options=options, **given)
     if result.level != registered.level:
         raise ConfigError(f"method {method!r} is registered as {registered.level}-level but returned {result.level}s")
-    return result.to_circuit(threshold, method=method, interpretation=interpret(result, threshold), **(record or {}))
+    why = no_sink(sink_report(result.setup.model, result.setup.tokens, bos=result.setup.options.bos)) \
+        if result.setup is not None else None
+    if why is not None and result.signal:
+        warn_user(f"{why}: the circuit discover returns explains the change of {result.metric}, not a sink")
+    extra = {"no_sink": why} if why is not None else {}
+    return result.to_circuit(threshold, method=method, interpretation=interpret(result, threshold, why), **extra,
+                             **(record or {}))
 
 
 def _taking(param: str) -> list[str]:

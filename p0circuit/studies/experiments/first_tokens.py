@@ -1,0 +1,106 @@
+"""Every first token: which tokens become the P0 state when they stand at position 0.
+
+Under the causal mask the state at position 0 depends on the token there and nothing else (in a model whose
+positions are rotary or absent, on nothing but that token; with a learned position embedding, on that token at
+position 0). So the analysis' prompts, however many, sample the P0 state at as many points as they have distinct
+first tokens, and a claim "across prompts" is a claim about those few tokens. :func:`first_token_map` runs every
+id of the vocabulary as a one-token sequence through the blocks up to the onset (one batched forward, in chunks)
+and reads, for each, the P0 state's *norm ratio* (its norm over the mean norm of the reference prompts' other
+positions after that block: what the norm ratio of a prompt starting with that token would be with those
+positions) and its cosine with the reference prompts' mean P0 direction. The record gives the distribution, the
+share of tokens whose state reaches the sink line, and names the tokens that do not, the special tokens and the
+reference prompts' own first tokens.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from p0circuit.core import hooks
+from p0circuit.core.args import entry_point
+from p0circuit.core.defaults import DIRECTION_COS, NORM_THRESHOLD
+from p0circuit.core.errors import BadInputError
+from p0circuit.studies.findings import TokenPoint, FirstTokens
+from p0circuit.measures.positions import token_text
+from p0circuit.models.checks import check_block, check_model
+from p0circuit.models.tokens import check_tokens, special_ids
+
+QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
+"""The quantiles of the distribution over first tokens that the record keeps."""
+NAMED = 16
+"""Tokens named at most in each list of the record."""
+CHUNK = 8192
+"""One-token sequences per forward."""
+
+
+@entry_point
+def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: float = NORM_THRESHOLD,
+                    cos: float = DIRECTION_COS, most: int = 0, seed: int = 0) -> FirstTokens:
+    """Every vocabulary id as a one-token sequence up to block ``layer``: its P0 state's norm ratio and direction
+    against the ``reference`` prompts (no BOS: their first tokens are text), as the module docstring says. ``most``
+    (> 0): a vocabulary larger than that is sampled: ``most`` ids drawn with ``seed``, the special tokens and the
+    reference prompts' first tokens always among them (the record says so)."""
+    check_model(model)
+    reference = check_tokens(model, reference, min_len=2, bos=False, what="reference")
+    check_block(model, layer, "first_token_map")
+    if not threshold > 1:
+        raise BadInputError(f"first_token_map: threshold={threshold!r} must be > 1: a norm ratio at or below 1 is no "
+                            "larger than an ordinary position's")
+    if not 0 < cos <= 1:
+        raise BadInputError(f"first_token_map: cos={cos!r} must lie in (0, 1]")
+    if isinstance(most, bool) or not isinstance(most, int) or most < 0:
+        raise BadInputError(f"first_token_map: most={most!r} must be a whole number >= 0 (0: every token)")
+    name = hooks.resid_post(layer)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(reference, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
+        h = cache[name].float()
+        ordinary = float(h[:, 1:].norm(dim=-1).mean())
+        direction = torch.nn.functional.normalize(torch.nn.functional.normalize(h[:, 0], dim=-1).mean(0), dim=0)
+        full = int(model.cfg.d_vocab)
+        firsts = list(dict.fromkeys(int(t) for t in reference[:, 0].tolist()))
+        every = torch.arange(full)
+        if most and full > most:
+            drawn = torch.randperm(full, generator=torch.Generator().manual_seed(seed))[:most]
+            every = torch.unique(torch.cat([drawn, torch.tensor(special_ids(model) + firsts, dtype=torch.long)]))
+        vocab = len(every)
+        norms, cosines = torch.empty(vocab), torch.empty(vocab)
+        for start in range(0, vocab, CHUNK):
+            ids = every[start:start + CHUNK].to(reference.device)[:, None]
+            _, c = model.run_with_cache(ids, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
+            state = c[name][:, 0].float()
+            norms[start:start + len(ids)] = state.norm(dim=-1).cpu()
+            cosines[start:start + len(ids)] = (torch.nn.functional.normalize(state, dim=-1) @ direction).cpu()
+    ratios = norms / ordinary
+    where = {int(t): i for i, t in enumerate(every.tolist())}
+    order = torch.argsort(ratios)
+    rank = torch.empty(vocab)
+    rank[order] = torch.arange(vocab, dtype=torch.float32) / vocab
+    text = token_text(model)
+
+    def point(i: int) -> TokenPoint:  # i: a position in ``every``
+        t = int(every[i])
+        return TokenPoint(id=t, text=text(t), ratio=float(ratios[i]), cosine=float(cosines[i]), below=float(rank[i]))
+
+    q = torch.tensor(QUANTILES)
+    below = ratios < threshold
+    record = dict(
+        layer=layer, vocab=vocab, of=full, reference=f"{reference.shape[0]} prompts x {reference.shape[1]} tokens (no BOS): "
+        "the ratio's denominator is their ordinary positions' mean norm, the direction their P0 states' mean direction",
+        threshold=threshold, cos=cos, quantiles={f"{x:g}": float(v) for x, v in zip(QUANTILES, ratios.quantile(q))},
+        cos_quantiles={f"{x:g}": float(v) for x, v in zip(QUANTILES, cosines.quantile(q))},
+        sinks=float((~below).float().mean()), aligned=float((cosines >= cos).float().mean()),
+        not_sinks=int(below.sum()), lowest=[point(int(i)) for i in order[:NAMED]],
+        special=[point(where[i]) for i in special_ids(model)][:NAMED], prompts=[point(where[i]) for i in firsts][:NAMED])
+    low = record["lowest"]
+    record["evidence"] = (
+        (f"every one of the {vocab} vocabulary tokens" if vocab == full else
+         f"{vocab} of the {full} vocabulary tokens (drawn with seed {seed}, the special tokens and the prompts' first "
+         "tokens among them)") + f" as a one-token prompt: after block {layer} its P0 state's norm ratio "
+        f"(over the reference prompts' ordinary positions) has median {record['quantiles']['0.5']:.3g}, 1% quantile "
+        f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of first "
+        f"tokens reach the sink line ({threshold:g}) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
+        f"prompts' P0 direction; {record['not_sinks']} do not become sink states"
+        + (f" (the lowest: {', '.join(f'{p.text!r} {p.ratio:.2f}' for p in low[:5])})" if record["not_sinks"] else ""))
+    return FirstTokens(**record)
