@@ -5,13 +5,14 @@ and seconds beside the predicted forwards, and how far the progress bar's estima
 of the total time was from the real one when a quarter, half and three quarters of the time had passed
 (read from the estimate the analysis records every second, ``timing.eta``: p0circuit/studies/analysis/eta.py).
 
-    python benchmarks/analysis_cost.py                                  # SmolLM2 and Gemma 3 (about 4 minutes)
+    python benchmarks/analysis_cost.py                                  # SmolLM2, Gemma 3, Qwen2.5 (about 8 minutes)
     python benchmarks/analysis_cost.py --models real:smollm2 --out DIR  # the runs are kept in DIR (the atlas reads them)
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,13 +22,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import Conditions, publish  # noqa: E402
 
-KINDS = ("sinks", "keyed", "nodes", "edges", "neurons", "corruptions", "length")
-"""Step kinds (the last part of a state key, without its layer or length)."""
+KINDS = ("sinks", "first_tokens", "keyed", "nodes", "edges", "neurons", "reads", "detection", "sink", "weights",
+         "corruptions", "length", "spread", "special")
+"""Step kinds (the last part of a state key, without its layer or length): ``sink`` is the sink's own circuit,
+``weights`` the super weights (the model's table and each onset's zeroing), ``spread`` the intervals over new
+prompts and the length scan."""
 
 
 def kind(key: str) -> str:
-    last = key.rsplit("/", 1)[1]
-    return next(k for k in KINDS if last.startswith(k))
+    """A step's kind from its state key (``without_bos/P0@L2/nodes`` -> ``nodes``, ``first_tokens@L2`` ->
+    ``first_tokens``, ``without_bos/length12`` -> ``length``)."""
+    name = re.match(r"[a-z_]+", key.rsplit("/", 1)[-1]).group(0)
+    if name not in KINDS:
+        raise SystemExit(f"analysis_cost.py: step {key!r} is of a kind this table does not know ({name!r}); add it "
+                         "to KINDS")
+    return name
 
 
 def eta_errors(timing: dict) -> dict[str, float]:
@@ -105,7 +114,7 @@ def table(rows: list[dict], cond: Conditions) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["real:smollm2", "real:gemma3"])
+    ap.add_argument("--models", nargs="+", default=["real:smollm2", "real:gemma3", "real:qwen2.5"])
     ap.add_argument("--out", type=Path, default=Path("runs/analysis_cost"))
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/performance.md")
     args = ap.parse_args()

@@ -34,6 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import Conditions, publish  # noqa: E402
 
+from p0circuit.studies.analysis.verdict import PARTS, label  # noqa: E402
+
 BLOCK_SCALED = {"Q4_0": False, "Q5_0": False, "Q8_0": False, "Q4_1": True, "Q5_1": True}
 """Tensor types whose blocks of 32 start with a float16 scale (the grid's step), followed, where True, by a
 float16 minimum (the grid's offset; else the grid is the multiples of the step): ``gguf.quants``'
@@ -184,7 +186,7 @@ def measure(model: Any, reference_logp: Any = None) -> dict[str, Any]:
             "faithfulness": circuit.get("faithfulness"), "faithful": circuit.get("faithful"),
             "edges": len(onset.get("edges") or {}), "neuron_metric": (onset.get("neuron_pass") or {}).get("metric"),
             "neurons": onset.get("neurons") or {},
-            "verdict": {k: v["status"] + (f" ({v['found_at']})" if v.get("found_at") else "") for k, v in parts.items()},
+            "verdict": {k: label(v) for k, v in parts.items()},
             "claim": a["verdict"]["claim"], "kl": kl, "top1": top1, "_logp": logp}
 
 
@@ -222,16 +224,16 @@ def tables(rows: list[dict[str, Any]], facts: dict[str, Any], variant: str, cond
                      f"{r['sink_rate']:.3f} | {r['massive_dim']} ({r['massive_value']:.0f}) |")
     lines += ["", "The first onset's findings (nodes: the activation-patching pass's nodes above the threshold, strongest "
               "first; circuit: the faithful circuit's nodes, Jaccard against the original's; neurons: writers of the "
-              "massive dimension, each alone, the strongest first; verdict: the paper's parts (a) sink, (b) circuit, "
-              "(c) amplification, (d) direction):", "",
+              "massive dimension, each alone, the strongest first; verdict: the paper's parts "
+              + ", ".join(f"({letter}) {key}" for key, letter, _ in PARTS) + "):", "",
               "| copy | onset | strongest nodes | circuit: size, Jaccard | faithfulness | edges | neuron metric | "
-              "strongest neurons | neurons' Jaccard | verdict (a) / (b) / (c) / (d) |",
+              "strongest neurons | neurons' Jaccard | verdict " + " / ".join(f"({letter})" for _, letter, _ in PARTS) + " |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         top = ", ".join(f"{k} {v:+.2f}" for k, v in list(r["nodes"].items())[:3])
         neurons = ", ".join(f"{k} {v:+.2f}" for k, v in list(r["neurons"].items())[:3])
         faith = "-" if r["faithfulness"] is None else f"{r['faithfulness']:.2f}" + ("" if r["faithful"] else " (not faithful)")
-        verdict = " / ".join(r["verdict"][k].split(" (")[0] for k in ("sink", "circuit", "amplification", "direction"))
+        verdict = " / ".join(r["verdict"][k].split(" (")[0] for k, _, _ in PARTS)
         lines.append(f"| {r['copy']} | {r['onset']} | {top} | {len(r['circuit'])}, {jaccard(r['circuit'], base['circuit']):.2f} | "
                      f"{faith} | {r['edges']} | {r['neuron_metric']} | {neurons} | "
                      f"{jaccard(list(r['neurons']), list(base['neurons'])):.2f} | {verdict} |")

@@ -10,8 +10,9 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-import warnings
 from typing import Any, Optional
+
+from p0circuit.core.errors import warn_user
 
 RENAMED = {
     "p0circuit.errors": "p0circuit.core.errors",
@@ -98,8 +99,7 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
         new = new_name(fullname)
         if new is None:
             return None
-        warnings.warn(f"{fullname} moved to {new}; the old path works for this release only", FutureWarning,
-                      stacklevel=2)
+        warn_user(f"{fullname} moved to {new}; the old path works for this release only", FutureWarning)
         return importlib.util.spec_from_loader(fullname, _Alias(new))
 
 

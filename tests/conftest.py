@@ -23,6 +23,14 @@ def pytest_configure(config):
 
         set_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
+@pytest.fixture(autouse=True)
+def _an_empty_working_directory(tmp_path_factory, monkeypatch):
+    """Every test runs in an empty directory of its own: none reads or writes the directory the suite was started
+    in, so what a user left there (the ``runs/`` of the README's ``p0circuit discover``) changes no result, and no
+    test leaves files behind in it. Tests read the repository's files by their path (``docblocks.ROOT``)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 REAL_MODULES = {"test_real.py", "test_gemma3.py", "test_qwen.py", "test_hf_oracle_real.py"}
 """Modules whose tests load a real model (marker ``real``)."""
 REAL_NOTEBOOKS = ("05_", "06_")
@@ -40,7 +48,8 @@ SURFACE_TESTS = {"test_cli.py", "test_report.py",
                  "test_names.py::test_discover_writes_strict_json_and_says_once_when_svg_is_skipped",
                  "test_hostile_inputs.py::test_the_valid_arguments_run",
                  "test_hostile_inputs.py::test_cli_read_only_directory",
-                 "test_user_corruption.py::test_it_reaches_discover_advice_analyze_sweeps_and_the_cli"}
+                 "test_user_corruption.py::test_it_reaches_discover_advice_analyze_sweeps_and_the_cli",
+                 "test_guarded.py::test_a_planted_discovery_that_misses_the_truth_says_why"}
 """The command line's and the sweep report's end-to-end tests (marker ``surfaces``): whole commands with their
 files, figures and messages, over the engine the fast tier tests directly."""
 TIER_MARKERS = ("real", "notebook", "processes", "surfaces")

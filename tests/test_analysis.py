@@ -375,12 +375,12 @@ def test_the_verdict_judges_the_whole_claim_as_the_plants_are_built(rope_run, bo
     assert [with_bos[k]["status"] for k in ("sink", "circuit", "amplification", "direction")] == \
         ["partially supported"] * 2 + ["holds"] * 2
     assert with_bos["sink"]["found_at"].startswith("position 0, follows BOS when moved")
-    assert with_bos["circuit"]["found_at"].endswith("no attention step in block 0")  # the BOS token's embedding does it
+    assert with_bos["circuit"]["found_at"].endswith("no attention step at position 0 in block 0")  # the BOS token's embedding does it
     late = analyze(planted_models("layer2"), progress=False, bos=(False,), **SMALL)  # the circuit at blocks 2 and 3
     parts = late["verdict"]["parts"]["without_bos"]
     assert parts["sink"]["status"] == "holds"
     assert parts["circuit"]["status"] == "partially supported" and "attention of blocks 2" in parts["circuit"]["found_at"]
-    assert "no attention step in block 0" in parts["circuit"]["found_at"]
+    assert "no attention step at position 0 in block 0" in parts["circuit"]["found_at"]
     assert "attention of block 2" in parts["circuit"]["evidence"] and "MLP of block 3" in parts["circuit"]["evidence"]
     assert parts["amplification"]["status"] == "partially supported"
     assert parts["amplification"]["found_at"] == "MLPs of blocks 2, 3"

@@ -31,10 +31,12 @@ def test_compare_by_hand():
 def test_prune_and_exports():
     e1 = Edge.parse("A0.H0@0->M0@0.mlp_in")
     e2 = Edge.parse("M0@0->M1@0.mlp_in")
-    c = Circuit(nodes=(), edge_effects={e1.name: 0.9, e2.name: 0.05, "M0@0->A1.H0@0.k": -0.5},
-                settings={"method": "path"})
-    assert p0.prune(c, threshold=0.4).edge_names == {e1.name, "M0@0->A1.H0@0.k"}
+    e3 = Edge.parse("M0@0->A1.H0@0.k")
+    c = Circuit(nodes=(), edges=(e1, e2, e3), edge_effects={e1.name: 0.9, e2.name: 0.05, e3.name: -0.5,
+                                                            "M1@0->A2.H0@0.q": 0.95}, settings={"method": "path"})
+    assert p0.prune(c, threshold=0.4).edge_names == {e1.name, e3.name}  # never the candidate outside the circuit
     assert p0.prune(c, top_k=1).edge_names == {e1.name}
+    assert p0.prune(c, top_k=5).edge_names == c.edge_names  # a circuit of 3 pruned to 5 stays 3: prune never grows
     with pytest.raises(ConfigError, match="exactly one of threshold"):
         p0.prune(c)
     pruned = p0.prune(c, threshold=0.4)

@@ -93,6 +93,8 @@ def test_a_cache_metric_on_a_gated_hook_that_is_switched_on_is_kept(planted, tok
     ("threshold", 0.0, "got 0.0"),
     ("norm_threshold", math.inf, "got inf"),
     ("norm_threshold", math.nan, "got nan"),
+    ("norm_threshold", 0.5, "got 0.5"),  # a ratio line at or below 1: every kept share divides by about 0
+    ("norm_threshold", 1, "got 1"),
     ("seed", 2**40, "got 1099511627776"),
 ])
 def test_analysis_settings_refuse_non_finite_and_out_of_range_values(name, value, got):
@@ -102,7 +104,7 @@ def test_analysis_settings_refuse_non_finite_and_out_of_range_values(name, value
         AnalysisSettings(**{name: value})
     text = str(err.value)
     want = ("must be a whole number in 0..4294967295 (what the prompt and corruption generators take)" if name == "seed"
-            else "must be a finite number > 0 (")
+            else "must be a finite number > 1 (" if name == "norm_threshold" else "must be a finite number > 0 (")
     assert text.startswith(f"analysis setting {name}") and want in text and text.endswith(got)
 
 

@@ -42,7 +42,7 @@ def test_sink_rate_by_hand():
     two = torch.tensor([[[0.9, 0.1]], [[0.1, 0.1]]])  # (B=2, L=1, H=2): shares 0.5 and 0
     assert float(sink_rate(two, 0.3)) == pytest.approx(0.25)
     assert sink_rate_per_layer(two, 0.3).tolist() == pytest.approx([0.25])
-    with pytest.raises(BadInputError, match="eps must lie in"):
+    with pytest.raises(BadInputError, match="eps=1.5 must be in"):
         sink_rate(two, 1.5)
 
 

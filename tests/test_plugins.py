@@ -4,6 +4,8 @@ Python (both directions, fast and reference, checked against plain TransformerLe
 config and the command line, without touching p0circuit."""
 
 import json
+import pickle
+import sys
 import textwrap
 
 import pytest
@@ -13,7 +15,7 @@ import p0circuit as p0
 from p0circuit.core import entries
 from p0circuit.surfaces.cli import main
 from p0circuit.patching import CORRUPTIONS, METHODS
-from p0circuit.core.plugins import load_plugin
+from p0circuit.core.plugins import load_plugin, load_plugins
 from tolerance import close
 
 PLUGIN = textwrap.dedent('''
@@ -248,8 +250,16 @@ def test_a_ray_task_loads_the_configs_plugins_first(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_cell", lambda cell: {"known": cell.corruption in CORRUPTIONS})
     try:
         assert "swap_first_two" not in CORRUPTIONS
+        load_plugins([str(path)])  # the driver has loaded them: it makes (and checks) the cell
         cell = runner.Cell("spec:two_blocks", "auto", "swap_first_two", "activation", "norm_ratio:1", 4, 8, 0, 0.1)
-        assert runner._run_with_plugins([str(path)], cell) == {"known": True}
+        shipped = pickle.dumps(cell)
+        for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.SPEC_FAMILIES), saved):
+            registry.clear()  # a Ray worker: a fresh process, no plugin loaded yet
+            registry.update(old)
+        for key in [k for k in sys.modules if k.startswith("p0circuit_plugin_ray_extensions")]:
+            del sys.modules[key]
+        assert "swap_first_two" not in CORRUPTIONS
+        assert runner._run_with_plugins([str(path)], pickle.loads(shipped)) == {"known": True}
     finally:
         for registry, old in zip((CORRUPTIONS, METHODS, entries.METRICS, entries.SPEC_FAMILIES), saved):
             registry.clear()

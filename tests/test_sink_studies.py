@@ -19,7 +19,6 @@ import torch
 
 import p0circuit as p0
 import sink_oracle as S
-from p0circuit.models.planted.layout import Layout  # noqa: F401 (the plant's coordinates, through pm.layout)
 from p0circuit.studies.experiments.reads import EDITS, reads_of, uniform_alpha0
 from tolerance import close
 

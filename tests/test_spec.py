@@ -51,7 +51,7 @@ def test_parallel_blocks_have_no_resid_mid():
     [
         (dict(pos="alibi"), "ModelSpec.pos='alibi' is not valid; choose one of"),
         (dict(norm="batch"), "choose one of ('rms', 'ln')"),
-        (dict(n_layers=0), "ModelSpec.n_layers must be a positive int"),
+        (dict(n_layers=0), "ModelSpec.n_layers=0 must be in [[]1, 1000000[]] (blocks)"),
         (dict(window=0), "ModelSpec.window must be None or a positive int"),
         (dict(pos="nope", rotary_dim=4), "rotary_dim only applies with pos='rope'"),
         (dict(rotary_dim=3), "rotary_dim must be even"),

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from p0circuit import ConfigError
+from p0circuit import BadInputError, ConfigError
 from p0circuit.surfaces.cli import main
 from p0circuit.surfaces.sweep import SweepConfig, run_sweep
 
@@ -136,7 +136,7 @@ def test_sweep_on_a_local_ray_cluster(config_file, tmp_path):
 
 
 def test_unknown_executor(config_file, tmp_path):
-    with pytest.raises(ConfigError, match="executor must be 'local' or 'ray'"):
+    with pytest.raises(BadInputError, match="run_sweep: executor='slurm' \\(str\\) is not 'local' or 'ray'; pass"):
         run_sweep(SweepConfig.load(config_file), tmp_path, executor="slurm")
 
 

@@ -124,7 +124,7 @@ def test_the_cli_refuses_a_bad_threads_flag_before_any_work(capsys):
 
     for argv in (["--threads", "0", "survey"], ["survey", "--threads", "0"], ["analyze", "--threads=0"]):
         assert main(argv) == 2
-        assert "--threads: threads=0: give a whole number" in capsys.readouterr().err, argv
+        assert "--threads: set_threads: threads=0 must be in [1, 4096]" in capsys.readouterr().err, argv
 
 
 def test_contention_sees_another_busy_process():

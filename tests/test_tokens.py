@@ -32,7 +32,7 @@ def test_text_needs_a_tokenizer(model):
         (torch.zeros(2, 1, dtype=torch.long), "sequence length 1 but this needs at least 2"),
         (torch.zeros(1, 13, dtype=torch.long), "n_ctx=12"),
         (torch.tensor([[1, 20]]), r"out of the vocabulary: range \[1, 20\] but d_vocab=20"),
-        (torch.tensor([[-1, 2]]), "out of the vocabulary"),
+        (torch.tensor([[-1, 2]]), r"holds negative ids \(down to -1\); token ids count from 0"),
         (torch.zeros(1, 2, 2, dtype=torch.long), "must be 2-D"),
     ],
 )

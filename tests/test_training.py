@@ -38,8 +38,8 @@ def test_text_source(tmp_path):
     docs = TextSource(str(path), pack=False).batch(0, 20, 8)
     starts = {bytes(r).decode()[:5] for r in docs.tolist()}
     assert starts <= {"first", "secon"}  # rows start at document starts ("third" is too short)
-    with pytest.raises(BadInputError, match="does not exist"):
-        TextSource(str(tmp_path / "none.txt")).batch(0, 1, 4)
+    with pytest.raises(ConfigError, match=r"TextSource.path='.*none.txt' is not a file; pass the path of a UTF-8"):
+        TextSource(str(tmp_path / "none.txt"))  # refused when the source is made, before any training
 
 
 def test_training_learns_and_checkpoints(tmp_path):
@@ -76,6 +76,7 @@ def test_training_config_errors(tmp_path):
         TrainConfig(device="tpu")
     with pytest.raises(ConfigError, match="exceeds the model's n_ctx=32"):
         train(SPEC, MarkovSource(32), TrainConfig(steps=2, seq_len=64), tmp_path, progress=False)
+    (tmp_path / "x.txt").write_text("some text\n\nmore text")
     with pytest.raises(ConfigError, match="the data use 257 token ids but the model has d_vocab=33"):
         train(SPEC, TextSource(str(tmp_path / "x.txt"), bos=256), TrainConfig(steps=2, seq_len=8), tmp_path,
               progress=False)

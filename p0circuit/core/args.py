@@ -101,6 +101,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "massive_ratio": (0, math.inf, "the ratio to the median that makes an activation massive"),
     "theta": (0, 1, "the share of earlier positions holding one token that flags a position as P0-like"),
     "n_ctx": (1, 10**7, "the longest sequence the model accepts"),
+    "n_layers": (1, 10**6, "blocks"),
+    "tol": (0, math.inf, "a tolerance on effects is >= 0"),
+    "precision_tol": (0, math.inf, "a tolerance on effects is >= 0"),
+    "threads": (1, 4096, "CPU threads for torch, at most one per core is useful"),
 }
 """Ranges of parameters by name, the same wherever the name appears (``seed`` in every function
 takes the same values). Checked after the type, for int and float values only."""
@@ -177,8 +181,9 @@ def check_value(where: str, name: str, value: Any, hint: Any, error: type = BadI
         unbounded = high == math.inf
         if integral:
             low, high = max(low, -(2**63)), min(high, 2**63 - 1)
-        if not low <= value <= high:
-            span = f">= {low}" if unbounded else f"in [{low}, {high}]"
+        if not low <= value <= high:  # the bound it breaks: a huge int is past the top, never under the bottom
+            span = (f"in [{low}, {high}]" if not unbounded else f">= {low}" if value < low else
+                    f"<= {high} (a 64-bit integer)")
             raise error(f"{label}={value!r:.40} must be {span}" + (f" ({meaning})" if meaning else ""))
 
 
@@ -253,6 +258,31 @@ def at_least(where: str, name: str, value: Any, low: float, fix: str = "") -> No
     if value < low:
         error, label = (ConfigError, f"{where}.{name}") if where[:1].isupper() else (BadInputError, f"{where}: {name}")
         raise error(f"{label}={value!r} must be >= {low}" + (f"; {fix}" if fix else ""))
+
+
+RATIO_LINE = ("a norm ratio line at or below 1 makes every position a sink state, and a kept share divides by a "
+              "state's excess norm (its ratio minus 1), which such a line lets be about 0")
+"""Why a norm ratio line (a sink threshold) must exceed 1: the one wording of every refusal of one."""
+
+
+def above_one(where: str, name: str, value: Any) -> None:
+    """Refuse a norm ratio line at or below 1 (:data:`RATIO_LINE`): ``where`` a class gives a :class:`ConfigError`
+    (``AnalysisSettings.norm_threshold``), a function a :class:`BadInputError`."""
+    if not value > 1:
+        error, label = (ConfigError, f"{where}.{name}") if where[:1].isupper() else (BadInputError, f"{where}: {name}")
+        raise error(f"{label}={value!r} must be > 1: {RATIO_LINE}")
+
+
+def finite(where: str, name: str, value: Any) -> Any:
+    """``value`` (a tensor) when every element is finite, else a :class:`BadInputError` saying how many are not."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        bad = int((~torch.isfinite(value)).sum())
+        if bad:
+            raise BadInputError(f"{where}: {name} holds {bad} NaN or inf value(s) of {value.numel()}; pass finite "
+                                "values")
+    return value
 
 
 def as_list(where: str, name: str, value: Any) -> list:

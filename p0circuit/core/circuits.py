@@ -19,26 +19,29 @@ def _finite(effects: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in effects.items() if not math.isnan(v)}
 
 
-def _keep(effects: Mapping[str, float], threshold: Optional[float], top_k: Optional[int]) -> list[str]:
+def _keep(effects: Mapping[str, float], members: frozenset[str], threshold: Optional[float],
+          top_k: Optional[int]) -> list[str]:
+    """Of the circuit's ``members`` (node or edge names), those kept by |effect| >= threshold or the top k: never a
+    name outside them (the effects may cover every candidate patched), so a pruned circuit never grows."""
     if (threshold is None) == (top_k is None):
         raise ConfigError("prune needs exactly one of threshold=... or top_k=...")
-    eff = _finite(effects)
+    eff = {k: v for k, v in _finite(effects).items() if k in members}
     if top_k is not None:
-        if top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {top_k}")
         return sorted(eff, key=lambda k: -abs(eff[k]))[:top_k]
     return [k for k, v in eff.items() if abs(v) >= threshold]  # type: ignore[operator]
 
 
 @entry_point
 def prune(circuit: Circuit, threshold: Optional[float] = None, top_k: Optional[int] = None) -> Circuit:
-    """Keep edges (edge-level circuits) or nodes (node-level) by |effect| >= threshold or the top k."""
+    """Keep the circuit's own edges (edge-level circuits) or nodes (node-level) by |effect| >= threshold or the top
+    k. The result is a subset of ``circuit``: candidates outside it (their effects are kept in the circuit's
+    effects) never join, and a member without an effect is dropped."""
     settings = {**circuit.settings, "pruned": {"threshold": threshold, "top_k": top_k}}
     if circuit.level == "edge":
-        edges = tuple(Edge.parse(n) for n in _keep(circuit.edge_effects, threshold, top_k))
+        edges = tuple(Edge.parse(n) for n in _keep(circuit.edge_effects, circuit.edge_names, threshold, top_k))
         nodes = tuple({e.src for e in edges} | {e.dst for e in edges})
         return Circuit(nodes, edges, circuit.node_effects, circuit.edge_effects, settings)
-    nodes = tuple(Node.parse(n) for n in _keep(circuit.node_effects, threshold, top_k))
+    nodes = tuple(Node.parse(n) for n in _keep(circuit.node_effects, circuit.node_names, threshold, top_k))
     return Circuit(nodes, (), circuit.node_effects, circuit.edge_effects, settings)
 
 

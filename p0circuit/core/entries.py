@@ -29,9 +29,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
 written by the MLP of block 2 and attended to by head ``A3.H1``. ``norm``: the rope plant whose sink heads (blocks
 3 and 4) need the P0 state's norm as well as its direction (the MLP of block 2 writes a large vector at every
 position, which only a large state outlasts)."""
-ATLAS_MODELS = ("real:smollm2", "real:gemma3", "planted:rope", "planted:learned", "planted:bos", "planted:secondary")
-"""The atlas' models: both shipped real models and four plants (position-keyed with RoPE, with a learned position
-embedding, BOS-keyed, and position-keyed with a token-keyed secondary sink)."""
+ATLAS_MODELS = ("real:smollm2", "real:gemma3", "real:qwen2.5", "planted:rope", "planted:learned", "planted:bos",
+                "planted:secondary", "planted:norm")
+"""The atlas' models: the three shipped real models and five plants (position-keyed with RoPE, with a learned position
+embedding, BOS-keyed, position-keyed with a token-keyed secondary sink, and position-keyed with sink heads that need
+the norm)."""
 
 
 SPEC_FAMILIES: dict[str, dict[str, Any]] = {

@@ -7,6 +7,7 @@ catch them, and :class:`P0CircuitError` so that callers can catch ours alone.
 
 import functools
 import typing
+from typing import Any
 from dataclasses import fields
 
 
@@ -90,9 +91,11 @@ def already_registered(kind: str, name: str, holder: str, newcomer: str) -> Conf
                        "another name")
 
 
-def from_known_keys(cls: type, data: dict, what: str) -> object:
+def from_known_keys(cls: type, data: Any, what: str) -> object:
     """``cls(**data)`` for a dataclass, naming unknown keys and the valid ones first."""
     known = {f.name for f in fields(cls)}
+    if not isinstance(data, typing.Mapping) or not all(isinstance(k, str) for k in data):
+        raise ConfigError(f"a {what} is a table of its keys ({sorted(known)}), got {data!r:.60} ({type(data).__name__})")
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown {what} key(s) {unknown}; valid keys: {sorted(known)}")
@@ -101,18 +104,24 @@ def from_known_keys(cls: type, data: dict, what: str) -> object:
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` pointed at the user's line: the first frame on the stack outside the p0circuit package
-    (through however many of its wrappers the call came), so a notebook or script shows its own line."""
+    (through however many of its wrappers the call came, and past the import machinery when a warning is given
+    while a module is imported), so a notebook or script shows its own line. Filters and the once-per-line
+    registry behave as for ``warnings.warn`` from that line."""
     import os
     import sys
     import warnings
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    def ours(frame: object) -> bool:  # a module of the package, or a checker's wrapper of one of its functions
-        name = frame.f_code.co_filename  # type: ignore[attr-defined]
-        return (os.path.abspath(name).startswith(package + os.sep) or name.startswith("<@beartype(p0circuit")
-                or str(frame.f_globals.get("__name__", "")).startswith("p0circuit."))  # type: ignore[attr-defined]
 
-    level, frame = 2, sys._getframe(1)  # stacklevel 2: warn_user's caller
-    while frame is not None and ours(frame):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
+    def skipped(frame: Any) -> bool:  # the package, a checker's wrapper of one of its functions, or importlib
+        name = frame.f_code.co_filename
+        return (os.path.abspath(name).startswith(package + os.sep) or name.startswith("<@beartype(p0circuit")
+                or str(frame.f_globals.get("__name__", "")).startswith("p0circuit.")
+                or ("importlib" in name and "_bootstrap" in name))
+
+    frame = sys._getframe(1)
+    while frame.f_back is not None and skipped(frame):
+        frame = frame.f_back
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__", "<string>"), registry=registry)

@@ -6,12 +6,16 @@ to a temporary file that is renamed over the target, and a checkpoint directory 
 temporary name and renamed when complete.
 """
 
+import glob
 import math
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union
+
+from p0circuit.core.args import entry_point
+from p0circuit.core.errors import BadInputError
 
 
 def strict(x: Any) -> Any:
@@ -87,14 +91,63 @@ def run_dir(command: str, entry: str, *settings: str) -> Path:
     return path / safe("-".join(settings)) if settings else path
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that it appears whole or not at all."""
+@entry_point
+def write_atomic(path: Union[str, Path], text: str) -> None:
+    """Write ``text`` to ``path`` so that it appears whole or not at all: through a temporary sibling
+    (``<name>.<pid>.tmp``) renamed over it, removed again when the write is cut short (an error, Ctrl-C); one left by
+    a process that was killed is removed by the next write of ``path`` (:func:`clear_stale`). A path whose directory
+    does not exist (or is a file) is refused before anything is written."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise BadInputError(f"write_atomic: path={str(path)!r}: {str(path.parent)!r} is not a directory; make it first "
+                            "(or choose a path in one)")
+    clear_stale(path)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def out_dir(where: str, out: Union[str, Path]) -> Path:
+    """``out`` as a directory to write into, after refusing one that is a file or lies under a file (nothing is made
+    here)."""
+    out = Path(out)
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        lies = "is" if parent == out else f"lies under {str(parent)!r}, which is"
+        raise BadInputError(f"{where}: out={str(out)!r} {lies} a file, not a directory; choose another directory")
+    return out
+
+
+def out_file(where: str, path: Union[str, Path]) -> Path:
+    """``path`` as a file to write, after refusing one that is a directory or whose directory does not exist (or is a
+    file): nothing is drawn or computed for a file that cannot be written."""
+    path = Path(path)
+    if path.is_dir() or not path.parent.is_dir():
+        why = "is a directory" if path.is_dir() else f"lies in {str(path.parent)!r}, which is not a directory"
+        raise BadInputError(f"{where}: path={str(path)!r} {why}; pass the path of a file in an existing directory")
+    return path
+
+
+def clear_stale(path: Path) -> list[Path]:
+    """Remove the temporary files that writes of ``path`` cut short left beside it (``<name>.<pid>.tmp`` of a process
+    that no longer runs); returns them."""
+    path = Path(path)
+    gone = []
+    if path.parent.is_dir():
+        for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+            pid = stale.name[len(path.name) + 1:-len(".tmp")]
+            if pid.isdigit() and not _running(int(pid)):
+                stale.unlink(missing_ok=True)
+                gone.append(stale)
+    return gone
 
 
 @contextmanager

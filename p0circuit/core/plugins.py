@@ -21,13 +21,12 @@ import importlib
 import importlib.util
 import sys
 import traceback
-import warnings
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
 
-from p0circuit.core.errors import ConfigError
+from p0circuit.core.errors import ConfigError, warn_user
 
 GROUP = "p0circuit.core.plugins"
 """The entry-point group of installed plugins."""
@@ -97,7 +96,7 @@ def load_installed() -> list[ModuleType]:
     found = installed()
     for ep in found:
         if ep.group == OLD_GROUP:
-            warnings.warn(f"plugin {ep.name!r} ({ep.value}) is installed under the entry-point group {OLD_GROUP!r}, now "
-                          f"named {GROUP!r}: rename the group in its pyproject ([project.entry-points.\"{GROUP}\"]); "
-                          "the old name is still loaded for one release", FutureWarning, stacklevel=2)
+            warn_user(f"plugin {ep.name!r} ({ep.value}) is installed under the entry-point group {OLD_GROUP!r}, now "
+                      f"named {GROUP!r}: rename the group in its pyproject ([project.entry-points.\"{GROUP}\"]); "
+                      "the old name is still loaded for one release", FutureWarning)
     return [ep.load() for ep in found]

@@ -101,6 +101,11 @@ class _Mismatch(Exception):
         self.path, self.hint, self.value, self.why = path, hint, value, why
 
 
+Mismatch = _Mismatch
+"""What a record's own check (:meth:`Record._check`) raises for a value that does not fit: ``Mismatch(path, hint,
+value, why)``, ``hint`` a type or what belongs there in words; :meth:`Record.from_dict` reports it by key path."""
+
+
 class _Keys(_Mismatch):
     """A missing or unknown key of a record at ``path`` (said in ``said``)."""
 
@@ -165,8 +170,9 @@ def read_value(value: Any, hint: Any, path: str) -> Any:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             if len(value) != len(args):
                 raise _Mismatch(path, hint, value, f"{len(value)} items where {len(args)} belong")
-            return [read_value(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
-        return [read_value(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
+            return tuple(read_value(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        items = [read_value(v, args[0], f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise _Mismatch(path, hint, value)

@@ -13,16 +13,31 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, ClassVar, Mapping, Optional, Union
 
 from p0circuit.core.io import strict
-from p0circuit.core.errors import BadInputError
+from p0circuit.core.errors import BadInputError, ConfigError
+from p0circuit.core.record import SCHEMA, Record
 from p0circuit.core.args import entry_point
 
 Pos = Union[int, str]
 """A position class: a non-negative index, or ``"rest"`` (all positions not named otherwise)."""
 
 REST = "rest"
+NODE_HINT = "expected e.g. 'A0.H1@0', 'M1@rest', 'M1.N507@0', 'M1.E3@0', 'A2.KV1@0', 'E@0', 'PE@0' or 'R2@0'"
+"""What a node's name looks like (every refusal of one says it)."""
+
+
+def one_spelling(given: str, parsed: Any, what: str) -> Any:
+    """``parsed`` (a :class:`Node` or :class:`Edge` read from ``given``) when ``given`` is the one spelling
+    p0circuit writes (its ``name``), else an error naming both. Python's ``int`` also reads ``'+0'``, ``' 1'``,
+    ``'01'`` and non-ASCII digits (``'\\u0663'``): read by it alone a name has many spellings, and two of them
+    would be two keys of one node in a circuit's effects."""
+    if given == parsed.name:
+        return parsed
+    shown = given.encode("ascii", "backslashreplace").decode()
+    raise BadInputError(f"{what} name {shown!r} is not spelled as p0circuit writes names (ASCII digits, no sign, space "
+                        f"or leading zero): write {parsed.name!r}")
 
 
 class Kind(str, enum.Enum):
@@ -157,10 +172,17 @@ class Node:
 
     @classmethod
     def parse(cls, name: str) -> "Node":
-        """Inverse of :attr:`name`; raises a clear error for malformed names."""
-        hint = "expected e.g. 'A0.H1@0', 'M1@rest', 'M1.N507@0', 'M1.E3@0', 'A2.KV1@0', 'E@0', 'PE@0' or 'R2@0'"
+        """Inverse of :attr:`name`; raises a clear error for malformed names. A name has one spelling, the one
+        :attr:`name` writes (ASCII digits, no sign, space or leading zero): ``'A+0.H0@0'``, ``'M 1@0'``,
+        ``'A01.H0@0'`` or a name with non-ASCII digits is refused, naming the spelling meant."""
         if not isinstance(name, str):
-            raise BadInputError(f"a node is a Node or its name, got {name!r:.60} ({type(name).__name__}); {hint}")
+            raise BadInputError(f"a node is a Node or its name, got {name!r:.60} ({type(name).__name__}); {NODE_HINT}")
+        return one_spelling(name, cls._read(name), "node")
+
+    @classmethod
+    def _read(cls, name: str) -> "Node":
+        """The node a name reads as (any spelling Python's ``int`` takes); :meth:`parse` holds it to one spelling."""
+        hint = NODE_HINT
         try:
             comp, pos_s = name.split("@")
             pos: Pos = int(pos_s) if pos_s.isdigit() else pos_s
@@ -230,13 +252,14 @@ class Edge:
         try:
             src, rest = name.split("->")
             dst, inp = rest.rsplit(".", 1)
-            return cls(Node.parse(src), Node.parse(dst), Input(inp))
+            edge = cls(Node.parse(src), Node.parse(dst), Input(inp))
         except BadInputError as e:
             raise BadInputError(f"edge name {name!r}: {e}") from None
         except ValueError:
             raise BadInputError(
                 f"unknown edge name {name!r}; expected e.g. 'M1@0->A2.H0@rest.k'"
             ) from None
+        return one_spelling(name, edge, "edge")
 
 
 @typing.no_type_check  # validates its own fields in __post_init__, with messages that name the fix
@@ -309,35 +332,29 @@ class Circuit:
         return frozenset(e.name for e in self.edges)
 
     def to_dict(self) -> dict[str, Any]:
-        """A dict for strict JSON (an undefined effect, NaN, is ``None``); :meth:`from_dict` inverts it."""
-        return strict({
-            "nodes": [n.name for n in self.nodes],
-            "edges": [e.name for e in self.edges],
-            "node_effects": dict(self.node_effects),
-            "edge_effects": dict(self.edge_effects),
-            "settings": dict(self.settings),
-        })
+        """A dict for strict JSON (an undefined effect, NaN, is ``None``), its keys the fields of
+        :class:`CircuitRecord` (``schema`` first); :meth:`from_dict` inverts it."""
+        return CircuitRecord(nodes=[n.name for n in self.nodes], edges=[e.name for e in self.edges],
+                             node_effects=strict(dict(self.node_effects)), edge_effects=strict(dict(self.edge_effects)),
+                             settings=strict(dict(self.settings))).to_dict()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Circuit":
-        """Inverse of :meth:`to_dict`; a dict of another shape is an error naming what is wrong."""
+        """Inverse of :meth:`to_dict`: read as a :class:`CircuitRecord`, every key's type checked by its path (a
+        wrong type, an unknown key, a non-finite number or another schema version refused, naming the key), then
+        every name parsed."""
         if not isinstance(d, Mapping) or "nodes" not in d:
             raise BadInputError(f"a circuit must be a JSON object with a 'nodes' list (as Circuit.to_json writes), "
                                 f"got {d!r:.60}")
-        unknown = sorted(set(d) - {"nodes", "edges", "node_effects", "edge_effects", "settings"})
-        if unknown:
-            raise BadInputError(f"a circuit has no field(s) {unknown}; its fields are nodes, edges, node_effects, "
-                                "edge_effects, settings")
-        names = {}
-        for key, cls_ in (("nodes", Node), ("edges", Edge)):
-            items = d.get(key, [])
-            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-                raise BadInputError(f"a circuit's {key} must be a list of names (e.g. {cls_.__name__}.parse's "
-                                    f"input), got {items!r:.60}")
-            names[key] = tuple(cls_.parse(x) for x in items)
-        effects = {key: {k: math.nan if v is None else v for k, v in d.get(key, {}).items()}
-                   if isinstance(d.get(key, {}), Mapping) else d[key] for key in ("node_effects", "edge_effects")}
-        return cls(nodes=names["nodes"], edges=names["edges"], settings=d.get("settings", {}), **effects)
+        data = {SCHEMA: CIRCUIT_SCHEMA, **d}  # written before circuits carried a version: the same layout
+        try:
+            record = CircuitRecord.from_dict(data, "a circuit")
+        except ConfigError as err:
+            raise BadInputError(str(err)) from None
+        effects = {key: {k: math.nan if v is None else v for k, v in getattr(record, key).items()}
+                   for key in ("node_effects", "edge_effects")}
+        return cls(nodes=tuple(Node.parse(x) for x in record.nodes), edges=tuple(Edge.parse(x) for x in record.edges),
+                   settings=record.settings, **effects)
 
     def to_json(self, **kw: Any) -> str:
         """Strict JSON text (no NaN); ``Circuit.from_json`` round-trips it."""
@@ -371,6 +388,33 @@ class Circuit:
             lines.append(f"  edge {e.name}" + (f"  {format_effect(self.edge_effects[e.name])}"
                                                  if e.name in self.edge_effects else ""))
         return "\n".join(lines)
+
+
+CIRCUIT_SCHEMA = 1
+"""The version of a circuit's JSON (``circuit_<method>.json``, a sweep cell's ``circuit``): :meth:`Circuit.to_dict`
+writes it, :meth:`Circuit.from_dict` reads this one only (a file without one is of the same layout, written before
+circuits carried a version). Bump it when a key is added, removed, renamed or changes meaning."""
+
+
+@dataclass(frozen=True)
+class CircuitRecord(Record):
+    """A circuit as JSON (``circuit_<method>.json``): names, effects and settings, read back with their types."""
+
+    nodes: list[str]
+    """The circuit's node names (``A0.H1@0``), sorted."""
+    edges: list[str] = field(default_factory=list)
+    """Its edge names (``M1@0->A2.H0@0.k``), sorted."""
+    node_effects: dict[str, Optional[float]] = field(default_factory=dict)
+    """Node name -> normalized effect (null: undefined), candidates outside the circuit included."""
+    edge_effects: dict[str, Optional[float]] = field(default_factory=dict)
+    """Edge name -> normalized effect (null: undefined), candidates outside the circuit included."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """How it was found: method, corruption, metric, threshold, the setup's description, ..."""
+    schema: int = CIRCUIT_SCHEMA
+    """The layout's version (:data:`CIRCUIT_SCHEMA`)."""
+
+    SCHEMA_VERSION: ClassVar[Optional[int]] = CIRCUIT_SCHEMA
+    FIX: ClassVar[str] = "write circuits with Circuit.to_json (or to_dict) and read them with Circuit.from_json"
 
 
 def _effects(effects: Any, what: str) -> dict[str, float]:

@@ -4,7 +4,9 @@ saved as PNG on request."""
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
+from p0circuit.core.io import out_file
 from p0circuit.core.types import Circuit, Edge, Kind, Node, effect_grid
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL
 
@@ -22,6 +24,8 @@ def finish(fig: Any, path: Optional[Union[str, Path]] = None) -> Any:
     pyplot: Jupyter then shows it once, as the cell's value (pyplot's end-of-cell display would show
     it a second time), and a loop of figures does not pile up open windows. Show one from a script
     with ``fig.savefig(path)``, or ``IPython.display.display(fig)`` inside a cell."""
+    if path is not None:
+        out_file("saving a figure", path)
     fig.tight_layout()
     if path is not None:
         fig.savefig(str(path), dpi=100)
@@ -29,6 +33,17 @@ def finish(fig: Any, path: Optional[Union[str, Path]] = None) -> Any:
     return fig
 
 
+def check_frame(where: str, frame: Any, columns: tuple[str, ...], made_by: str) -> None:
+    """Refuse a table that is not what ``made_by`` returns: not a pandas DataFrame, without rows, or without one of
+    ``columns`` (one ending in ``*`` stands for any column that starts with the rest)."""
+    missing = [c for c in columns if not any(k == c or (c.endswith("*") and str(k).startswith(c[:-1]))
+                                              for k in frame.columns)]
+    if missing or frame.empty:
+        raise BadInputError(f"{where}: frame has {'no rows' if frame.empty else f'no column(s) {missing}'}; pass the "
+                            f"frame {made_by} returns")
+
+
+@entry_point
 def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
     """A heatmap of the normalized effects of a patching result (or of a :class:`~p0circuit.Circuit`,
     which keeps every candidate's effect), in the layout a TransformerLens user expects: for nodes,
@@ -54,6 +69,10 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
         raise BadInputError(f"plot takes a patching result or a Circuit, got {type(result).__name__}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise BadInputError(f"plot: top={top!r} must be an integer >= 1 (how many neurons the bar chart shows)")
+    if not values:
+        raise BadInputError(f"plot: the {type(result).__name__} carries no effects to draw (a circuit made by hand, or "
+                            "one without its candidates' effects): plot a patching result, or a circuit that discover "
+                            "or Circuit.from_json gave with its effects")
     finite = {n: v for n, v in values.items() if isinstance(v, float) and math.isfinite(v)}
     title = f"{s.get('method', '')} patching, {s.get('corruption', '')}, {s.get('metric', '')}"
     if level == "edge":

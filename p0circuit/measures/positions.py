@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.core.defaults import SINK_EPS
-from p0circuit.core.errors import BadInputError
+from p0circuit.core.errors import BadInputError, ConfigError
 
 DELIMITERS = (",", ".", "\n", ";", ":", "?", "!", "-", "(", ")", '"', "'")
 """Characters whose tokens are classed as delimiters (a token counts when, stripped of spaces and
@@ -171,6 +171,15 @@ def sink_positions(
 
 PositionSpec = Union[int, str]
 """A position: an index, or ``"p0"``, ``"bos"``, ``"first:<delimiter>"`` (e.g. ``"first:,"``)."""
+
+
+def check_position_spec(owner: str, where: str) -> str:
+    """``where`` when it is one of the position classes :data:`PositionSpec` names (``"p0"``, ``"bos"``,
+    ``"first:<delimiter>"``), else a :class:`~p0circuit.core.errors.ConfigError` naming ``owner`` and the choices."""
+    if where in ("p0", "bos") or (where.startswith("first:") and len(where) > len("first:")):
+        return where
+    raise ConfigError(f"{owner}.position={where!r} is not a position: use an index, 'p0', 'bos' or 'first:<delimiter>' "
+                      "(e.g. 'first:,' for each prompt's first comma)")
 
 
 def find_positions(model: Any, tokens: Tensor, where: PositionSpec, bos: Optional[int] = None) -> tuple[int, ...]:

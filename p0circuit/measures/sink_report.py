@@ -19,7 +19,7 @@ from transformer_lens import ActivationCache, HookedTransformer
 from p0circuit.core.defaults import ALPHA_LINE, MASSIVE_RATIO, NORM_THRESHOLD, SINK_EPS, sink_rate_label
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError, MissingHookError, NonFiniteError, non_finite_fix
-from p0circuit.core.args import entry_point
+from p0circuit.core.args import above_one, entry_point
 from p0circuit.measures.attention import (
     argmax_sink_position,
     attention_to_position,
@@ -206,6 +206,7 @@ def _needed(n_layers: int) -> list[str]:
     return names
 
 
+@entry_point
 def check_finite(cache: ActivationCache, n_layers: int) -> None:
     """Raise :class:`NonFiniteError` naming the first hook (in forward order) with NaN or inf."""
     for name in _needed(n_layers):
@@ -214,6 +215,7 @@ def check_finite(cache: ActivationCache, n_layers: int) -> None:
                                                                    "activations before it are finite"))
 
 
+@entry_point
 def report_from_cache(
     cache: ActivationCache, n_layers: int, *, eps: float = SINK_EPS, norm_threshold: float = NORM_THRESHOLD,
     massive_ratio: float = MASSIVE_RATIO, classes: Optional[list[list[str]]] = None, texts: Optional[list[list[str]]] = None,
@@ -221,6 +223,7 @@ def report_from_cache(
     """Build a :class:`SinkReport` from a cache holding every hook :func:`sink_report` needs;
     ``classes`` (per prompt, per position: :func:`p0circuit.measures.positions.classify`) adds the
     sink positions."""
+    above_one("report_from_cache", "norm_threshold", norm_threshold)
     missing = [n for n in _needed(n_layers)[1:] if n not in cache.cache_dict]
     if missing:
         raise MissingHookError(
@@ -301,6 +304,7 @@ def sink_report(
         )
     check_model(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
+    above_one("sink_report", "norm_threshold", norm_threshold)
     needed = _needed(model.cfg.n_layers)
     missing = [n for n in needed if n not in model.hook_dict]
     if missing:

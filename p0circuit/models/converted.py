@@ -22,8 +22,13 @@ from transformers import AutoConfig
 from p0circuit.core.io import write_dir_atomic
 from p0circuit.models.checkpoints import load_tokenizer
 
-CACHE_VERSION = 2
-"""Bumped whenever what the cache holds changes; older entries are then ignored."""
+CACHE_VERSION = 3
+"""Bumped whenever what the cache holds changes; older entries are then ignored (3: matrices stored in the layout
+the hooked model keeps them in, :data:`TRANSPOSED`)."""
+TRANSPOSED = ".T"
+"""Suffix of a stored matrix that the model holds as the transpose of a contiguous tensor (an MLP's or the
+unembedding's weight: :mod:`p0circuit.models.layout`): the file keeps that contiguous tensor and a read gives
+back its transpose, so a load makes no copy of it (the memory-mapped file is the weight)."""
 STAMP = "p0circuit.json"
 """The file in each entry that says what it was made from and by which versions."""
 
@@ -64,7 +69,10 @@ def read_entry(entry: Path, stamp: dict[str, Any]) -> tuple[Optional[tuple[Any, 
                 return None, _why(theirs, stamp)
         config = json.loads((entry / "hf_config.json").read_text())
         hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
-        return (hf_config, load_file(str(entry / "model.safetensors")), load_tokenizer(entry)), ""
+        stored = load_file(str(entry / "model.safetensors"))
+        weights = {k[:-len(TRANSPOSED)] if k.endswith(TRANSPOSED) else k: v.T if k.endswith(TRANSPOSED) else v
+                   for k, v in stored.items()}
+        return (hf_config, weights, load_tokenizer(entry)), ""
     except Exception as e:  # a damaged entry is converted again, never a crash
         return None, f"cannot be read ({type(e).__name__}: {str(e)[:200]})"
 
@@ -95,13 +103,21 @@ def unusable_notice(name: str, unusable: list[tuple[Path, str]]) -> str:
             f"again (as long as a first load); to free the old ones' space: rm -r {paths}")
 
 
+def _stored(key: str, value: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """What the file keeps for one weight: a matrix held as the transpose of a contiguous tensor is kept as that
+    tensor (:data:`TRANSPOSED`), every other weight as a contiguous copy."""
+    if value.dim() == 2 and not value.is_contiguous() and value.T.is_contiguous():
+        return key + TRANSPOSED, value.T.clone()
+    return key, value.clone().contiguous()
+
+
 def write_entry(entry: Path, stamp: dict[str, Any], hf_config: Any, state_dict: dict[str, torch.Tensor],
                 tokenizer: Any) -> None:
     """Write an entry whole or not at all (:func:`~p0circuit.core.io.write_dir_atomic`)."""
     config = {k: v for k, v in hf_config.to_dict().items() if k != "quantization_config"}
 
     def fill(tmp: Path) -> None:
-        save_file({k: v.detach().clone().contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors"))
+        save_file(dict(_stored(k, v.detach()) for k, v in state_dict.items()), str(tmp / "model.safetensors"))
         tokenizer.save_pretrained(tmp)
         (tmp / "hf_config.json").write_text(json.dumps(config))
         (tmp / STAMP).write_text(json.dumps(stamp))

@@ -17,7 +17,6 @@ import importlib.util
 import math
 import struct
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -26,7 +25,7 @@ import torch
 from transformer_lens import HookedTransformer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from p0circuit.core.errors import CheckpointError
+from p0circuit.core.errors import CheckpointError, warn_user
 from p0circuit.core.args import entry_point
 from p0circuit.core.entries import REAL, REAL_MODELS, check_model_entry
 from p0circuit.core.io import cache_root, file_atomic, write_dir_atomic
@@ -335,7 +334,7 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048,
     else:
         unusable = ([(entry, why)] if why else []) + (converted.others(entry, stamp) if cache else [])
         if unusable:  # said before the conversion's minutes, not after
-            warnings.warn(converted.unusable_notice(path.name, unusable), stacklevel=2)
+            warn_user(converted.unusable_notice(path.name, unusable))
         hf_config, hf_model, tokenizer = _transformers_load(path, arch)
         model, state_dict = from_hf(hf_config, hf_model, architecture, tokenizer, where=repr(str(path)),
                                     device=device, n_ctx=n_ctx, name=path.stem)  # logits checked against transformers
@@ -344,8 +343,8 @@ def load_gguf(path: Union[str, Path], *, device: str = "cpu", n_ctx: int = 2048,
             try:
                 converted.write_entry(entry, stamp, hf_config, state_dict, tokenizer)
             except OSError as e:  # a read-only or full cache directory only costs the next load its time
-                warnings.warn(f"could not cache the converted model under {entry} ({e}); set P0CIRCUIT_CACHE to a "
-                              "writable directory to load it faster next time", stacklevel=2)
+                warn_user(f"could not cache the converted model under {entry} ({e}); set P0CIRCUIT_CACHE to a "
+                          "writable directory to load it faster next time")
     model.cfg.variant = gguf_variant(path)  # type: ignore[attr-defined]
     model.cfg.load_seconds = time.perf_counter() - start  # type: ignore[attr-defined]
     return model

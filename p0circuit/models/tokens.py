@@ -336,6 +336,38 @@ TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 """Dtypes accepted for token ids (the integer dtypes torch indexes and reduces on every device)."""
 
 
+def token_array(tokens: Any, what: str = "tokens", min_len: int = 1, error: type = BadInputError) -> Tensor:
+    """``tokens`` as ``[batch, pos]`` after what holds whatever the model (:func:`check_tokens` adds what depends on
+    it: the context, the vocabulary, the BOS claim): a torch tensor of integer ids, none negative, on a device with
+    data, 1-D (one prompt) or 2-D, at least one prompt of at least ``min_len`` positions. ``error``: the error class
+    (a spec's field: :class:`~p0circuit.core.errors.ConfigError`)."""
+    if not isinstance(tokens, Tensor):
+        raise error(
+            f"{what} must be a torch LongTensor [batch, pos], got {type(tokens).__name__}; "
+            "use p0circuit.to_tokens(model, text, prepend_bos=...) for text"
+        )
+    if tokens.dtype not in TOKEN_DTYPES:
+        raise error(f"{what} must hold integer token ids ({', '.join(str(d)[6:] for d in TOKEN_DTYPES)}), got "
+                    f"dtype {tokens.dtype}; convert with .long() (round float ids first, if they are ids at all)")
+    if tokens.device.type == "meta":
+        raise error(f"{what} are on the meta device and hold no data; create them on the CPU or the model's device")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2:
+        raise error(f"{what} must be 2-D [batch, pos], got shape {tuple(tokens.shape)}")
+    if tokens.shape[0] == 0:
+        raise error(f"{what} is an empty batch (shape {tuple(tokens.shape)}): pass at least one prompt")
+    if tokens.shape[1] < min_len:
+        raise error(
+            f"{what} has sequence length {tokens.shape[1]} but this needs at least {min_len} "
+            f"positions (position 0 is compared with positions t > 0); use longer prompts"
+        )
+    if tokens.numel() and int(tokens.min()) < 0:
+        raise error(f"{what} holds negative ids (down to {int(tokens.min())}); token ids count from 0: check the "
+                    "tokenizer matches the model")
+    return tokens
+
+
 @entry_point
 def check_tokens(
     model: HookedTransformer, tokens: Any, *, min_len: int = 1, what: str = "tokens", bos: Any = None,
@@ -346,27 +378,7 @@ def check_tokens(
     None makes no claim. Tokens on another real device are moved to the model's; tokens on the
     ``meta`` device (no data) are rejected.
     """
-    if not isinstance(tokens, Tensor):
-        raise BadInputError(
-            f"{what} must be a torch LongTensor [batch, pos], got {type(tokens).__name__}; "
-            "use p0circuit.to_tokens(model, text, prepend_bos=...) for text"
-        )
-    if tokens.dtype not in TOKEN_DTYPES:
-        raise BadInputError(f"{what} must hold integer token ids ({', '.join(str(d)[6:] for d in TOKEN_DTYPES)}), got "
-                            f"dtype {tokens.dtype}; convert with .long() (round float ids first, if they are ids at all)")
-    if tokens.device.type == "meta":
-        raise BadInputError(f"{what} are on the meta device and hold no data; create them on the CPU or the model's device")
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    if tokens.ndim != 2:
-        raise BadInputError(f"{what} must be 2-D [batch, pos], got shape {tuple(tokens.shape)}")
-    if tokens.shape[0] == 0:
-        raise BadInputError(f"{what} is an empty batch (shape {tuple(tokens.shape)}): pass at least one prompt")
-    if tokens.shape[1] < min_len:
-        raise BadInputError(
-            f"{what} has sequence length {tokens.shape[1]} but this needs at least {min_len} "
-            f"positions (position 0 is compared with positions t > 0); use longer prompts"
-        )
+    tokens = token_array(tokens, what, min_len)
     n_ctx = model.cfg.n_ctx
     if tokens.shape[1] > n_ctx:
         raise BadInputError(f"{what} has length {tokens.shape[1]} > the model's n_ctx={n_ctx}; truncate the prompts")

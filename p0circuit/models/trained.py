@@ -5,12 +5,14 @@ concern, so it lives here, below the trainer that writes these directories."""
 from pathlib import Path
 from typing import Any, Union
 
+from p0circuit.core.args import entry_point
 from p0circuit.core.errors import CheckpointError
 from p0circuit.models.spec import ModelSpec
 from p0circuit.models.tokens import BOS_ATTR
 from p0circuit.models.verify import load_strict, read_json, read_safetensors
 
 
+@entry_point
 def load_trained(path: Union[str, Path], device: str = "cpu") -> Any:
     """A ``HookedTransformer`` from a ``step_<N>/`` checkpoint directory written by :func:`train`."""
     path = Path(path)

@@ -113,6 +113,24 @@ def _candidates(model: Any, job: PatchJob, senders: list[Node], inside: list[Nod
             and job.reaches(receiver_site(e, model)[0])]
 
 
+def _members(circuit: "FaithfulCircuit", result: Any, model: Any) -> list[Node]:
+    """The circuit's nodes, each a node of the model (:func:`site_of` names what is wrong) and a candidate of the
+    result it was found on: a circuit changed by hand is refused before any work, naming the node."""
+    out = []
+    for name in circuit.nodes:
+        try:
+            node = Node.parse(name)
+            site_of(node, model)
+        except BadInputError as err:
+            raise BadInputError(f"faithful_edges: circuit.nodes holds {name!r}: {err}; pass the circuit faithful_circuit "
+                                "returned for this model") from None
+        if name not in result.raw:
+            raise BadInputError(f"faithful_edges: circuit.nodes holds {name!r}, which the result it was found on did not "
+                                "patch: pass the circuit faithful_circuit returned, unchanged")
+        out.append(node)
+    return out
+
+
 @entry_point
 def faithful_edges(
     circuit: FaithfulCircuit,
@@ -138,10 +156,10 @@ def faithful_edges(
                             "faithful_circuit(result) first")
     setup = searched(result, setup, "faithful_edges")
     model, tokens = setup.model, setup.tokens
+    inside = _members(circuit, result, model)
     job = search_job(setup)
     items = [Node.parse(n) for n in result.raw]
     named = named_positions(items)
-    inside = [Node.parse(n) for n in circuit.nodes]
     settings: dict[str, Any] = {"target": target, "tolerance": tolerance, "corruption": result.corruption,
                                 "metric": result.metric, "setup": setup.describe(), "held": {}}
     held: dict[str, str] = settings["held"]

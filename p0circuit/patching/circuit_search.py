@@ -213,8 +213,8 @@ def searched(result: Any, setup: Optional[Setup], what: str) -> Setup:
     if not isinstance(result, PatchResult):
         raise BadInputError(f"{what} takes the PatchResult to search (from activation_patch; its model, tokens, BOS "
                             f"choice, corruption and metric come with it), got {type(result).__name__}")
-    if result.setup is not None:
-        return result.setup.same_as(setup, "the result")
+    if result.setup is not None:  # the weights its runs read, unchanged: checked before any work
+        return result.setup.same_as(setup, "the result").unchanged()
     if setup is None:
         raise BadInputError("this result carries no setup (rebuilt from saved numbers, or unpickled?): pass setup=p0.Setup.of(model, "
                             "tokens, corruption=..., metric=..., bos=...) with what it was computed with")
@@ -234,8 +234,9 @@ def search_job(setup: Setup) -> PatchJob:
 
 
 def same_clean(job: PatchJob, result: PatchResult) -> None:
-    """Refuse a search whose cached job no longer gives the result's clean metric (the model's weights
-    changed since the result was computed)."""
+    """Refuse a search whose cached job no longer gives the result's clean metric: a second look, after the
+    weights' digest (:meth:`Setup.unchanged`, in :func:`searched`), at what else a forward depends on (the
+    model's configuration, a hook)."""
     clean, corrupted = result.clean_metric, result.corrupted_metric
     bound = max(1e-4 * max(abs(clean), abs(corrupted)), 1e-3 * abs(clean - corrupted), 1e-12)
     if abs(job.clean_metric - clean) > bound:

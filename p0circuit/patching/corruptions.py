@@ -46,8 +46,8 @@ from p0circuit.core.errors import BadInputError, ConfigError, already_registered
 from p0circuit.core.io import describe
 from p0circuit.core.args import entry_point
 from p0circuit.core.args import at_least
-from p0circuit.measures.positions import find_positions
-from p0circuit.models.tokens import bos_id, check_tokens
+from p0circuit.measures.positions import check_position_spec, find_positions
+from p0circuit.models.tokens import bos_id, check_tokens, token_array
 
 CORRUPTIONS: dict[str, type["Corruption"]] = {}
 """Registry: corruption name -> class, filled by defining a :class:`Corruption` subclass."""
@@ -309,6 +309,10 @@ class Swap(Corruption):
     def __post_init__(self) -> None:
         if not isinstance(self.position, str):
             at_least("Swap", "position", self.position, 0, "positions count from 0")
+        else:
+            check_position_spec("Swap", self.position)
+        if self.token is not None:
+            at_least("Swap", "token", self.token, 0, "token ids count from 0")
 
     def prepare(self, model: Any, tokens: Tensor) -> Prepared:
         vocab = model.cfg.d_vocab
@@ -353,6 +357,10 @@ class Resample(Corruption):
     seed: int = 0
     """Seed of the drawn prompts."""
     name: ClassVar[str] = names.RESAMPLE
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None:  # what holds whatever the model: ids in its vocabulary are checked with it
+            token_array(self.tokens, "Resample.tokens", min_len=1, error=ConfigError)
     summary: ClassVar[str] = 'other prompts of the same length (a control)'
     sees_position: ClassVar[bool] = False
     sees_bos_token: ClassVar[bool] = False
@@ -438,6 +446,7 @@ def advice(used: str, bos_at_p0: bool) -> str:
     return f"{why}; try " + " or ".join(names[:2])
 
 
+@entry_point
 def get_corruption(spec: Any, **params: Any) -> Corruption:
     """A corruption from its registry name (with parameters) or an instance."""
     if isinstance(spec, str):

@@ -21,6 +21,7 @@ from p0circuit.core.hooks import HookRef
 from p0circuit.models.checks import check_model
 from p0circuit.patching.engine import output_norm
 from p0circuit.patching.metrics import PatchMetric
+from p0circuit.patching.sites import site_of
 from p0circuit.core.types import Edge, Input, Kind, Node, parse_list
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
@@ -98,6 +99,11 @@ def candidate_edges(
         raise BadInputError(f"candidate_edges: receiver_layers={receiver_layers} must lie in 1..{model.cfg.n_layers} "
                             "(the number of blocks, from block 0, whose inputs receive edges), or None for all")
     senders = parse_list(senders, Node, "senders", "M0@0")
+    for node in senders:  # a node of this model (a larger model's is refused, naming the range)
+        try:
+            site_of(node, model)
+        except BadInputError as err:
+            raise BadInputError(f"candidate_edges: senders holds {node.name}: {err}") from None
     parallel = bool(model.cfg.parallel_attn_mlp)
     layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))
     direct = [] if metric is None else [l for l in metric.residual_reads(model.cfg.n_layers) if l in layers]

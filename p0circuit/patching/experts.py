@@ -20,7 +20,8 @@ from torch import Tensor
 
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
-from p0circuit.core.args import entry_point
+from p0circuit.core.args import as_list, entry_point
+from p0circuit.models.checks import check_model
 
 
 def is_moe(model: Any) -> bool:
@@ -46,13 +47,19 @@ def check_experts(model: Any, node: Any) -> None:
 
 
 def _check_layers(where: str, model: Any, layers: Sequence[int]) -> list[int]:
-    """``layers`` as a list, after refusing a model without experts and layers it does not have."""
+    """``layers`` as a list: the model checked, then the layers it does not have refused, then a model without
+    experts (the arguments' own errors first)."""
+    check_model(model)
+    layers = as_list(where, "layers", layers)
+    bad = [l for l in layers if isinstance(l, bool) or not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
+    if bad or not layers:
+        raise BadInputError(f"{where}: layers {bad or '[]'} are not blocks of this model (0..{model.cfg.n_layers - 1})")
+    return layers
+
+
+def _moe(where: str, model: Any) -> None:
     if not is_moe(model):
         raise BadInputError(f"{where}: this model's MLPs are not mixtures of experts")
-    bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
-    if bad:
-        raise BadInputError(f"{where}: layers {bad} are not blocks of this model (0..{model.cfg.n_layers - 1})")
-    return list(layers)
 
 
 def routing_weights(moe: Any, x: Tensor) -> Tensor:
@@ -89,8 +96,12 @@ def candidate_experts(model: Any, layers: Sequence[int], positions: Sequence[Any
     """Every expert of the MoE MLPs of ``layers`` at each position class (``M1.E3@0``)."""
     from p0circuit.core.types import Kind, Node
 
-    return [Node(Kind.EXPERT, l, pos=p, neuron=e) for l in _check_layers("candidate_experts", model, layers)
-            for p in positions
+    layers = _check_layers("candidate_experts", model, layers)
+    positions = as_list("candidate_experts", "positions", positions)
+    for p in positions:
+        Node(Kind.EXPERT, 0, pos=p, neuron=0)  # a position class that is not one is refused here, by its name
+    _moe("candidate_experts", model)
+    return [Node(Kind.EXPERT, l, pos=p, neuron=e) for l in layers for p in positions
             for e in range(model.cfg.num_experts)]
 
 
@@ -106,8 +117,10 @@ def expert_routing(model: Any, tokens: Tensor, layers: Optional[Sequence[int]] =
 
     from p0circuit.models.tokens import check_tokens
 
-    layers = _check_layers("expert_routing", model, range(model.cfg.n_layers) if layers is None else layers)
+    check_model(model)
     tokens = check_tokens(model, tokens, min_len=2)
+    layers = _check_layers("expert_routing", model, range(model.cfg.n_layers) if layers is None else layers)
+    _moe("expert_routing", model)
     names = {mlp_input_hook(model, l) for l in layers}
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, stop_at_layer=max(layers) + 1)
     rows = []

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from torch import Tensor
 
+from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError, ConfigError, source_of
 from p0circuit.core.io import describe
 from p0circuit.models.checks import check_model
@@ -24,6 +25,7 @@ from p0circuit.patching.corruptions import Prepared, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.metrics import PatchMetric, check_metric, default_metric, resolve_metric
 from p0circuit.patching.options import PatchOptions
+from p0circuit.patching.weights import changed, digest
 
 
 def refuse_user_hooks(model: Any, fix: str = ", or pass reference=True, which runs every patch as a full forward "
@@ -54,8 +56,12 @@ class Setup:
     """The corruption's prepared runs and alignment."""
     options: PatchOptions
     """The call's options: the corruption and metric as given, the BOS choice, direction, signal threshold."""
+    weights: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    """What the setup's runs read of the model's weights when it was checked, as a digest per tensor
+    (:mod:`p0circuit.patching.weights`): a search refuses a model whose digest moved since (:meth:`unchanged`)."""
 
     @classmethod
+    @entry_point
     def of(cls, model: Any, tokens: Any, **options: Any) -> "Setup":
         """A checked setup from keywords (``corruption=``, ``metric=``, ``bos=``, any :class:`PatchOptions` field)."""
         try:
@@ -97,6 +103,16 @@ class Setup:
         return out + [f"{k}: {names[0]} {mine[k]!r:.100}, {names[1]} {theirs[k]!r:.100}" for k in mine
                       if mine[k] != theirs[k] and not (k in ("model", "architecture") and out)]
 
+    def unchanged(self) -> "Setup":
+        """``self`` when the weights its runs read are still those it was checked with, else an error naming the
+        tensors that changed (a search runs on the model its result was measured on)."""
+        moved = changed(self.weights, digest(self.model, self.metric, (self.tokens, self.prep.corrupt_tokens)))
+        if moved:
+            raise BadInputError(f"the model's weights changed since the result was computed ({', '.join(moved[:4])}"
+                                f"{' and more' if len(moved) > 4 else ''}: tensors its clean or corrupted runs read): "
+                                "its numbers no longer describe this model; patch again")
+        return self
+
     def same_as(self, other: Optional["Setup"], what: str) -> "Setup":
         """``self`` when ``other`` is None or the same study, else an error naming what differs."""
         if other is None or other is self:
@@ -108,6 +124,7 @@ class Setup:
         return self
 
     @classmethod
+    @entry_point
     def check(cls, model: Any, tokens: Any, options: PatchOptions) -> "Setup":
         """Check everything a patching call is given, before any forward runs."""
         if not isinstance(options, PatchOptions):
@@ -125,7 +142,7 @@ class Setup:
                 f"direction='denoise' needs a corrupted run, but {prep.name!r} is an ablation of the clean "
                 "run; use direction='noise' or corruption 'shift'/'resample'"
             )
-        return cls(model, tokens, metric, prep, options)
+        return cls(model, tokens, metric, prep, options, digest(model, metric, (tokens, prep.corrupt_tokens)))
 
 
 PatchInputs = Setup

@@ -26,16 +26,32 @@ from p0circuit.models.planted.build import SINK_HEADS_ATTR
 from p0circuit.patching.order import hook_order
 
 
+@entry_point
 @dataclass
 class RunView:
     """What a metric sees of one run: declared activations, logits, and the P0 index."""
 
     acts: dict[str, Tensor]
     """Hook name -> activation ``[batch, ...]``."""
-    logits: Optional[Tensor]
+    logits: Optional[Float[Tensor, "batch pos vocab"]]
     """Logits ``[batch, pos, d_vocab]`` when the metric needs them."""
     p0: int = 0
     """Index of the clean prompt's first token in this run."""
+
+    def __post_init__(self) -> None:
+        at_least("RunView", "p0", self.p0, 0, "positions count from 0")
+
+
+def too_short(needs: str, view: RunView, left: int) -> BadInputError:
+    """The error of a metric that finds too few positions from the run's P0 on (``left``): in the clean run the prompts
+    are too short; in a run that puts the clean first token later (``view.p0`` > 0: an aligned, corrupted run) the
+    prompts may be long enough and the corruption's alignment is what leaves too few."""
+    if view.p0:
+        return BadInputError(f"{needs}, but this run puts the clean first token at index {view.p0}, leaving {left} "
+                             "position(s) from it on: the corruption's alignment (its Prepared offset= or align=) maps "
+                             "the clean positions past the run's end; check that alignment, or use a corruption that "
+                             "keeps the positions after P0")
+    return BadInputError(f"{needs}; the prompts have {left} token(s): use longer prompts")
 
 
 class PatchMetric:
@@ -147,8 +163,8 @@ class NormRatio(PatchMetric):
         if len(ks) != batch:
             raise BadInputError(f"NormRatio has {len(ks)} positions (one per prompt) but the run has {batch} prompts")
         if seq < max(int(ks.max()) + 1, 2):
-            raise BadInputError(f"NormRatio at position {int(ks.max())} needs prompts of at least "
-                                f"{max(int(ks.max()) + 1, 2)} tokens; use longer prompts")
+            raise too_short(f"NormRatio at position {int(ks.max())} needs at least {max(int(ks.max()) + 1, 2)} positions "
+                            "from the clean first token on", view, seq)
         at = norms.gather(1, ks[:, None])[:, 0]
         others = (norms.sum(1) - at) / (seq - 1)
         return at / others
@@ -215,6 +231,13 @@ class AttnToP0(PatchMetric):
     """Layers whose every head is averaged over (added to ``heads``)."""
     _resolved: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
+    def __post_init__(self) -> None:
+        for layer in self.layers:
+            at_least("AttnToP0", "layers", layer, 0, "blocks count from 0")
+        for layer, head in self.heads:
+            at_least("AttnToP0", "heads", layer, 0, "blocks count from 0")
+            at_least("AttnToP0", "heads", head, 0, "heads count from 0")
+
     @property
     def name(self) -> str:  # type: ignore[override]
         if self.layers and not self.heads:
@@ -253,7 +276,7 @@ class AttnToP0(PatchMetric):
         for layer, head in self._resolved:
             pat = view.acts[hooks.pattern(layer)][:, head].float()  # (B, Q, K), in float32 whatever the model's dtype
             if pat.shape[-1] <= view.p0 + 1:
-                raise BadInputError("AttnToP0 needs at least one query after P0; use longer prompts")
+                raise too_short("AttnToP0 needs at least one query after P0", view, pat.shape[-1] - view.p0)
             vals.append(pat[:, view.p0 + 1:, view.p0].mean(-1))
         return torch.stack(vals).mean(0)
 
@@ -274,6 +297,8 @@ class SinkRate(PatchMetric):
         self.layers = tuple(self.layers)
         if not self.layers:
             raise ConfigError("SinkRate needs layers=[...], the blocks whose heads are counted")
+        for layer in self.layers:
+            at_least("SinkRate", "layers", layer, 0, "blocks count from 0")
         if not 0 <= self.eps < 1:
             raise ConfigError(f"SinkRate.eps={self.eps!r} must lie in [0, 1) (an attention share)")
 

@@ -56,6 +56,17 @@ class PatchOptions:
     progress: bool = False
     """Show a progress bar with an ETA."""
 
+    def __post_init__(self) -> None:
+        """A corruption or metric named by a string is looked up here, before any model is given: a name that names
+        nothing is refused at once (a block past a model's is refused when the model is)."""
+        from p0circuit.core.entries import check_metric_entry
+        from p0circuit.patching.corruptions import get_corruption
+
+        if isinstance(self.corruption, str):
+            get_corruption(self.corruption)
+        if isinstance(self.metric, str):
+            check_metric_entry(self.metric)
+
     def but(self, **changes: Any) -> "PatchOptions":
         """A copy with ``changes``."""
         return dataclasses.replace(self, **changes)
@@ -81,6 +92,7 @@ def taken_by(fn: Callable[..., Any]) -> tuple[str, ...]:
     return getattr(fn, "options_taken", ())
 
 
+@entry_point
 def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Give ``fn(model, tokens, *, ..., options: PatchOptions)`` every option but ``without`` as a keyword.
 

@@ -38,16 +38,21 @@ def _model_entry(args: argparse.Namespace) -> str:
     return f"planted:{args.plant}"
 
 
-def _layers(text: str, n_layers: int) -> list[int]:
-    """``"0-3"``, ``"0,2,5"`` or ``"4"`` as a list of layers of the model."""
+def _layers(text: str, n_layers: Optional[int]) -> list[int]:
+    """``"0-3"``, ``"0,2,5"`` or ``"4"`` as a list of layers of the model (``n_layers`` None: the model's size is not
+    known yet, so only the spelling is checked)."""
     from p0circuit.core.errors import ConfigError
 
-    try:
-        layers = sorted({l for part in text.split(",") for l in (
-            range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [int(part)])})
-    except ValueError:
-        raise ConfigError(f"--layers {text!r}: use a range like 0-3 or a list like 0,2,5") from None
-    if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+    spelled = "use a range like 0-3 or a list like 0,2,5 (ASCII digits)"
+    parts = [part.split("-") for part in text.split(",")]
+    if not text or any(len(p) > 2 or not all(x.isascii() and x.isdigit() for x in p) for p in parts):
+        raise ConfigError(f"--layers {text!r}: {spelled}")
+    backwards = [f"{p[0]}-{p[1]}" for p in parts if len(p) == 2 and int(p[0]) > int(p[1])]
+    if backwards:
+        raise ConfigError(f"--layers {text!r}: the range {backwards[0]} runs backwards; write it low to high "
+                          f"({backwards[0].split('-')[1]}-{backwards[0].split('-')[0]})")
+    layers = sorted({l for p in parts for l in (range(int(p[0]), int(p[1]) + 1) if len(p) == 2 else [int(p[0])])})
+    if n_layers is not None and layers[-1] >= n_layers:
         raise ConfigError(f"--layers {text!r}: the model has layers 0..{n_layers - 1}")
     return layers
 
@@ -99,11 +104,10 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     from p0circuit.core.errors import ConfigError
     from p0circuit.core.types import parse_nodes
 
-    _check_owner(Path(args.out), args.settings, args.force)
     n_layers = entry_layers(_model_entry(args))
     if args.metric:
         check_metric_entry(args.metric, n_layers)
-    if args.layers and n_layers is not None:
+    if args.layers:
         _layers(args.layers, n_layers)
     if args.nodes and args.positions == "each":
         raise ConfigError("--positions each makes every position of every component a candidate; pass it or --nodes, "
@@ -113,6 +117,7 @@ def _check_before_loading(args: argparse.Namespace) -> None:
         late = [n.name for n in nodes if n_layers is not None and n.layer >= n_layers]
         if late:
             raise ConfigError(f"--nodes {' '.join(late[:3])}: the model has blocks 0..{n_layers - 1}")
+    _check_owner(Path(args.out), args.settings, args.force)  # the input's own errors first, then what --out holds
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -163,18 +168,26 @@ def _discover(args: argparse.Namespace) -> int:
         from p0circuit.figures.graphs import GRAPHVIZ_MISSING  # already imported by the discovery above
 
         print(f"p0circuit: note: {GRAPHVIZ_MISSING}", file=sys.stderr)
-    return 1 if resolved.truth is not None and not found.exact else 0
+    missed = found.inexact()
+    if missed:  # a planted model: exit status 1 says the discovery did not recover the truth; so does this line
+        print(f"p0circuit: the planted ground truth was not recovered exactly: {'; '.join(missed)}. The files are "
+              f"written to {out}/; exit status 1 marks the mismatch (try other --corruption, --metric or --threshold "
+              "settings, or more --n-prompts)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _analyze(args: argparse.Namespace) -> int:
     from p0circuit.core.entries import check_model_entry
-    from p0circuit.studies.analysis.settings import AnalysisSettings, precheck
+    from p0circuit.studies.analysis.settings import AnalysisSettings, check_bos_token, precheck
 
     # the entry, the settings and the directory before torch is imported, in well under a second
     kind, _ = check_model_entry(args.model)
     bos = {"both": (False, True), "without": (False,), "with": (True,)}[args.bos]
     given = {name: getattr(args, name) for name in number_fields() if getattr(args, name) is not None}
     settings = AnalysisSettings(bos=bos, **given)
+    bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
+    check_bos_token(bos_token, settings)  # the options' own errors before any conflict with what --out holds
     out = Path(args.out)
     precheck(out, args.model, settings, resume=not args.fresh)
     if not args.quiet and kind in FROM_FILES:
@@ -183,7 +196,6 @@ def _analyze(args: argparse.Namespace) -> int:
                                                    if slow else ""), file=sys.stderr)
     from p0circuit.studies.analysis.run import analyze
 
-    bos_token = int(args.bos_token) if args.bos_token and args.bos_token.isdigit() else args.bos_token
     result = analyze(args.model, out=out, bos_token=bos_token, resume=not args.fresh, progress=not args.quiet,
                      settings=settings)
     print(result)

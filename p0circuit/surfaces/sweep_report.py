@@ -15,14 +15,13 @@ import html
 import io
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import matplotlib.pyplot as plt
 
 from p0circuit.figures.drawing import to_html
-from p0circuit.core.errors import BadInputError
+from p0circuit.core.errors import BadInputError, warn_user
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import write_atomic
 from p0circuit.figures.plotting import finish, new_figure, plot
@@ -196,7 +195,7 @@ def write_report(directory: Any, attention: bool = True) -> Path:
             notes.append(f"results.jsonl was unreadable at line(s) {torn[:5]} (cut short by a crash?); rebuilt it from "
                          f"the {len(records)} cell files")
     for note in notes:
-        warnings.warn(f"report: {note}", stacklevel=2)
+        warn_user(f"report: {note}")
     if not records:
         raise BadInputError(f"{out} holds no readable finished cells" + (f" ({notes[0]})" if notes else " yet"))
     saved = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else None

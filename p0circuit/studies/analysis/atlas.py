@@ -39,6 +39,9 @@ TRAINED_WITH = {
     "planted:bos": "none: the circuit is written into the weights (keyed on the BOS token)",
     "planted:secondary": "none: written into the weights (a position-keyed P0 circuit, and a block-2 MLP neuron that "
                          "makes token 25 a sink wherever it stands)",
+    "planted:norm": "none: written into the weights (position-keyed; a large write at every position after the "
+                    "amplifier, so the sink heads need the norm)",
+    "real:qwen2.5": "no BOS per document (Qwen's tokenizer prepends none); documents separated by `<|endoftext|>`",
 }
 """What each known model saw at position 0 in training (from its model card or its plant)."""
 

@@ -92,12 +92,21 @@ def _label(model: Any, row: dict[str, Any], toks: Tensor, bos: bool, held: int, 
             "sink state there)")
 
 
+NONE_WITHOUT = ("not measured: every prompt drawn with the state's token there holds the state, so there is no context "
+                "without it to take (what the context does is then shown by that alone)")
+"""The keyed test's context note when the passages hold no window without the state at its index."""
+
+
 def keyed(model: Any, toks: Tensor, at: int, layer: int, bos: bool, s: Any,
           contexts: Optional[Tensor] = None) -> dict[str, Any]:
     """:func:`keyed_on`'s record for the state at ``at`` after ``layer`` (``contexts``: prompts without the state, for
     its context edit), or why it could not run."""
+    none_without = contexts is not None and contexts.shape[0] == 0  # every window drawn there holds the state
     try:
-        return keyed_on(model, toks, at, layer, bos=bos, seed=s.seed, threshold=s.norm_threshold,
-                        contexts=contexts).to_dict()
+        found = keyed_on(model, toks, at, layer, bos=bos, seed=s.seed, threshold=s.norm_threshold,
+                         contexts=None if none_without else contexts)
+        if none_without and found.context is None and at > int(bos):
+            found = found.replace(context_note=NONE_WITHOUT)
+        return found.to_dict()
     except P0CircuitError as err:
         return Unmeasured(error=str(err)).to_dict()

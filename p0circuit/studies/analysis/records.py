@@ -11,12 +11,17 @@ the model is loaded (:func:`p0circuit.studies.analysis.settings.precheck`).
 """
 
 import json
+import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Union
 
 from p0circuit.core.errors import ConfigError
-from p0circuit.core.record import ABSENT, SCHEMA, Absent, Maybe, Record, check_schema  # noqa: F401 (re-exported)
+from p0circuit.core.io import clear_stale
+from p0circuit.core.record import (  # noqa: F401 (re-exported)
+    ABSENT, SCHEMA, Absent, Maybe, Mismatch, Record, check_schema, read_value,
+)
 from p0circuit.studies.findings import (
     Control, Detection, FirstTokens, KeyedOn, SinkCircuit, SinkReads, SpecialToken, Spread, SuperWeights, Sweep,
     Unmeasured, Weight,
@@ -53,6 +58,27 @@ class StateHeader(_Record):
     """BOS setting (``without_bos``, ``with_bos``) -> a short hash of its prompt tokens."""
 
 
+UNIT = "forward of the batch"
+"""The state's record of the cost unit: one forward of the prompt batch, timed when the analysis started (a step whose
+value is null)."""
+
+
+@dataclass(frozen=True)
+class Step(_Record):
+    """One finished step of the state file (``steps[key]``): its value and what it cost."""
+
+    value: Any
+    """What the step measured (its kind's record, :func:`step_value`; null for the unit forward)."""
+    seconds: float
+    """Its wall time."""
+    forwards: Maybe[Optional[float]] = ABSENT
+    """Its work, in forwards of the batch (:class:`~p0circuit.patching.work.Count`)."""
+    with_grad: Maybe[Optional[float]] = ABSENT
+    """Of that work, the part done with a graph recorded."""
+    peak: Maybe[Optional[int]] = ABSENT
+    """The process' peak resident memory during it (bytes; null where unread)."""
+
+
 @dataclass(frozen=True)
 class StateFile(_Record):
     """``analysis.state.json``: the finished steps of one analysis directory, saved after each."""
@@ -68,9 +94,27 @@ class StateFile(_Record):
     FIX: ClassVar[str] = ("pass fresh=True (--fresh) to recompute the analysis in this directory, or write to another "
                           "directory")
 
+    def _check(self, path: str) -> None:
+        """Each step read as a :class:`Step` and its value as its kind's record (:func:`step_value`), by key path:
+        a damaged value, a step without one or a unit forward of no time is refused before the model loads."""
+        for key, step in self.steps.items():
+            where = f"{path}.steps[{key!r}]"
+            read_value(step, Step, where)
+            kind = step_value(key, where)
+            if isinstance(kind, _Part):
+                _read_part(step["value"], kind, f"{where}.value")
+            else:
+                read_value(step["value"], kind, f"{where}.value")
+            if not step["seconds"] >= 0 or (key == UNIT and not step["seconds"] > 0):
+                raise Mismatch(f"{where}.seconds", "a number of seconds > 0" if key == UNIT else "a number of seconds >= 0",
+                               step["seconds"], f"{step['seconds']!r}" + (" (the unit forward every step's cost is "
+                                                                          "counted in takes some time)" if key == UNIT else ""))
+
     @classmethod
     def read(cls, path: Path) -> "StateFile":
-        """The state file at ``path``, or a clear error for a damaged one or one of another schema version."""
+        """The state file at ``path``, or a clear error for a damaged one or one of another schema version. Temporary
+        files of a save cut short beside it (``analysis.state.json.<pid>.tmp``) are removed first."""
+        clear_stale(path)
         try:
             data = json.loads(path.read_text())
         except ValueError:
@@ -223,12 +267,16 @@ class AnalysisRecord(_Record):
     schema: int = SCHEMA_VERSION
     """The records' version (:data:`SCHEMA_VERSION`)."""
 
-    FIX: ClassVar[str] = "re-run `p0circuit analyze` with --fresh (fresh=True) to rewrite it with this p0circuit"
+    FIX: ClassVar[str] = ("run `p0circuit analyze` again with the same --out (analyze(model, out=...)): it rewrites "
+                          "analysis.json from the finished steps of its state file, computing none again; only if that "
+                          "state is refused too, pass --fresh (fresh=True) to start over")
 
     def _check(self, path: str) -> None:
         for tag, rows in self.onsets.items():  # each row read as an OnsetRow: a missing or unknown key refused
             for i, row in enumerate(rows):
                 OnsetRow.from_dict(row, f"the analysis' onsets[{tag!r}][{i}]")
+        for tag, summary in self.sinks.items():  # each setting's sink summary, or why it was skipped
+            read_value(summary, Union[SinkSummary, Skipped], f"{path}.sinks[{tag!r}]")
 
     @classmethod
     def read(cls, path: Path) -> "AnalysisRecord":
@@ -244,3 +292,130 @@ def as_record(data: Any, what: str = "the analysis") -> "AnalysisRecord":
     """The record of an analysis' content (``analysis.json``'s dict: its schema version and keys checked), or
     the record itself."""
     return data if isinstance(data, AnalysisRecord) else AnalysisRecord.from_dict(data, what)
+
+
+@dataclass(frozen=True)
+class MassiveDim(_Record):
+    """One massive dimension of the residual stream at P0 (a sink summary's ``massive_dims``)."""
+
+    dim: int
+    """The dimension."""
+    first_layer: int
+    """The first block after which it is massive at P0."""
+    last_layer: int
+    """The last."""
+    peak_value: float
+    """Its largest mean value at P0."""
+    peak_ratio: float
+    """That value over the typical scale of the residual stream."""
+    peak_layer: int
+    """Where it peaks."""
+
+
+@dataclass(frozen=True)
+class SinkSummary(_Record):
+    """One BOS setting's sink report as the analysis keeps it (``analysis.json``'s ``sinks[setting]``, the ``sinks``
+    step's value in the state; :func:`p0circuit.studies.analysis.steps.sinks`)."""
+
+    sink_rate: Optional[float]
+    """Share of heads whose attention to position 0 passes the sink line."""
+    norm_stages: list[tuple[str, int, Optional[float]]]
+    """Every ``["onset" | "erasure", block, ratio]`` of P0's norm ratio."""
+    massive_dims: list[MassiveDim]
+    """The massive dimensions at P0, strongest first (at most 8)."""
+    sink_positions: list[dict[str, Any]]
+    """Every (block, position class) that is a sink state."""
+    norm_ratio: list[Optional[float]]
+    """P0's norm ratio after each block."""
+    alpha: list[list[Optional[float]]]
+    """alpha_0 per block and head."""
+    sink_rate_per_layer: list[Optional[float]]
+    """The sink rate of each block's heads."""
+    direction_stability: Optional[list[Optional[float]]]
+    """Per block, h_0's mean pairwise cosine across prompts."""
+    direction_to_onset: Optional[list[Optional[float]]]
+    """Per block, the cosine of h_0's mean direction with its direction at the norm onset."""
+    direction_stability_ordinary: Optional[list[Optional[float]]]
+    """The baseline of ``direction_stability`` at ordinary positions."""
+    direction_stability_unmassive: Optional[list[Optional[float]]]
+    """``direction_stability`` with the massive dimensions set to 0."""
+    n_prompts: int
+    """Prompts measured."""
+    seq_len: int
+    """Their length."""
+
+
+@dataclass(frozen=True)
+class Skipped(_Record):
+    """A BOS setting that was not measured (``sinks[setting]``)."""
+
+    skipped: str
+    """Why."""
+
+
+NODE_STEP = ("corruption", "corruption_params", "metric", "clean", "corrupted", "signal", "message", "candidates",
+             "normalization", "nodes", "effects", "screen", "seconds", "corruption_choice", "faithfulness", "circuit")
+"""The keys an onset's node step always writes (an :class:`OnsetRow`'s, with their types there)."""
+
+
+def _hint(cls: type, name: str, item: bool = False) -> Any:
+    """The type of ``cls``'s field ``name`` without :class:`Absent` (``item``: of its dict's values)."""
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not Absent] if typing.get_origin(hint) is Union else [hint]
+    hint = Union[tuple(args)] if len(args) > 1 else args[0]
+    return typing.get_args(hint)[1] if item else hint
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A step value that is part of an :class:`OnsetRow` (``keys``: those it must hold, typed as the row's fields of
+    their names; ``own``: the rest is the step's own record, of any keys, else every key is a row's)."""
+
+    keys: tuple[str, ...]
+    own: bool = False
+
+
+def _read_part(value: Any, part: _Part, path: str) -> None:
+    """``value`` checked as ``part``: its keys present, each typed as the onset row's field of its name."""
+    if not isinstance(value, dict):
+        raise Mismatch(path, dict, value)
+    missing = [k for k in part.keys if k not in value]
+    if missing:
+        raise Mismatch(path, f"an object with the key(s) {list(part.keys)}", value, f"one without {missing}")
+    row = OnsetRow.keys()
+    for k, v in value.items():
+        if k in (part.keys if part.own else row):  # the rest of an own part is its pass' record (any JSON)
+            read_value(v, _hint(OnsetRow, k), f"{path}[{k!r}]")
+        elif not part.own:
+            raise Mismatch(path, f"an object of an onset row's keys ({', '.join(part.keys)}, ...)", value,
+                           f"one with the key {k!r}")
+
+
+def step_value(key: str, where: str) -> Any:
+    """The type of the value of the state's step ``key`` (its kind: the part of the key after the last ``/``, or the
+    whole key), as the records of ``analysis.json`` type it; an unknown kind is refused (``where``: the step)."""
+    kind = key.rsplit("/", 1)[-1]
+    kind = re.sub(r"@L\d+$|\d+$", "", kind)
+    top = "/" not in key
+    kinds: dict[str, Any] = {
+        UNIT: type(None),
+        "sinks": SinkSummary,
+        "first_tokens": _hint(AnalysisRecord, "first_tokens", item=True),
+        "keyed": _hint(OnsetRow, "keyed_on"),
+        "nodes": _Part(NODE_STEP),
+        "edges": _Part(("edges",), own=True),
+        "neurons": _Part(("neurons",), own=True),
+        "reads": _hint(OnsetRow, "reads"),
+        "detection": _hint(OnsetRow, "detection"),
+        "sink": _hint(OnsetRow, "sink_circuit"),
+        "corruptions": dict[str, dict[str, Any]],
+        "length": dict[str, Any],
+        "spread": _hint(AnalysisRecord, "spread", item=True),
+        "special": _hint(AnalysisRecord, "special_tokens", item=True),
+    }
+    if kind == "weights":  # the model's super-weight candidates (a key of its own), or an onset's zeroed weights
+        return _hint(AnalysisRecord, "weights") if top else _hint(OnsetRow, "super_weights")
+    if kind not in kinds:
+        raise Mismatch(where, "the key of a step this p0circuit takes (its last part one of "
+                       f"{sorted(set(kinds) - {UNIT} | {'weights'})})", key, f"{key!r}")
+    return kinds[kind]

@@ -37,18 +37,19 @@ from p0circuit.studies.experiments.super_weights import super_weights, weight_ou
 from p0circuit.studies.findings import Control, Unmeasured
 from p0circuit.studies.analysis.eta import Bar
 from p0circuit.studies.analysis.records import (
-    ABSENT, SCHEMA_VERSION, AnalysisRecord, Sensitivity, StateFile, StateHeader,
+    ABSENT, SCHEMA_VERSION, UNIT, AnalysisRecord, Sensitivity, StateFile, StateHeader,
 )
-from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, precheck, read_state
+from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, check_bos_token, precheck, read_state
 from p0circuit.studies.analysis.verdict import SETTINGS, verdict
 from p0circuit.studies.analysis.write import markdown, write_all
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError, warn_user
 from p0circuit.core.args import entry_point
-from p0circuit.core.io import strict, write_atomic
+from p0circuit.core.io import clear_stale, out_dir as checked_out, strict, write_atomic
 from p0circuit.core import memory, threads
 from p0circuit.patching import NormRatio, work
 from p0circuit.patching.order import hook_order
 from p0circuit.patching.corruptions import Swap, get_corruption
+from p0circuit.core.entries import check_model_entry
 from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked
 from p0circuit.models.planted import PlantedModel
@@ -57,8 +58,6 @@ from p0circuit.models.tokens import BOS_ATTR, bos_label, english_prompts, prepen
 
 MASSIVE_EDITED = 8
 """Massive dimensions at an onset that the ``massive_removed`` edit removes at most (the strongest first)."""
-UNIT = "forward of the batch"
-"""The state's record of the cost unit: one forward of the prompt batch, timed when the analysis started."""
 
 
 @dataclass
@@ -115,6 +114,8 @@ class _State:
         """The model and the token rows of the unit forward: each step's work is counted in forwards of them."""
         self.process_peak = 0
         """The process's peak resident memory before the last reset (bytes)."""
+        if self.path is not None:
+            clear_stale(self.path)  # a save cut short (Ctrl-C, a kill) left a temporary file beside the state
         if self.path is not None and self.path.is_file():
             if resume:
                 old = read_state(self.path)  # its schema version checked (records.py)
@@ -239,7 +240,8 @@ def analyze(
     ``model``: a ``HookedTransformer``, a :class:`~p0circuit.models.planted.PlantedModel` (its ground truth is
     recorded beside the findings) or a model entry (``"real:smollm2"``, ``"planted:rope"``, ...).
     ``out``: a directory for ``analysis.json``, ``analysis.md`` and ``report.html`` (and the state
-    that lets an interrupted analysis resume). ``bos_token``: the start token of the with-BOS
+    that lets an interrupted analysis resume). ``entry``: the model's entry (``"real:smollm2"``), the label the record
+    keeps when ``model`` is an object (checked as an entry). ``bos_token``: the start token of the with-BOS
     setting when the tokenizer's BOS is not one (SmolLM2: ``"<|endoftext|>"``). Settings are an
     :class:`AnalysisSettings` or its fields as keywords (``n_prompts=8``)."""
     if settings is not None and overrides:
@@ -248,10 +250,17 @@ def analyze(
         settings = settings or AnalysisSettings(**overrides)
     except TypeError as err:
         raise BadInputError(f"analyze: {err}; the settings are {list(AnalysisSettings.__dataclass_fields__)}") from None
+    check_bos_token(bos_token, settings)
+    out_dir = None if out is None else checked_out("analyze", out)  # the arguments' own errors, before any load
+    if not isinstance(model, (str, PlantedModel, HookedTransformer)):
+        raise BadInputError(f"analyze needs a HookedTransformer or a model entry string (or a PlantedModel), got "
+                            f"{type(model).__name__}")
+    if entry is not None:
+        check_model_entry(entry)  # the label the record keeps must name a model
     label = entry
     truth = None
     if isinstance(model, str):
-        precheck(None if out is None else Path(out), entry or model, settings, resume)
+        precheck(out_dir, entry or model, settings, resume)
         resolved = load_model(model)
         label, model, truth = entry or model, resolved.model, resolved.truth
         bos_token = bos_token if bos_token is not None else resolved.start_token
@@ -261,10 +270,7 @@ def analyze(
     if not isinstance(model, HookedTransformer):
         raise BadInputError(f"analyze needs a HookedTransformer or a model entry string, got {type(model).__name__}")
     label = label or str(model.cfg.model_name)
-    out_dir = None if out is None else Path(out)
     if out_dir is not None:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise BadInputError(f"--out {out_dir} exists and is not a directory")
         out_dir.mkdir(parents=True, exist_ok=True)
     no_bos_reason, previous = _start_token(model, bos_token) if True in settings.bos else (None, None)
     try:

@@ -8,16 +8,20 @@ import inspect
 import json
 import math
 import textwrap
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, NORM_THRESHOLD
+from p0circuit.core.args import RATIO_LINE
 from p0circuit.core.errors import ConfigError
 from p0circuit.studies.analysis.records import StateFile
 
 STATE = "analysis.state.json"
 """The file an analysis directory keeps its finished steps in."""
+MAX_COUNT = 10**9
+"""The largest count a setting takes (prompts, tokens, onsets, ...): past it a number is a typo, not a plan."""
 MAX_IG_STEPS = 64
 """The most integrated-gradient points per MLP an analysis takes (the default, 4, is checked against exact
 patching in docs/guide.md)."""
@@ -47,6 +51,7 @@ def number_fields() -> dict[str, tuple[object, str]]:
     return out
 
 
+@typing.no_type_check  # validates its own fields in __post_init__, naming each one's command-line option
 @dataclass(frozen=True)
 class AnalysisSettings:
     """What one analysis measures (every field is recorded in ``analysis.json``)."""
@@ -102,9 +107,12 @@ class AnalysisSettings:
                 if value == 0:
                     continue
                 low = 8  # an interval over fewer prompts says little
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            high = math.inf if name == "seed" else MAX_COUNT  # (a seed's own bound follows, with its reason)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"analysis setting {_named(name)} must be a whole number >= {low}"
-                                  + (" (or 0: not measured)" if name == "spread_prompts" else "") + f", got {value!r:.40}")
+                                  + (" (or 0: not measured)" if name == "spread_prompts" else "")
+                                  + f" (at most {high:.0e})" * (isinstance(value, int) and value > high)
+                                  + f", got {value!r:.40}")
         if self.seed > 2**32 - 1:
             raise ConfigError(f"analysis setting {_named('seed')} must be a whole number in 0..{2**32 - 1} (what the "
                               f"prompt and corruption generators take), got {self.seed!r:.40}")
@@ -112,19 +120,31 @@ class AnalysisSettings:
             raise ConfigError(f"analysis setting ig_steps (--ig-steps) is {self.ig_steps}, more than {MAX_IG_STEPS}: each "
                               "point costs a forward and backward per MLP screened (up to four), and the default, 4, "
                               f"is checked against exact patching in docs/guide.md; pass a number in 1-{MAX_IG_STEPS}")
+        for name in ("bos", "lengths"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ConfigError(f"analysis setting {name} must be a list or tuple, got {getattr(self, name)!r:.40}")
         object.__setattr__(self, "bos", tuple(self.bos))
         object.__setattr__(self, "lengths", tuple(self.lengths))
         if not self.bos or any(not isinstance(b, bool) for b in self.bos) or len(set(self.bos)) != len(self.bos):
             raise ConfigError(f"analysis setting bos must list False and/or True once each, got {self.bos!r}")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in self.lengths):
-            raise ConfigError(f"analysis setting lengths must be whole numbers >= 2, got {self.lengths!r}")
-        for name, meaning in (("threshold", "the |normalized effect| at which a component is kept"),
-                              ("norm_threshold", "the norm ratio at which a position counts as a sink state")):
+        if any(isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= MAX_COUNT for n in self.lengths):
+            raise ConfigError(f"analysis setting lengths must be whole numbers >= 2, got {self.lengths!r:.60}")
+        for name, low, meaning in (
+                ("threshold", 0, "the |normalized effect| at which a component is kept"),
+                ("norm_threshold", 1, f"the norm ratio at which a position counts as a sink state: {RATIO_LINE}")):
             value = getattr(self, name)
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                    or not value > 0):
-                raise ConfigError(f"analysis setting {_named(name)} must be a finite number > 0 ({meaning}), "
+                    or not value > low):
+                raise ConfigError(f"analysis setting {_named(name)} must be a finite number > {low} ({meaning}), "
                                   f"got {value!r:.40}")
+
+
+def check_bos_token(bos_token: object, settings: AnalysisSettings) -> None:
+    """Refuse a start token given for an analysis that measures no with-BOS setting (it would be ignored)."""
+    if bos_token is not None and True not in settings.bos:
+        raise ConfigError(f"bos_token (--bos-token) {bos_token!r} is the token the with-BOS setting puts first, but "
+                          f"bos={settings.bos} (--bos without) measures no with-BOS setting: measure it too (--bos both "
+                          "or --bos with; bos=(False, True)), or leave the token out")
 
 
 def read_state(path: Path) -> StateFile:

@@ -18,7 +18,6 @@ with it for the sink heads' attention and restores about half of it at most, wha
 nothing about the circuit, only about the corruption.
 """
 
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -36,7 +35,6 @@ from p0circuit.patching.inputs import Setup
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.sites import named_positions, site_of
 from p0circuit.studies.analysis import steps
-from p0circuit.studies.experiments.reads import first_readers  # noqa: F401 (the heads it is searched for)
 
 
 def _rates(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, blocks: list[int], eps: float,

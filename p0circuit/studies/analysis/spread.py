@@ -116,7 +116,8 @@ def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengt
             continue
         toks = make(n)
         with torch.no_grad():
-            _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names)
+            _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names,
+                                            stop_at_layer=model.cfg.n_layers)  # every block, no logits
         ratios = [float(norm_ratio(cache[hooks.resid_post(l)]).mean()) for l in range(model.cfg.n_layers)]
         onset = next((l for l, r in enumerate(ratios) if r >= line), None)
         erasure = None if onset is None else next((l for l in range(onset, len(ratios)) if ratios[l] < line), None)

@@ -52,8 +52,11 @@ TITLES = {"without_bos": "without BOS", "with_bos": "with BOS"}
 
 
 def label(part: dict[str, Any]) -> str:
-    """A part's answer in words: ``holds``, ``fails``, ``partially supported (found at <where>)`` or
+    """A part's answer in words: ``holds``, ``fails``, ``partially supported (found at <where>)`` (or
+    ``partially supported (<which half>)`` for a part whose halves hold apart: ``partly``) or
     ``not applicable (<why>)``."""
+    if part.get("partly"):
+        return f"{part['status']} ({part['partly']})"
     if part.get("found_at"):
         return f"{part['status']} (found at {part['found_at']})"
     if part.get("why"):
@@ -78,7 +81,7 @@ def _sink_part(summary: dict[str, Any], row: Optional[dict[str, Any]], line: flo
     onset = _onset(summary)
     first = onset if onset is not None else 0
     strongest, where = max(((max(r), l) for l, r in enumerate(summary["alpha"]) if l >= first), default=(0.0, first))
-    text = (f"the P0 norm ratio (||h_0|| over the mean ||h_t|| of the other positions) "
+    text = ("the P0 norm ratio (||h_0|| over the mean ||h_t|| of the other positions) "
             + (f"reaches the onset line ({line:g}) at block {onset} (there its strongest head's alpha_0, mean "
                f"attention to P0, is {max(summary['alpha'][first]):.2f})" if onset is not None else
                f"never reaches the onset line ({line:g})")
@@ -87,7 +90,7 @@ def _sink_part(summary: dict[str, Any], row: Optional[dict[str, Any]], line: flo
             f"{summary['sink_rate']:.3f}")
     keyed = (row or {}).get("keyed_on") or {}
     if "verdict" in keyed:
-        text += f"; the state is {keyed['reading']} ({keyed['evidence']})"
+        text += f"; what the state is keyed on: {keyed['reading']} ({keyed['evidence']})"
     detection = (row or {}).get("detection") or {}
     if "evidence" in detection:
         text += f"; detection where the paper puts it: {detection['evidence']}"
@@ -149,7 +152,10 @@ def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
     if not c["faithful"]:
         return {"status": FAILS, "evidence": f"no faithful circuit: {c['why']}; best found: {where}"}
     outside, used, attn, mlp = _blocks(c["nodes"])
-    missing = ([] if 0 in attn else ["no attention step in block 0"]) + \
+    # the detection step is block-0 attention *at position 0* (its undiluted output there): a head that only
+    # changes the other positions (``@rest``) lowers the ratio's denominator but does not find position 0
+    at_p0 = any(n.layer == 0 and n.pos == 0 and n.kind in (Kind.HEAD, Kind.KV_HEAD) for n in map(Node.parse, c["nodes"]))
+    missing = ([] if at_p0 else ["no attention step at position 0 in block 0"]) + \
         ([] if mlp & PAPER_BLOCKS["mlp"] else ["no MLP of blocks 0-1"])
     if not outside and not missing:
         return {"status": HOLDS, "evidence": f"{where} lies in layer-0 attention and the layer-0/1 MLPs"}
@@ -225,12 +231,12 @@ def _direction_part(summary: dict[str, Any], line: float) -> dict[str, Any]:
     stable = layers[worst_l] >= line
     out = {"evidence": text, "min_cos_prompts": round(prompts[worst_p], 4), "min_cos_layers": round(layers[worst_l], 4)}
     if fixed and len(span) == 1:
-        return {**out, "status": PARTIAL, "found_at": "fixed across prompts; stable across layers not applicable: the "
-                                                       "state lasts one block"}
+        return {**out, "status": PARTIAL, "partly": "fixed across prompts; stable across layers not applicable: the "
+                                                     "state lasts one block"}
     if fixed and stable:
         return {**out, "status": HOLDS}
     if fixed or stable:
-        return {**out, "status": PARTIAL, "found_at": "fixed across prompts only" if fixed else "stable across layers only"}
+        return {**out, "status": PARTIAL, "partly": "fixed across prompts only" if fixed else "stable across layers only"}
     return {**out, "status": FAILS}
 
 
@@ -251,7 +257,7 @@ def _reads_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
     if near in ("the norm", "both"):
         return {"status": HOLDS, "evidence": text + ": the norm is what the sink needs, as the paper says"}
     if later in ("the norm", "both"):
-        return {"status": PARTIAL, "found_at": f"the direction right after the onset; the norm over later blocks",
+        return {"status": PARTIAL, "partly": "the direction right after the onset; the norm over later blocks",
                 "evidence": text + ": the heads read the state's direction; its norm matters only by keeping that "
                 "direction through later blocks (the paper's stabilization), not as what the heads attend to"}
     return {"status": FAILS, "evidence": text + ": the heads read the state's direction and not its norm, so 'the MLPs "

@@ -51,10 +51,20 @@ class Discovery:
     @property
     def exact(self) -> bool:
         """True when every circuit equals the ground truth (precision and recall 1); False without truth."""
-        all_scores = [self.scores(m) for m in self.circuits]
-        return bool(all_scores) and all(s is not None and s[f"{self.circuits[m].level}_precision"] == 1
-                                        and s[f"{self.circuits[m].level}_recall"] == 1
-                                        for m, s in zip(self.circuits, all_scores))
+        return bool(self.circuits) and self.resolved.truth is not None and not self.inexact()
+
+    def inexact(self) -> list[str]:
+        """Each method whose circuit is not the ground truth, with its precision and recall (empty without truth)."""
+        out = []
+        for method, circuit in self.circuits.items():
+            scores = self.scores(method)
+            if scores is None:
+                continue
+            level = circuit.level
+            p, r = scores[f"{level}_precision"], scores[f"{level}_recall"]
+            if p != 1 or r != 1:
+                out.append(f"{method} patching's circuit ({level} precision {p:.3f}, recall {r:.3f})")
+        return out
 
     def __str__(self) -> str:
         lines = [str(self.report)]

@@ -26,12 +26,16 @@ from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.figures.plotting import finish, new_figure
+from p0circuit.models.checks import check_block, check_model
 from p0circuit.models.tokens import check_tokens
 
 
 @entry_point
 def cone_expected_sq_norm(mu: float, sigma: float, n_pos: int) -> np.ndarray:
     """``mu^2 + sigma^2/(t+1)`` for t = 0..n_pos-1."""
+    if n_pos < 1 or sigma < 0:
+        raise BadInputError(f"cone_expected_sq_norm: n_pos={n_pos!r} must be >= 1 (positions) and sigma={sigma!r} >= 0 "
+                            "(a size)")
     t = np.arange(n_pos)
     return mu**2 + sigma**2 / (t + 1)
 
@@ -51,8 +55,12 @@ class ConeCurve:
 @entry_point
 def cone_monte_carlo(mu: float, sigma: float, d: int, n_pos: int, n: int = 2000, seed: int = 0) -> ConeCurve:
     """Simulate the cone model: ``s_i ~ N(0, sigma^2/(d-1) I)`` orthogonal to ``u = e_0``."""
-    if d < 2 or n_pos < 1 or n < 2:
-        raise BadInputError("cone_monte_carlo needs d >= 2, n_pos >= 1 and n >= 2 samples")
+    if d < 2 or n_pos < 1 or n < 2 or sigma < 0:
+        raise BadInputError(f"cone_monte_carlo needs d >= 2, n_pos >= 1, n >= 2 samples and sigma >= 0, got d={d!r}, "
+                            f"n_pos={n_pos!r}, n={n!r}, sigma={sigma!r}")
+    if d * n_pos * n > 10**9:
+        raise BadInputError(f"cone_monte_carlo: d x n_pos x n = {d * n_pos * n:.3g} values to draw, more than 10**9: pass "
+                            "fewer samples (n) or positions")
     gen = torch.Generator().manual_seed(seed)
     s = torch.randn(n, n_pos, d, generator=gen, dtype=torch.float64) * sigma / math.sqrt(d - 1)
     s[..., 0] = 0.0
@@ -90,9 +98,13 @@ class ConeFit:
         return finish(fig, path)
 
 
+@entry_point
 def fit_cone(curve: ConeCurve) -> ConeFit:
     """Fit ``mu^2 + sigma^2 x`` with ``x = 1/(t+1)`` by ordinary least squares."""
     y = np.asarray(curve.sq_norm, dtype=np.float64)
+    if y.ndim != 1 or not np.isfinite(y).all():
+        raise BadInputError(f"fit_cone: curve.sq_norm must be a 1-D array of finite numbers, got shape {y.shape}; pass "
+                            "the ConeCurve measure_attention_output or cone_monte_carlo returns")
     if len(y) < 3:
         raise BadInputError("fitting the cone model needs at least 3 positions")
     x = 1.0 / (np.arange(len(y)) + 1.0)
@@ -107,9 +119,12 @@ def fit_cone(curve: ConeCurve) -> ConeFit:
 @torch.no_grad()
 def measure_attention_output(model: Any, tokens: Tensor, layer: int = 0, head: Optional[int] = None) -> ConeCurve:
     """Per-position ||o_t||^2 of ``layer``'s attention output (one head's with ``head``)."""
+    check_model(model)
     tokens = check_tokens(model, tokens, min_len=3)
-    if not 0 <= layer < model.cfg.n_layers:
-        raise BadInputError(f"layer {layer} is outside 0..{model.cfg.n_layers - 1}")
+    check_block(model, layer, "measure_attention_output")
+    if head is not None and not 0 <= head < model.cfg.n_heads:
+        raise BadInputError(f"measure_attention_output: head={head!r} must be None (the whole attention output) or a "
+                            f"head of block {layer} in 0..{model.cfg.n_heads - 1}")
     if head is None:
         _, cache = model.run_with_cache(tokens, names_filter=hooks.attn_out(layer))
         o = cache[hooks.attn_out(layer)].double()

@@ -13,9 +13,8 @@ attention in real models) makes the other positions P0-like from the block where
 something else (a learned position embedding, a BOS token) leaves them as they are at every ``k``.
 """
 
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -42,14 +42,13 @@ the record says there is whether the state *follows BOS when moved*.
 
 import ast
 import random
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from p0circuit.core import hooks
-from p0circuit.core.args import entry_point
+from p0circuit.core.args import above_one, entry_point
 from p0circuit.core.defaults import KEEPS, NORM_THRESHOLD
 from p0circuit.core.errors import BadInputError
 from p0circuit.studies.findings import Kept, KeyedOn
@@ -172,14 +171,11 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
     if at + MOVE >= model.cfg.n_ctx:
         raise BadInputError(f"keyed_on moves the token {MOVE} places later: at={at} needs a context of more than "
                             f"{at + MOVE} positions, and this model's is {model.cfg.n_ctx}")
-    if not threshold > 1:
-        raise BadInputError(f"keyed_on: threshold={threshold!r} must be > 1: a kept share divides by the state's excess "
-                            "norm (its ratio minus 1), which a ratio at or below 1 does not have")
+    above_one("keyed_on", "threshold", threshold)
     if not 0 < keep < 1:
         raise BadInputError(f"keyed_on: keep={keep!r} must lie strictly between 0 and 1 (a kept share's line)")
     start = 1 if bos else 0
-    none_without = isinstance(contexts, Tensor) and contexts.ndim == 2 and contexts.shape[0] == 0
-    if contexts is not None and not none_without:
+    if contexts is not None:
         contexts = check_tokens(model, contexts, min_len=2, bos=bos, what="contexts")
         if contexts.shape[1] != seq:
             raise BadInputError(f"keyed_on: contexts have {contexts.shape[1]} tokens, the prompts {seq}: pass windows of "
@@ -195,22 +191,22 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
     avoid = set(special_ids(model)) | ({prepend_id(model)} if bos else set()) | ({bos_id(model)} - {None})
     swapped_tokens = tokens.clone()
     swapped_tokens[:, at] = torch.tensor(_replacements(tokens, at, avoid, seed), device=tokens.device)
-    swapped = _kept(*_ratios(model, swapped_tokens, layer, here), clean, sink, keep)
+    swapped = _kept(*_ratios(model, swapped_tokens, layer, here), clean, sink & (swapped_tokens[:, at] != tokens[:, at]),
+                    keep)
 
     # the tokens go in after a BOS token (it stays first, as the context edit keeps it), unless the state is the BOS's
     cut = 1 if bos and at > 0 else 0
     inserted = other[:, 1:1 + MOVE]
     moved_tokens = torch.cat([tokens[:, :cut], inserted, tokens[:, cut:]], dim=1)[:, :model.cfg.n_ctx]
     follows_r, stays_r = _ratios(model, moved_tokens, layer, here + MOVE, here)
-    follows, stays = _kept(follows_r, clean, sink, keep), _kept(stays_r, clean, sink, keep)
+    # each read counts only where the edit did what it claims: the token at its new index, another token at the old
+    follows = _kept(follows_r, clean, sink & (moved_tokens[:, at + MOVE] == tokens[:, at]), keep)
+    stays = _kept(stays_r, clean, sink & (moved_tokens[:, at] != tokens[:, at]), keep)
 
     context, note = None, ""
     if at <= start:
         note = "not defined: " + ("only the BOS token stands" if at == start == 1 else "nothing stands") + \
             " before the state"
-    elif none_without:
-        note = ("not measured: every prompt drawn with the state's token there holds the state, so there is no context "
-                "without it to take (what the context does is then shown by that alone)")
     elif contexts is None:
         note = "not measured: no prompts without the state were given to take contexts from"
     else:
@@ -227,7 +223,10 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
         copy_tokens = torch.cat([tokens[:, :1].expand(batch, MOVE), tokens], dim=1)[:, :model.cfg.n_ctx]
         (copies_r,) = _ratios(model, copy_tokens, layer, here + MOVE)
         copies = _kept(copies_r, clean, sink, keep)
-    assert swapped is not None and follows is not None and stays is not None  # the sink rows hold at least 2
+    if swapped is None or follows is None or stays is None:  # no prompt where both the state and the edit hold
+        raise BadInputError(f"keyed_on: in the prompts where position {at} is a sink state, the edits change nothing "
+                            f"at index {at} (another prompt's tokens put in front leave the same token there): pass "
+                            "prompts that differ from each other")
     verdict = verdict_of(swapped.mean, follows.mean, stays.mean, None if context is None else context.mean, keep)
     means = means_of(None if copies is None else copies.mean, str(model.cfg.positional_embedding_type), keep) \
         if verdict == "position" else ""
@@ -330,9 +329,11 @@ def aligned_prompts(model: Any, target: tuple[str, str], n: int, length: int, at
             chosen.append(s)
         if len(chosen) == n:
             break
-    if len(chosen) < 2:
+    if len(chosen) < min(n, 2):  # every window was tried: the passages hold no more (one is enough when one is asked)
+        need = "1 is" if n == 1 else "2 are"
         raise BadInputError(f"aligned_prompts: the shipped passages hold {len(chosen)} window(s) of {length} tokens with "
-                            f"{kind} {value!r} at index {at}; at least 2 are needed")
+                            f"{kind} {value!r} at index {at} that do not overlap, and {need} needed (ask for another "
+                            "index or length, or pass prompts of your own)")
     rows = [ids[s:s + text] for s in sorted(chosen)]
     if bos:
         rows = [[prepend_id(model)] + r for r in rows]

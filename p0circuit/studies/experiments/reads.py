@@ -28,7 +28,7 @@ attention, the direction-replaced state loses it), **the norm** (the reverse), *
 """
 
 import math
-from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -111,6 +111,14 @@ CONTROL = "random_direction"
 """The positive control among :data:`EDITS`."""
 
 
+def _edited(edit: Callable[[Tensor, Sequence[int], torch.Generator], Tensor], dims: Sequence[int],
+            gen: torch.Generator, act: Tensor, hook: Any) -> Tensor:
+    """The block output ``act`` with its P0 state replaced by ``edit``'s (a forward hook)."""
+    act = act.clone()
+    act[:, 0] = edit(act, dims, gen)
+    return act
+
+
 def reads_of(rescaled: Optional[float], replaced: Optional[float], keep: float = KEEPS) -> str:
     """What the heads read, from the kept shares of the rescaled state (norm removed, direction kept) and of the
     direction-replaced state (direction removed, norm kept): one of :data:`READS`."""
@@ -154,7 +162,7 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
     module docstring says how). ``dims``: the massive dimensions ``massive_removed`` removes (none: that edit is
     left out); ``bos``: the prompts' BOS choice; ``eps``: alpha_0 above which a head sinks; ``keep``: the line of the
     answers; ``window``: blocks read first (from the first after the onset that holds a sink head); ``seed``: the random
-    directions. One batched forward."""
+    directions. One forward of the prompts per edit, and one unedited."""
     check_model(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     check_block(model, layer, "sink_reads", later=1)
@@ -169,19 +177,17 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
     later_layers = list(range(layer + 1, model.cfg.n_layers))
     resid = hooks.resid_post(layer)
 
-    def edit(act: Tensor, hook: Any) -> Tensor:
-        act = act.clone()  # rows: the clean prompts, then one copy of them per edit
-        for i, name in enumerate(names, start=1):
-            rows = slice(i * batch, (i + 1) * batch)
-            act[rows, 0] = EDITS[name](act[rows], dims, gen)
-        return act
-
     wanted = {hooks.pattern(l) for l in later_layers}
-    with torch.no_grad(), model.hooks(fwd_hooks=[(resid, edit)]):
-        logits, cache = model.run_with_cache(tokens.repeat(len(names) + 1, 1), names_filter=lambda n: n in wanted)
-    patterns = torch.stack([cache[hooks.pattern(l)] for l in later_layers])  # (Llater, (E+1)*B, H, T, T)
-    alpha = attention_to_position(patterns.float(), 0)  # ((E+1)*B, Llater, H)
-    loss = next_token_loss(logits, tokens.repeat(len(names) + 1, 1))
+    alphas, losses = [], []
+    for name in ["clean"] + names:  # one forward each: a model's logits over a large vocabulary are the memory
+        fwd = [] if name == "clean" else [(resid, partial(_edited, EDITS[name], dims, gen))]
+        with torch.no_grad(), model.hooks(fwd_hooks=fwd):
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
+        patterns = torch.stack([cache[hooks.pattern(l)] for l in later_layers])  # (Llater, B, H, T, T)
+        alphas.append(attention_to_position(patterns.float(), 0))  # (B, Llater, H)
+        losses.append(next_token_loss(logits, tokens))
+        del logits, cache, patterns
+    alpha, loss = torch.cat(alphas), torch.cat(losses)
     runs = {name: slice(i * batch, (i + 1) * batch) for i, name in enumerate(["clean"] + names)}
     clean = alpha[runs["clean"]]
     mean = clean.mean(0)  # (Llater, H)

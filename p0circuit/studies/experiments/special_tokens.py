@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.core import hooks
-from p0circuit.core.args import entry_point
+from p0circuit.core.args import above_one, entry_point
 from p0circuit.core.defaults import NORM_THRESHOLD, SINK_EPS
 from p0circuit.core.errors import BadInputError
 from p0circuit.measures.positions import position_ratios, state_name, token_text
@@ -63,6 +63,7 @@ def special_tokens(model: Any, tokens: Tensor, *, bos: bool, ids: Optional[Seque
     if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at < seq - 1:
         raise BadInputError(f"special_tokens: at={at!r} must lie in 1..{seq - 2} (inside the prompt, with queries after "
                             "it)")
+    above_one("special_tokens", "threshold", threshold)
     ids = candidates(model) if ids is None else list(ids)
     bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.cfg.d_vocab]
     if bad:
@@ -73,7 +74,8 @@ def special_tokens(model: Any, tokens: Tensor, *, bos: bool, ids: Optional[Seque
     edited[:, at] = torch.tensor(ids, device=tokens.device).repeat_interleave(batch)
     names = {hooks.resid_post(l) for l in range(model.cfg.n_layers)} | {hooks.pattern(l) for l in range(model.cfg.n_layers)}
     with torch.no_grad():
-        _, cache = model.run_with_cache(edited, names_filter=lambda n: n in names)
+        _, cache = model.run_with_cache(edited, names_filter=lambda n: n in names,
+                                        stop_at_layer=model.cfg.n_layers)  # every block, no logits
     resid = torch.stack([cache[hooks.resid_post(l)] for l in range(model.cfg.n_layers)])  # (L, k*B, T, d)
     ratios = position_ratios(resid)[:, :, at].reshape(model.cfg.n_layers, len(ids), batch).mean(-1)  # (L, k)
     text = token_text(model)

@@ -18,7 +18,8 @@ from torch import Tensor
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
-from p0circuit.figures.plotting import finish, new_figure
+from p0circuit.core.io import out_file
+from p0circuit.figures.plotting import check_frame, finish, new_figure
 from p0circuit.measures.norms import direction_stability
 from p0circuit.models.tokens import check_tokens
 
@@ -65,8 +66,12 @@ def stabilization(model: Any, tokens: Tensor, delta: float = 1.0, n_draws: int =
     return pd.DataFrame(rows).set_index("layer")
 
 
+@entry_point
 def plot_stabilization(frame: pd.DataFrame, path: Optional[Union[str, Path]] = None) -> Any:
     """Direction change per layer at P0 and elsewhere (log scale)."""
+    check_frame("plot_stabilization", frame, ("change_p0", "change_rest"), "stabilization(model, tokens)")
+    if path is not None:
+        out_file("plot_stabilization", path)
     fig, (ax,) = new_figure(1)
     ax.plot(frame.index, frame["change_p0"], marker="o", label="P0")
     ax.plot(frame.index, frame["change_rest"], marker="o", label="t > 0")
@@ -75,8 +80,12 @@ def plot_stabilization(frame: pd.DataFrame, path: Optional[Union[str, Path]] = N
     return finish(fig, path)
 
 
+@entry_point
 def plot_direction(frame: pd.DataFrame, path: Optional[Union[str, Path]] = None) -> Any:
     """Cosine of h_0 (and of a later position) across prompts, per layer."""
+    check_frame("plot_direction", frame, ("cos_h0", "cos_h_other"), "direction_by_layer(model, tokens)")
+    if path is not None:
+        out_file("plot_direction", path)
     fig, (ax,) = new_figure(1)
     ax.plot(frame.index, frame["cos_h0"], marker="o", label="h_0")
     ax.plot(frame.index, frame["cos_h_other"], marker="o", label="later position")

@@ -15,7 +15,6 @@ same before and after the call.
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch

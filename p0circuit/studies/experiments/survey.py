@@ -16,7 +16,8 @@ models; real checkpoints come in through :func:`p0circuit.load_checkpoint` or
 :func:`p0circuit.load_pretrained` (the ``p0circuit survey`` command takes paths and hub names).
 """
 
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
 import pandas as pd
 import torch
@@ -25,15 +26,17 @@ from torch import Tensor
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
+from p0circuit.core.io import out_file
 from p0circuit.measures import sink_report
 from p0circuit.core.entries import SPEC_FAMILIES
 from p0circuit.models.spec import ModelSpec, positional_kind
 from p0circuit.models.planted import build_planted
-from p0circuit.figures.plotting import finish, new_figure
+from p0circuit.figures.plotting import check_frame, finish, new_figure
 from p0circuit.models.tokens import make_prompts
 
 
 
+@entry_point
 def default_models(d_vocab: int = 64, n_ctx: int = 64, seed: int = 0) -> dict[str, tuple[str, Any]]:
     """Name -> (kind, model): each family at initialization, and the planted models."""
     models: dict[str, tuple[str, Any]] = {}
@@ -90,8 +93,12 @@ def survey(
     return pd.DataFrame(rows).set_index("model")
 
 
-def plot_survey(frame: pd.DataFrame, path: Optional[Any] = None) -> Any:
+@entry_point
+def plot_survey(frame: pd.DataFrame, path: Optional[Union[str, Path]] = None) -> Any:
     """P0 norm ratio per layer for every surveyed model (log scale)."""
+    check_frame("plot_survey", frame, ("kind", "norm_ratio_L*"), "survey(models)")
+    if path is not None:
+        out_file("plot_survey", path)
     cols = [c for c in frame.columns if c.startswith("norm_ratio_L")]
     fig, (ax,) = new_figure(1, width=7)
     for name, row in frame.iterrows():

@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
+from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError, ConfigError
 
 
@@ -54,6 +55,7 @@ def _with_bos(rows: Tensor, bos: Optional[int]) -> Tensor:
     return torch.cat([torch.full_like(rows[:, :1], bos), rows[:, :-1]], dim=1)
 
 
+@entry_point
 @dataclass(frozen=True)
 class MarkovSource:
     """A sparse Markov chain over ``vocab`` tokens with ``k`` successors per token."""
@@ -70,6 +72,7 @@ class MarkovSource:
     def __post_init__(self) -> None:
         if self.vocab < 2 or not 1 <= self.k <= self.vocab:
             raise ConfigError(f"MarkovSource needs vocab >= 2 and 1 <= k <= vocab, got vocab={self.vocab}, k={self.k}")
+        _check_bos("MarkovSource", self.bos)
 
     def transitions(self) -> Tensor:
         """Row-stochastic ``[vocab, vocab]`` matrix with ``k`` non-zeros per row."""
@@ -87,6 +90,7 @@ class MarkovSource:
         return _with_bos(rows, self.bos)
 
 
+@entry_point
 @dataclass(frozen=True)
 class BigramBackcopy:
     """Bigram chain with trigger tokens: after a trigger, copy the token before the trigger."""
@@ -103,8 +107,10 @@ class BigramBackcopy:
     """Token id put at position 0 of every row, or None."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.n_triggers < self.vocab:
-            raise ConfigError("BigramBackcopy needs 1 <= n_triggers < vocab")
+        if self.vocab < 2 or not 1 <= self.n_triggers < self.vocab or not 1 <= self.k <= self.vocab:
+            raise ConfigError(f"BigramBackcopy needs vocab >= 2, 1 <= n_triggers < vocab and 1 <= k <= vocab, got "
+                              f"vocab={self.vocab}, n_triggers={self.n_triggers}, k={self.k}")
+        _check_bos("BigramBackcopy", self.bos)
 
     def batch(self, step: int, n: int, length: int) -> Tensor:
         """``[n, length]`` tokens for training step ``step``."""
@@ -122,18 +128,25 @@ class BigramBackcopy:
         return _with_bos(rows, self.bos)
 
 
+@entry_point
 @dataclass(frozen=True)
 class TextSource:
     """A local text file as bytes; documents are separated by blank lines."""
 
-    path: str
-    """The text file."""
+    path: Union[str, Path]
+    """The text file (kept as a string)."""
     pack: bool = True
     """True: windows of the concatenated stream; False: every row starts at a document start."""
     seed: int = 0
     """Seed of the window positions."""
     bos: Optional[int] = None
     """Token id put at position 0 of every row (e.g. 256 with a vocabulary of 257), or None."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", str(self.path))  # one spelling: a resumed run compares the source's repr
+        if not Path(self.path).is_file():
+            raise ConfigError(f"TextSource.path={self.path!r} is not a file; pass the path of a UTF-8 text file")
+        _check_bos("TextSource", self.bos)
 
     @property
     def vocab(self) -> int:
@@ -172,10 +185,16 @@ class TextSource:
         return _with_bos(rows, self.bos)
 
 
+@entry_point
 def hf_dataset_source(name: str, split: str = "train", field: str = "text", limit: int = 10_000,
                       **kwargs: Any) -> TextSource:
     """Write ``limit`` documents of a Hugging Face dataset to a local text file and read it as bytes
     (needs a hub or the datasets cache; raises a clear error without)."""
+    for key, value in (("name", name), ("split", split), ("field", field)):
+        if not value:
+            raise BadInputError(f"hf_dataset_source: {key}='' is empty; pass the dataset's {key}")
+    if limit < 1:
+        raise BadInputError(f"hf_dataset_source: limit={limit!r} must be >= 1 (documents to write)")
     try:
         import datasets  # optional: only this function needs it (pip install datasets)
 
@@ -189,6 +208,11 @@ def hf_dataset_source(name: str, split: str = "train", field: str = "text", limi
     path = Path(tempfile.mkdtemp()) / "data.txt"
     path.write_text("\n\n".join(docs))
     return TextSource(str(path), **kwargs)
+
+
+def _check_bos(where: str, bos: Optional[int]) -> None:
+    if bos is not None and bos < 0:
+        raise ConfigError(f"{where}.bos={bos!r} must be None or a token id >= 0")
 
 
 Source = Union[MarkovSource, BigramBackcopy, TextSource]

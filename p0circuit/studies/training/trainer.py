@@ -21,9 +21,11 @@ import torch
 from safetensors.torch import save_file
 from p0circuit.core.progress import tqdm
 
-from p0circuit.core.errors import CheckpointError, ConfigError, NonFiniteError
+from transformer_lens import HookedTransformer
+
+from p0circuit.core.errors import BadInputError, CheckpointError, ConfigError, NonFiniteError
 from p0circuit.core.args import entry_point
-from p0circuit.core.io import remove_stale, write_dir_atomic
+from p0circuit.core.io import out_dir, remove_stale, write_dir_atomic
 from p0circuit.models.spec import ModelSpec
 from p0circuit.models.verify import read_json
 from p0circuit.models.trained import load_trained
@@ -125,9 +127,14 @@ def _check_resume(latest: Path, spec: ModelSpec, config: TrainConfig, source: An
 _MAY_CHANGE = ("steps", "n_checkpoints", "device")
 
 
-def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, spec: ModelSpec, config: TrainConfig,
-                    source: Any, loss: float) -> Path:
+@entry_point
+def save_checkpoint(out: Union[str, Path], step: int, model: HookedTransformer, optimizer: torch.optim.Optimizer,
+                    spec: ModelSpec, config: TrainConfig, source: Any, loss: float) -> Path:
     """Write ``out/step_<step>/`` atomically (temporary directory, then rename)."""
+    out = Path(out)
+    if step < 0 or not out.is_dir():
+        raise BadInputError(f"save_checkpoint: step={step!r} must be >= 0 and out={str(out)!r} an existing directory")
+    _check_source("save_checkpoint", source)
     meta = {"step": step, "loss": loss, "spec": spec.to_dict(), "train": asdict(config), "source": repr(source),
             "bos": getattr(source, "bos", None)}
 
@@ -139,6 +146,13 @@ def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, spec: Mode
     return write_dir_atomic(out / f"step_{step}", fill)
 
 
+def _check_source(where: str, source: Any) -> None:
+    if not callable(getattr(source, "batch", None)):
+        raise BadInputError(f"{where}: source={source!r:.60} has no batch(step, n, length) method; pass a MarkovSource, "
+                            "BigramBackcopy or TextSource (p0circuit.studies.training)")
+
+
+@entry_point
 def train(
     spec: ModelSpec, source: Any, config: TrainConfig, out: Union[str, Path], *, stop_after: Optional[int] = None,
     progress: bool = True,
@@ -148,7 +162,10 @@ def train(
     ``stop_after`` ends the run after that many optimizer steps of this call (used to test
     interruption); a later call resumes from the last checkpoint.
     """
-    out = Path(out)
+    _check_source("train", source)
+    if stop_after is not None and stop_after < 1:
+        raise BadInputError(f"train: stop_after={stop_after!r} must be None or >= 1 (optimizer steps of this call)")
+    out = out_dir("train", out)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out)  # a save cut short by a kill: never renamed, never read
     device = _device(config.device)

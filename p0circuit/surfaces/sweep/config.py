@@ -113,6 +113,7 @@ class SweepConfig:
         return from_known_keys(cls, d, "sweep")  # type: ignore[return-value]
 
     @classmethod
+    @entry_point
     def load(cls, path: Union[str, Path]) -> "SweepConfig":
         """Read a TOML file with a ``[sweep]`` table."""
         path = Path(path)
@@ -136,9 +137,10 @@ class SweepConfig:
                      threshold=self.threshold) for combo in grid]
 
 
+@entry_point
 @dataclass(frozen=True)
 class Cell:
-    """One run of the grid."""
+    """One run of the grid (its fields are checked as a sweep of this one cell's would be)."""
 
     model: str
     """Model entry."""
@@ -158,6 +160,14 @@ class Cell:
     """Seed."""
     threshold: float
     """Circuit threshold."""
+
+    def __post_init__(self) -> None:
+        try:
+            SweepConfig(models=[self.model], prompts=[self.prompts], corruptions=[self.corruption], methods=[self.method],
+                        metrics=[self.metric], n_prompts=self.n_prompts, seq_len=self.seq_len, seed=self.seed,
+                        threshold=self.threshold)
+        except ConfigError as err:  # "sweep.methods: ..." as the cell's own field
+            raise ConfigError(f"Cell: {str(err).removeprefix('sweep.')}") from None
 
     @property
     def key(self) -> str:

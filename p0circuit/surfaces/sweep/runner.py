@@ -19,21 +19,22 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Literal, Optional, Union
 
 
 from p0circuit.core.progress import tqdm
 
 from p0circuit.studies.discovery.session import run_discovery
+from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError
-from p0circuit.core.io import strict, write_atomic
+from p0circuit.core.io import out_dir, strict, write_atomic
 from p0circuit.models.resolve import Resolved, load_model
 from p0circuit.patching.corruptions import get_corruption
 from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.core.threads import set_threads
 from p0circuit.core.plugins import load_plugins
 from p0circuit.surfaces.sweep.config import Cell, SweepConfig
-from p0circuit.surfaces.sweep.store import check_owner, done_keys, rebuild_index
+from p0circuit.surfaces.sweep.store import RECORD_FIELDS, check_owner, done_keys, rebuild_index
 from p0circuit.models.tokens import make_prompts
 from p0circuit.core.types import Circuit
 
@@ -45,6 +46,7 @@ def _model(entry: str, seed: int) -> Resolved:
     return load_model(entry, seed=seed)
 
 
+@entry_point
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell and return its JSON-able record."""
     start = time.perf_counter()
@@ -123,9 +125,11 @@ def _ray_results(todo: list[Cell], workers: int, plugins: list[str]) -> Iterator
             ray.shutdown()
 
 
+@entry_point
 def run_sweep(
-    config: SweepConfig, out: Path, workers: int = 1, max_cells: Optional[int] = None,
-    progress: bool = True, on_done: Optional[Callable[[dict[str, Any]], None]] = None, executor: str = "local",
+    config: SweepConfig, out: Union[str, Path], workers: int = 1, max_cells: Optional[int] = None,
+    progress: bool = True, on_done: Optional[Callable[[dict[str, Any]], None]] = None,
+    executor: Literal["local", "ray"] = "local",
 ) -> list[dict[str, Any]]:
     """Run every cell not yet done (at most ``max_cells``), writing each as it finishes.
 
@@ -134,6 +138,9 @@ def run_sweep(
     """
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if workers < 1 or (max_cells is not None and max_cells < 0):
+        raise ConfigError(f"run_sweep: workers={workers!r} must be >= 1 and max_cells={max_cells!r} None or >= 0")
+    out = out_dir("run_sweep", out)
     check_owner(config, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cells").mkdir(exist_ok=True)
@@ -147,6 +154,7 @@ def run_sweep(
     records = {r["key"]: r for r in rebuild_index(out)}  # read the finished cells once
 
     failed: list[str] = []
+    ours: list[bool] = []  # per failure: a refusal of the cell's own settings (it recurs) or not
 
     def fail(cell: Cell, err: BaseException) -> None:
         (out / "failed").mkdir(exist_ok=True)
@@ -155,6 +163,7 @@ def run_sweep(
             "ours": isinstance(err, P0CircuitError),
             "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__))}, indent=1))
         failed.append(f"{cell.label()}: {type(err).__name__}: {err}")
+        ours.append(isinstance(err, P0CircuitError))
         bar.update(1)
 
     def finish(record: dict[str, Any]) -> None:
@@ -198,22 +207,35 @@ def run_sweep(
         bar.close()
     records = rebuild_index(out)
     if failed:
-        raise CellsFailed(len(failed), len(todo), out, failed)
+        raise CellsFailed(len(failed), len(todo), out, failed, refused=sum(ours))
     return records
 
 
 class CellsFailed(P0CircuitError, RuntimeError):
     """Some cells of a sweep raised; every other cell finished and was written."""
 
-    def __init__(self, n_failed: int, n_run: int, out: Path, lines: list[str]) -> None:
+    def __init__(self, n_failed: int, n_run: int, out: Path, lines: list[str], refused: int = 0) -> None:
         shown = "\n  ".join(lines[:5]) + (f"\n  ... and {len(lines) - 5} more" if len(lines) > 5 else "")
+        if refused == n_failed:  # each a refusal of the cell's own settings: a rerun meets it again
+            then = ("each was refused for its settings, which a rerun meets again: change the config as the errors "
+                    "say, then rerun (it runs only the failed cells)")
+        else:
+            then = ("a rerun retries only the failed ones" + (f"; {refused} of them were refused for their settings "
+                                                               "and fail again until the config changes as their errors "
+                                                               "say" if refused else ""))
         super().__init__(f"{n_failed} of {n_run} cells failed (errors and tracebacks in {out}/failed/; the other "
-                         f"cells are written, and a rerun retries only the failed ones):\n  {shown}")
+                         f"cells are written; {then}):\n  {shown}")
         self.n_failed = n_failed
 
 
+@entry_point
 def summary_table(records: list[dict[str, Any]]) -> str:
     """One line per cell: the grid coordinates, the signal, the circuit size and any scores."""
+    for i, r in enumerate(records):
+        missing = [f for f in RECORD_FIELDS + ("signal",) if f not in r]
+        if missing:
+            raise BadInputError(f"summary_table: records[{i}] lacks {missing}; pass the records run_sweep returns (or "
+                                "read_records reads)")
     lines = [f"{'model':18s} {'prompts':8s} {'corruption':10s} {'method':11s} {'metric':12s} signal  nodes edges  scores"]
     for r in sorted(records, key=lambda r: Cell(**r["cell"]).label()):
         c = r["cell"]

@@ -4,9 +4,10 @@ only this)."""
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
-from p0circuit.core.errors import ConfigError
+from p0circuit.core.args import entry_point
+from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.io import write_atomic
 from p0circuit.surfaces.sweep.config import SweepConfig
 
@@ -51,9 +52,20 @@ def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, notes
 
 
-def rebuild_index(out: Path) -> list[dict[str, Any]]:
-    """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records."""
-    records = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+@entry_point
+def rebuild_index(out: Union[str, Path]) -> list[dict[str, Any]]:
+    """Rewrite ``results.jsonl`` from the cell files (atomically) and return the records; a cell file that does not
+    read (cut short, or not JSON) is refused, naming it."""
+    out = Path(out)
+    if not out.is_dir():
+        raise BadInputError(f"rebuild_index: out={str(out)!r} is not a sweep's directory; pass the --out of a sweep")
+    records = []
+    for p in sorted((out / "cells").glob("*.json")):
+        try:
+            records.append(json.loads(p.read_text()))
+        except (ValueError, UnicodeDecodeError):
+            raise BadInputError(f"rebuild_index: {str(p)!r} is not valid JSON (cut short?); delete it, and the next "
+                                "sweep run computes that cell again") from None
     write_atomic(out / "results.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
     return records
 
