@@ -252,6 +252,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
     stages = [(k, l) for k, l, _ in base["norm_stages"]]
     strongest = next(iter(base["neurons"]), None)
     jac = [jaccard(r["circuit"], base["circuit"]) for r in noisy]
+    moved = [(letter, k, [r for r in noisy if r["verdict"][k] != base["verdict"][k]]) for k, letter, _ in PARTS]
+    differ = "; ".join(f"({letter}) in {len(rs)} of {n} (" + ", ".join(f"{r['copy']}: {r['verdict'][k].split(' (')[0]}"
+                                                                     for r in rs) + ")" for letter, k, rs in moved if rs)
     return (f"Against the original, in the {n} noisy copies: the same norm stages (kind and block) in "
             f"{count(lambda r: [(k, l) for k, l, _ in r['norm_stages']] == stages)}; the same massive dimension at P0 "
             f"after block 2 ({base['massive_dim']}) in {count(lambda r: r['massive_dim'] == base['massive_dim'])}; the "
@@ -260,7 +263,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"{strongest} the strongest writer of the massive dimension in "
             f"{count(lambda r: next(iter(r['neurons']), None) == strongest)}; every verdict part's status (and where it was "
             f"found) the same in {count(lambda r: r['verdict'] == base['verdict'])}, the verdict's claim word for word in "
-            f"{count(lambda r: r['claim'] == base['claim'])}. The original's claim: \"{base['claim']}\".")
+            f"{count(lambda r: r['claim'] == base['claim'])}" + (f"; the parts that differ: {differ}" if differ else "")
+            + f". The original's claim: \"{base['claim']}\".")
 
 
 def main() -> None:

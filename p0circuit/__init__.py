@@ -11,6 +11,7 @@ for a :class:`Circuit` of :class:`Node` and :class:`Edge`).
 import importlib
 
 from p0circuit import _moved
+from p0circuit.core import clock as _clock
 from p0circuit.core import threads as _threads
 from p0circuit.core import versions as _versions
 from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.resid_post(2)); no imports of its own
@@ -58,7 +59,8 @@ def __getattr__(name: str) -> object:
     if name in _WHERE:
         if _WHERE[name] not in _LIGHT:  # before TransformerLens is imported: a 4.x install refused with the reason
             _versions.check_transformer_lens()
-        value = getattr(importlib.import_module(_WHERE[name]), name)
+        with _clock.importing():  # the analysis' record says what the imports cost (core/clock.py)
+            value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value
         return value
     if name in _moved.NAMES:

@@ -27,6 +27,7 @@ import enum
 import importlib
 import inspect
 import json
+import re
 import math
 import typing
 from dataclasses import dataclass, field
@@ -59,12 +60,28 @@ WHAT_A_FUNCTION_DID = ("returned", " read ")
 """A metric function's fault is named by what it returned or read, not by the function."""
 
 
+def _word(w: str, message: str) -> bool:
+    """``w`` in ``message`` as a word of its own (not inside another word or number: 'int' is not in 'prints',
+    '1' not in 'index 12')."""
+    return re.search(r"(?<![A-Za-z0-9_])" + re.escape(w) + r"(?![A-Za-z0-9_])", message) is not None
+
+
 def named(message: str, param: str, value: object) -> bool:
-    """The message names the parameter or shows the value (the user sees what to change)."""
-    words = {param, param.rstrip("s"), param.replace("_", " "), type(value).__name__, *_atoms(value)}
+    """The message names the parameter or shows the value (the user sees what to change): the parameter's name (or
+    its singular, or with spaces) as a word, the value's type as what it "got", the value's repr, or a piece of the
+    value as a word (a number of one or two digits only where it is shown as a value: ``=5``, ``(5)``, ``got 5``,
+    ``id 5``)."""
+    names = {param, param.rstrip("s"), param.replace("_", " ")}
+    if any(_word(w, message) for w in names if w) or f"got {type(value).__name__}" in message:
+        return True
     if callable(value):
-        words |= set(WHAT_A_FUNCTION_DID)
-    return any(w and w in message for w in words)
+        return any(w in message for w in WHAT_A_FUNCTION_DID)
+    if isinstance(value, str) and (repr(value) in message or (not value.strip() and _word("empty", message))):
+        return True
+    pieces = {a.strip() for a in _atoms(value)} - {""}
+    shown = ("={}", "({})", "got {}", "id {}", "[{}", "{!r}", "layer {}", "block {}", "position {}", "head {}")
+    return any(_word(a, message) if not (len(a) == 1 or a.startswith("-") and len(a) == 2)
+               else any(_word(f.format(a), message) or f.format(a) in message for f in shown) for a in pieces)
 
 
 def _ours(err: Optional[BaseException]) -> bool:

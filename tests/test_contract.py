@@ -155,3 +155,8 @@ def test_a_refusal_names_the_argument_not_another():
     """The rule the contract holds a message to: the argument's name or its value, shown."""
     err = BadInputError("keyed_on: at=99 must index a position in 0..6")
     assert C.named(str(err), "at", 99) and not C.named("something else went wrong", "layer", 12345)
+    # a name or a value inside another word or number is not named (the loose rule passed all three)
+    assert not C.named("prints nothing useful", "layer", 3)
+    assert not C.named("index 1 is out of bounds for dimension 0", "layer", 1)
+    assert not C.named("internal: something broke", "n", 5)
+    assert C.named("keyed_on: n=5 must be >= 8", "n", 5) and C.named("a layer past the last block", "layers", 9)

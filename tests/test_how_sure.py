@@ -72,7 +72,9 @@ def test_a_block_the_analysis_did_not_patch_is_said_so():
 def test_intervals():
     values = torch.tensor([1.0, 2.0, 3.0, 4.0])
     low, high = interval([values], seed=0)
-    assert 1.0 <= low <= 2.5 <= high <= 4.0
+    # the percentile bootstrap of a mean of 4: its 2.5% and 97.5% quantiles are 1.5 and 3.5 (sums of 6 and 14 of 4
+    # draws, each about 2.7% likely in the tails); a wrong quantile or a resample of the wrong axis misses them
+    assert (low, high) == pytest.approx((1.5, 3.5), abs=0.25)
     assert interval([torch.full((8,), 2.0)]) == (2.0, 2.0)
     ratio = interval([torch.tensor([2.0, 4.0]), torch.tensor([4.0, 8.0])], lambda a, b: a / b)
     assert ratio == pytest.approx((0.5, 0.5))
@@ -89,7 +91,8 @@ def test_the_spread_and_the_controls_on_the_plant(rope):
     sp = rope["spread"]["without_bos"]
     for key in ("ratio", "faithfulness", "neuron", "direction"):
         x = sp[key]
-        assert x["low"] <= x["mean"] <= x["high"] and x["min"] <= x["mean"] + 1e-9 and x["n"] == 16, key
+        assert x["low"] <= x["mean"] <= x["high"] and x["n"] == 16, key
+        assert x["high"] - x["low"] < 0.5 * max(abs(x["mean"]), 1e-9), key  # 16 prompts of one plant: a narrow interval
     assert sp["faithfulness"]["mean"] > 0.9 and sp["reaches"] == 1.0 and sp["keyed"]["verdict"] == "position"
     assert [r["length"] for r in sp["lengths"]] == [8, 16, 32, 64] and all(r["onset"] == 1 for r in sp["lengths"])
     controls = {c["name"]: c for c in rope["controls"]["without_bos"]}

@@ -95,6 +95,7 @@ def test_a_cache_metric_on_a_gated_hook_that_is_switched_on_is_kept(planted, tok
     ("norm_threshold", math.nan, "got nan"),
     ("norm_threshold", 0.5, "got 0.5"),  # a ratio line at or below 1: every kept share divides by about 0
     ("norm_threshold", 1, "got 1"),
+    ("threshold", 1.5, "got 1.5"),  # a line above the whole change: only components that overshoot it alone
     ("seed", 2**40, "got 1099511627776"),
 ])
 def test_analysis_settings_refuse_non_finite_and_out_of_range_values(name, value, got):
@@ -104,7 +105,7 @@ def test_analysis_settings_refuse_non_finite_and_out_of_range_values(name, value
         AnalysisSettings(**{name: value})
     text = str(err.value)
     want = ("must be a whole number in 0..4294967295 (what the prompt and corruption generators take)" if name == "seed"
-            else "must be a finite number > 1 (" if name == "norm_threshold" else "must be a finite number > 0 (")
+            else "must be a finite number > 1 (" if name == "norm_threshold" else "must be a finite number in (0, 1) (")
     assert text.startswith(f"analysis setting {name}") and want in text and text.endswith(got)
 
 
@@ -293,7 +294,7 @@ def test_no_signal_is_judged_in_the_metrics_own_unit():
     assert not signal and "min_signal=0.05 logits (an absolute change: this metric is in logits)" in msg
     # a ratio: relative to its scale, said so with the bound it came to
     _, signal, msg = normalize(100.45, 100.0, {"x": 100.2}, "noise", 0.05)
-    assert not signal and "of their scale (5.02 here: a relative threshold)" in msg
+    assert not signal and "less than the threshold 5.02 (min_signal=0.05 times the larger of the two in size)" in msg
     assert p0.NormRatio(1).signal_unit == "" and p0.CacheMetric.signal_unit == ""
 
 

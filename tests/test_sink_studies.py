@@ -33,14 +33,25 @@ def test_the_plants_sink_heads_read_the_direction(planted):
     r = p0.sink_reads(planted.model, prompts(planted), ONSET, bos=False, dims=[planted.layout.one("sink")])
     assert r.reads == r.reads_later == "the direction" and r.control
     assert r.sink_heads == ["A2.H0"] and r.later_heads == len(planted.sink_heads)  # the first reader, then every one
-    assert r.edits["rescaled"].kept > 0.99 and r.edits["direction_replaced"].kept < 0.05
+    assert r.edits["direction_replaced"].kept < 0.05  # the finding: an ordinary direction loses the sink
     assert r.edits["state_replaced"].kept < 0.05 and r.edits["random_direction"].kept < 0.2
+    # the window is the block right after the onset, which reads h_0 through its pre-norm: blind to the scale, so
+    # rescaled keeps the attention by arithmetic (a check of the edit, not a finding), and the record says so
+    assert r.scale_blind and "keeps their attention by arithmetic" in r.evidence
+    assert abs(r.edits["rescaled"].kept - 1) < 1e-4
+
+
+def test_a_window_after_a_block_in_between_is_not_scale_blind(planted_models):
+    """The norm plant's first reader is two blocks after the onset: there the norm can act, and it does."""
+    pm = planted_models("norm")
+    r = p0.sink_reads(pm.model, prompts(pm), ONSET, bos=False)
+    assert not r.scale_blind and r.edits["rescaled"].kept < 0.5
 
 
 def test_the_norm_plant_needs_the_norm_too(planted_models):
     pm = planted_models("norm")
     r = p0.sink_reads(pm.model, prompts(pm), ONSET, bos=False)
-    assert r.reads == r.reads_later == "both" and r.control
+    assert r.reads == r.reads_later == "both" and r.control and not r.scale_blind
     assert r.edits["rescaled"].kept < 0.5 and r.edits["direction_replaced"].kept < 0.05
     assert r.window == [3] and r.sink_heads == ["A3.H0"]  # the first reader: no sink head in the writing block
 
@@ -179,3 +190,13 @@ def test_a_mid_prompt_bos_token_is_a_sink_in_the_bos_plant(planted_models):
 def test_uniform_attention_baseline():
     assert uniform_alpha0(1) == 1.0 and close(uniform_alpha0(3), (1 + 1 / 2 + 1 / 3) / 3, 1.0)
     assert set(EDITS) == {"rescaled", "massive_removed", "direction_replaced", "random_direction", "state_replaced"}
+
+
+@pytest.mark.parametrize("layer, neurons, said", [
+    (3, ["M3.N0@0"], "block 3's MLP W_out has every entry equal"),  # the default plant's block 3 writes nothing
+    (0, ["M1.N64@0"], "is in block 1, after block 0, where the norm ratio is measured"),
+    (1, "M1.N64@0", "neurons='M1.N64@0' must be a list of neuron names"),
+])
+def test_super_weights_refuses_a_question_it_cannot_answer(planted, layer, neurons, said):
+    with pytest.raises(p0.BadInputError, match=said):
+        p0.super_weights(planted.model, prompts(planted), layer, neurons, [planted.layout.one("sink")], bos=False)

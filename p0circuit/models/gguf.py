@@ -288,9 +288,13 @@ def export_gguf(path: Union[str, Path], out: Union[str, Path]) -> Path:
     any Hugging Face tool read. A model transformers loads from GGUF cannot be saved as it is (it
     carries the GGUF quantization settings), so its weights are copied into a plain model first."""
     path, out = Path(path), Path(out)
+    if out.exists():  # where it goes first: its own error before the file is read
+        raise CheckpointError(f"export_gguf: out={str(out)!r} already exists; choose a new directory for the export")
+    under = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if under is not None:
+        raise CheckpointError(f"export_gguf: out={str(out)!r} lies under {str(under)!r}, which is a file, not a "
+                              "directory; choose a directory path for the export")
     arch, _ = gguf_header(path)
-    if out.exists():
-        raise CheckpointError(f"{str(out)!r} already exists; choose a new directory for the export")
     hf_config, hf_model, tokenizer = _transformers_load(path, arch)
     config = AutoConfig.for_model(**{k: v for k, v in hf_config.to_dict().items() if k != "quantization_config"})
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -53,6 +53,14 @@ CORRUPTIONS: dict[str, type["Corruption"]] = {}
 """Registry: corruption name -> class, filled by defining a :class:`Corruption` subclass."""
 
 
+def room(n_ctx: int, k: int, length: int) -> str:
+    """The fix when ``k`` tokens put before prompts of ``length`` pass ``n_ctx``: shorter prompts where a prompt of
+    two tokens still fits, else a smaller ``k``."""
+    if n_ctx - k >= 2:
+        return f"use prompts of at most {n_ctx - k} tokens (or k <= {n_ctx - length})"
+    return f"use k <= {max(n_ctx - length, 1)} (k={k} leaves no room for a prompt in n_ctx {n_ctx})"
+
+
 class Corruption:
     """Base class: how a corrupted value is obtained for every component (see the module docstring).
 
@@ -195,7 +203,7 @@ class Shift(Corruption):
         if t + self.k > model.cfg.n_ctx:
             raise BadInputError(
                 f"shifting prompts of length {t} by k={self.k} needs n_ctx >= {t + self.k}, but the "
-                f"model's n_ctx is {model.cfg.n_ctx}: use prompts of at most {model.cfg.n_ctx - self.k} tokens"
+                f"model's n_ctx is {model.cfg.n_ctx}: " + room(model.cfg.n_ctx, self.k, t)
             )
         if self.filler is not None:
             if len(self.filler) != self.k:
@@ -282,8 +290,7 @@ class Copies(Corruption):
         b, t = tokens.shape
         if t + self.k > model.cfg.n_ctx:
             raise BadInputError(f"putting {self.k} copies before prompts of length {t} needs n_ctx >= {t + self.k}, but "
-                                f"the model's n_ctx is {model.cfg.n_ctx}: use prompts of at most {model.cfg.n_ctx - self.k} "
-                                "tokens")
+                                f"the model's n_ctx is {model.cfg.n_ctx}: " + room(model.cfg.n_ctx, self.k, t))
         return Prepared(self, tokens, torch.cat([tokens[:, :1].expand(b, self.k), tokens], dim=1), offset=self.k)
 
 
@@ -455,7 +462,7 @@ def get_corruption(spec: Any, **params: Any) -> Corruption:
         return CORRUPTIONS[spec](**params)
     if not isinstance(spec, Corruption):
         raise ConfigError(
-            f"{spec!r} is not a corruption; pass a name from {sorted(CORRUPTIONS)} or an instance of a "
+            f"a corruption is a name or a Corruption, got {spec!r:.60} ({type(spec).__name__}); pass a name from {sorted(CORRUPTIONS)} or an instance of a "
             "p0circuit.Corruption subclass (Shift(k=2), PosMean(), ...)"
         )
     return spec

@@ -161,7 +161,7 @@ class NormRatio(PatchMetric):
         batch, seq = norms.shape
         ks = torch.tensor(self.pos if isinstance(self.pos, tuple) else (self.pos,) * batch, device=norms.device)
         if len(ks) != batch:
-            raise BadInputError(f"NormRatio has {len(ks)} positions (one per prompt) but the run has {batch} prompts")
+            raise BadInputError(f"NormRatio: pos has {len(ks)} positions (one per prompt) but the run has {batch} prompts; give one position per prompt")
         if seq < max(int(ks.max()) + 1, 2):
             raise too_short(f"NormRatio at position {int(ks.max())} needs at least {max(int(ks.max()) + 1, 2)} positions "
                             "from the clean first token on", view, seq)

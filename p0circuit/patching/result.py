@@ -177,7 +177,7 @@ def normalize(
     bound = min_signal if unit else min_signal * scale
     if abs(gap) < bound or gap == 0:
         judged = (f"less than min_signal={min_signal} {unit} (an absolute change: this metric is in {unit})" if unit
-                  else f"less than min_signal={min_signal} of their scale ({bound:.3g} here: a relative threshold)")
+                  else f"less than the threshold {bound:.3g} (min_signal={min_signal} times the larger of the two in size)")
         msg = (
             f"clean ({clean:.6g}) and corrupted ({corrupted:.6g}) metrics differ by {abs(gap):.3g}, {judged}: this "
             "corruption does not change the metric, so no component can be credited" + (f" ({hint})" if hint else "")

@@ -132,6 +132,10 @@ class SinkReads(Record):
     """The positive control (``random_direction``) lost the attention, as it must for the answer to mean anything."""
     evidence: str
     """The numbers, in words."""
+    scale_blind: bool = False
+    """The window is the block right after the onset and its attention reads the state through a normalization, which
+    ignores its scale: there ``rescaled`` keeps the attention by arithmetic and ``direction_replaced`` and
+    ``state_replaced`` point the same way, so only the later blocks' shares can tell the norm from the direction."""
 
 
 # Detection by undiluted attention (:mod:`p0circuit.studies.experiments.detection`)
@@ -435,7 +439,7 @@ class SpecialToken(Record):
     at: int
     """The index it was put at."""
     first_block: Optional[int]
-    """The first block after which its position norm ratio reaches the sink line (None: never)."""
+    """The first block after which its position norm ratio reaches the onset line (None: never)."""
     peak: float
     """Its largest mean position norm ratio over the blocks."""
     peak_block: int

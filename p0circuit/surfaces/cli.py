@@ -192,10 +192,12 @@ def _analyze(args: argparse.Namespace) -> int:
     precheck(out, args.model, settings, resume=not args.fresh)
     if not args.quiet and kind in FROM_FILES:
         slow = kind == "real" or (kind == "checkpoint" and args.model.endswith(".gguf"))
-        print(f"p0circuit: loading {args.model}" + (" (a GGUF file's first load converts it: a minute or two)"
+        print(f"p0circuit: loading {args.model}" + (" (seconds from the conversion cache; a GGUF file's first load converts it: a minute or two)"
                                                    if slow else ""), file=sys.stderr)
-    from p0circuit.studies.analysis.run import analyze
+    from p0circuit.core.clock import importing
 
+    with importing():  # torch and TransformerLens come with it: the record's timing.import_s
+        from p0circuit.studies.analysis.run import analyze
     result = analyze(args.model, out=out, bos_token=bos_token, resume=not args.fresh, progress=not args.quiet,
                      settings=settings)
     print(result)
@@ -353,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("discover", help="discover the P0-sink circuit (default: on the planted model)")
     d.add_argument("--plant", choices=sorted(VARIANTS), default="rope", help="planted variant (default rope)")
     d.add_argument("--model", help="any model entry: planted:<variant>, spec:<family>, checkpoint:<path>, "
-                   "real:smollm2, real:gemma3, hub:<name>")
+                   "real:smollm2, real:gemma3, real:qwen2.5, hub:<name>")
     d.add_argument("--checkpoint", help="a local checkpoint instead of a plant: a Hugging Face directory, a "
                    "p0circuit training checkpoint (runs/train/step_N) or a .gguf file")
     d.add_argument("--spec", choices=sorted(SPEC_FAMILIES), help="a model family by name, freshly initialized")
@@ -387,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="the paper's questions for one model: sinks, onsets, nodes, edges, neurons, "
                        "faithfulness, with and without BOS (resumable)")
     a.add_argument("--model", default="planted:rope", help="a model entry: planted:<variant>, spec:<family>, "
-                   "checkpoint:<path>, real:smollm2, real:gemma3, hub:<name> (default planted:rope)")
+                   "checkpoint:<path>, real:smollm2, real:gemma3, real:qwen2.5, hub:<name> (default planted:rope)")
     a.add_argument("--out", help="output directory (default runs/analyze/<model entry>)")
     a.add_argument("--bos", default="both", choices=["both", "without", "with"],
                    help="BOS settings to measure (default both; 'with' is skipped, with the reason, for a model "
@@ -410,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--quiet", action="store_true", help="no progress bars")
     at.set_defaults(func=_atlas)
     s = sub.add_parser("survey", help="P0 sink and identification signal across architectures")
-    s.add_argument("--model", nargs="*", help="model entries to add, e.g. real:smollm2 or spec:llama")
+    s.add_argument("--model", nargs="*", help="model entries to add, e.g. real:smollm2 or 'spec:gated MLP (Llama)' (quoted: a family name holds spaces)")
     s.add_argument("--checkpoint", nargs="*", help="local checkpoints to add (Hugging Face directories, .gguf files)")
     s.add_argument("--hub", nargs="*", help="hub names to add (needs a hub or the HF cache), e.g. pythia-14m")
     s.add_argument("--no-defaults", action="store_true", help="skip the built-in tiny and planted models")

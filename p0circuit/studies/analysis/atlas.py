@@ -16,7 +16,7 @@ from p0circuit.studies.analysis.records import Absent, as_record, AnalysisRecord
 from p0circuit.studies.analysis.elsewhere import label as sink_label
 from p0circuit.studies.analysis.run import analyze
 from p0circuit.core.shares import OVERSHOOT
-from p0circuit.studies.analysis.verdict import ANSWERS, PARTS, TITLES, label
+from p0circuit.studies.analysis.verdict import ANSWERS, PARTS, SETTINGS, TITLES, label
 from p0circuit.studies.experiments.keyed import MOVE
 from p0circuit.studies.analysis.elsewhere import SINK_SHARE
 from p0circuit.core.entries import ATLAS_MODELS, check_model_entry
@@ -188,7 +188,10 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
         search = sum(c.get("seconds", 0.0) + (c.get("edge_circuit") or {}).get("seconds", 0.0)
                      for ons in d.onsets.values() for o in ons for c in [o.get("circuit") or {}])
         counted = "-" if t.get("forwards") is None else f"{t['forwards']:.0f}"
-        ratio = "-" if t.get("slowdown") is None else f"{t['slowdown']:.2f}x"
+        runs = t.get("processes") or []
+        main = max(runs, key=lambda p: p["seconds"]) if runs else t  # a resumed run: its longest process' own ratio
+        ratio = "-" if main.get("slowdown") is None else f"{main['slowdown']:.2f}x" + (
+            f" (the longest of {len(runs)} processes)" if len(runs) > 1 else "")
         lines.append(f"| {d.model} | {t['seconds']:.0f} s | {counted} | {ratio} | {search:.0f} s "
                      f"({search / max(t['seconds'], 1e-9):.0%}) |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
@@ -203,7 +206,7 @@ def _first_p0(d: AnalysisRecord, tag: str) -> Optional[dict[str, Any]]:
 def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
     """What makes position 0 a sink beyond its norm, per model and BOS setting (the first P0 onset)."""
     out = ["", "## What makes position 0 a sink, beyond its norm", "",
-           "At the first P0 onset: what the sink heads of the two blocks after it read of the state (its share of their "
+           "At the first P0 onset: what the first sink heads after it (one block) read of the state (its share of their "
            "excess attention to P0 kept when the state is scaled to an ordinary norm, direction kept / given an ordinary "
            "direction, norm kept; the same over every later block), detection (self-only attention in blocks 0..k: the "
            "other positions' norm as a share of P0's and their cosine with it), the sink's own circuit (the sink heads' "
@@ -265,6 +268,7 @@ def _how_sure(records: list[AnalysisRecord]) -> list[str]:
             else:
                 spread = [said(sp.ratio), said(sp.faithfulness),
                           "n/a" if sp.neuron is None else f"{sp.neuron_name}: {said(sp.neuron)}",
+                          "n/a (one first token: BOS)" if tag == SETTINGS[True] else
                           f"{said(sp.direction)} ({sp.direction_ordinary:.2f})"]
             controls = ", ".join(f"{c.name} {'?' if c.passed is None else 'passed' if c.passed else 'failed'}"
                                  for c in d.controls.get(tag, [])) or "none"

@@ -77,6 +77,10 @@ class Step(_Record):
     """Of that work, the part done with a graph recorded."""
     peak: Maybe[Optional[int]] = ABSENT
     """The process' peak resident memory during it (bytes; null where unread)."""
+    run: Maybe[int] = ABSENT
+    """Which process ran it (0: the first; each resume counts on; absent: the first)."""
+    unit_s: Maybe[float] = ABSENT
+    """That process' own unit forward (seconds): what its steps' time is counted against."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class StateFile(_Record):
     schema: int = SCHEMA_VERSION
     """The records' version (:data:`SCHEMA_VERSION`)."""
 
-    FIX: ClassVar[str] = ("pass fresh=True (--fresh) to recompute the analysis in this directory, or write to another "
+    FIX: ClassVar[str] = ("pass --fresh (fresh=True in Python) to recompute the analysis in this directory, or write to another "
                           "directory")
 
     def _check(self, path: str) -> None:
@@ -118,7 +122,7 @@ class StateFile(_Record):
         try:
             data = json.loads(path.read_text())
         except ValueError:
-            raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass fresh=True (--fresh) "
+            raise ConfigError(f"{path} is not valid JSON (a damaged state file); delete it, or pass --fresh (fresh=True in Python) "
                               "to start over") from None
         return cls.from_dict(data, f"the state file {path}")
 

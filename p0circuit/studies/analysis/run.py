@@ -46,6 +46,7 @@ from p0circuit.core.errors import BadInputError, ConfigError, P0CircuitError, wa
 from p0circuit.core.args import entry_point
 from p0circuit.core.io import clear_stale, out_dir as checked_out, strict, write_atomic
 from p0circuit.core import memory, threads
+from p0circuit.core.clock import import_seconds
 from p0circuit.patching import NormRatio, work
 from p0circuit.patching.order import hook_order
 from p0circuit.patching.corruptions import Swap, get_corruption
@@ -114,6 +115,11 @@ class _State:
         """The model and the token rows of the unit forward: each step's work is counted in forwards of them."""
         self.process_peak = 0
         """The process's peak resident memory before the last reset (bytes)."""
+        self.run_index = 0
+        """Which process of this directory's analysis this is (0: the first; a resume counts on): each step it runs
+        records it, so that a resumed run's figures are given per process."""
+        self.unit_s = 0.0
+        """This process' own unit forward (seconds), recorded with each step it runs."""
         if self.path is not None:
             clear_stale(self.path)  # a save cut short (Ctrl-C, a kill) left a temporary file beside the state
         if self.path is not None and self.path.is_file():
@@ -122,8 +128,9 @@ class _State:
                 if old.header != header:
                     raise ConfigError(
                         f"{self.path.parent} holds an analysis of {old.header.model!r} with other "
-                        f"settings or prompts; write to another directory, or pass fresh=True (--fresh) to replace it")
+                        f"settings or prompts; write to another directory, or pass --fresh (fresh=True in Python) to replace it")
                 self.done = dict(old.steps)
+                self.run_index = 1 + max((v.get("run", 0) for v in self.done.values()), default=-1)
             else:
                 self.path.unlink()
 
@@ -150,7 +157,8 @@ class _State:
             self.done[key] = {"value": value, "seconds": round(time.perf_counter() - t, 2),
                               "forwards": round(counted.forwards(self.rows), 2),
                               "with_grad": round(counted.with_grad(self.rows), 2),
-                              "peak": memory.peak() if measured else None}
+                              "peak": memory.peak() if measured else None,
+                              "run": self.run_index, "unit_s": round(self.unit_s, 4)}
             self._save()
         bar.done(key)
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
@@ -259,9 +267,12 @@ def analyze(
         check_model_entry(entry)  # the label the record keeps must name a model
     label = entry
     truth = None
+    load_s = None  # given a model object: no load to time
     if isinstance(model, str):
         precheck(out_dir, entry or model, settings, resume)
+        loading = time.perf_counter()
         resolved = load_model(model)
+        load_s = round(time.perf_counter() - loading, 2)
         label, model, truth = entry or model, resolved.model, resolved.truth
         bos_token = bos_token if bos_token is not None else resolved.start_token
     if isinstance(model, PlantedModel):  # a plant: its ground truth goes into the record
@@ -277,7 +288,7 @@ def analyze(
         # the model is checked once here and carried as checked through every step (none changes a weight);
         # the caller's grad mode is left as it was (the neuron screen enables grad itself)
         with torch.no_grad(), checked(model):
-            return _analyze(model, label, settings, out_dir, resume, progress, no_bos_reason, truth)
+            return _analyze(model, label, settings, out_dir, resume, progress, no_bos_reason, truth, load_s)
     finally:
         if previous is None and hasattr(model, BOS_ATTR) and bos_token is not None:
             delattr(model, BOS_ATTR)
@@ -286,7 +297,7 @@ def analyze(
 
 
 def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], resume: bool, progress: bool,
-             no_bos_reason: Optional[str], truth: Any) -> Analysis:
+             no_bos_reason: Optional[str], truth: Any, load_s: Optional[float]) -> Analysis:
     tags = [b for b in s.bos if not (b and no_bos_reason)]
     if not tags:
         raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}: "
@@ -300,19 +311,20 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     first = tokens[tags[0]]
     state.model, state.rows = model, first.numel()
     at_start = memory.resident()  # the model loaded, before any step
-    if UNIT in state.done:  # the unit the finished steps were timed against, not a new (noisy) one
+    threads.adapt()  # a first look at the machine ...
+    model(first)  # a first forward pays one-off costs (allocations, lazy set-up) that would inflate the unit
+    hook_order(model)  # the model's one-time trace (a tenth of a forward), here: no step's count depends on it
+    threads.adapt()  # ... and a second: one thread for the unit and what follows if other processes are busy
+    with threads.Contention() as contention:
+        t = time.perf_counter()
+        model(first)  # one forward of the batch, timed in this process: the unit of the steps it runs
+        state.unit_s = time.perf_counter() - t
+    if contention.busy:  # the cost model's seconds assume the forward's speed holds; say why it may not
+        warn_user(contention.warning("the analysis' unit forward"))
+    if UNIT in state.done:  # a resumed analysis: the predictions keep the unit of its first process
         forward_s = state.done[UNIT]["seconds"]
     else:
-        threads.adapt()  # a first look at the machine ...
-        model(first)  # a first forward pays one-off costs (allocations, lazy set-up) that would inflate the unit
-        hook_order(model)  # the model's one-time trace (a tenth of a forward), here: no step's count depends on it
-        threads.adapt()  # ... and a second: one thread for the unit and what follows if other processes are busy
-        with threads.Contention() as contention:
-            t = time.perf_counter()
-            model(first)  # one forward of the batch, timed in the same run as the analysis: the unit of its cost
-            forward_s = time.perf_counter() - t
-        if contention.busy:  # the cost model's seconds assume the forward's speed holds; say why it may not
-            warn_user(contention.warning("the analysis' unit forward"))
+        forward_s = state.unit_s
         state.keep(UNIT, forward_s)
     started = time.perf_counter()
     bar = Bar(tqdm(total=None, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5,
@@ -371,7 +383,8 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         onsets=onsets, variations=variations,
         verdict=verdict(sinks, onsets, s.threshold, line=s.norm_threshold),
         timing={"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
-                "this_call": round(time.perf_counter() - started, 1), "forward_s": round(forward_s, 4),
+                "this_call": round(time.perf_counter() - started, 1), "forward_s": round(state.unit_s, 4),
+                "import_s": import_seconds(), "load_s": load_s,
                 "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
                 **_counted(state, forward_s, during.others),
                 "onsets_left_out": _left_out(model, sinks, s),
@@ -401,25 +414,39 @@ def _counted(state: _State, forward_s: float, others: float) -> dict[str, Any]:
     (forward work in forwards of the batch), per step (``forwards_by_step``), ``with_grad`` (of it, the work done
     with a graph recorded, whose backward costs about twice it); ``timed_forwards`` (the steps' seconds over the
     unit forward's) and ``slowdown``: the seconds over what the counted work (backwards at twice their forward)
-    takes at the unit forward's speed. None where a resumed step predates the count. Warns above :data:`.cost.SLOW`,
-    saying whether ``others`` (the cores other processes used while the steps ran) explains it."""
+    takes at the unit forward's speed, for the steps this process ran against its own unit forward (a resumed
+    run's earlier steps ran in another process, on another machine state: ``processes`` gives each process'
+    figures apart). None where a step predates the count. Warns above :data:`.cost.SLOW`, saying whether
+    ``others`` (the cores other processes used while the steps ran) explains it."""
     done = {k: v for k, v in state.done.items() if k != UNIT}
     by_step = {k: v.get("forwards") for k, v in done.items()}
-    seconds = sum(v["seconds"] for v in done.values())
     known = None not in by_step.values()
     counted = round(sum(by_step.values()), 1) if known else None
     grad = round(sum(v.get("with_grad") or 0.0 for v in done.values()), 1) if known else None
-    slowdown = round(seconds / forward_s / (counted + 2 * grad), 2) if counted else None
-    if slowdown is not None and slowdown > cost.SLOW and seconds > cost.SLOW_SECONDS:
+    processes = []
+    for run in sorted({v.get("run", 0) for v in done.values()}):
+        steps = [v for v in done.values() if v.get("run", 0) == run]
+        unit = next((v["unit_s"] for v in steps if v.get("unit_s")), forward_s)
+        seconds = round(sum(v["seconds"] for v in steps), 1)
+        work = [v.get("forwards") for v in steps]
+        total = sum(work) + 2 * sum(v.get("with_grad") or 0.0 for v in steps) if None not in work else None
+        processes.append({"run": run, "steps": len(steps), "seconds": seconds, "unit_s": round(unit, 4),
+                          "forwards": round(sum(work), 1) if total is not None else None,
+                          "timed_forwards": round(seconds / unit, 1),
+                          "slowdown": round(seconds / unit / total, 2) if total else None})
+    mine = next((p for p in processes if p["run"] == state.run_index), processes[-1] if processes else None)
+    slowdown = mine["slowdown"] if mine else None
+    if slowdown is not None and slowdown > cost.SLOW and mine["seconds"] > cost.SLOW_SECONDS:
         why = (f"other processes used {others:.1f} of the machine's {threads.status()['cpus']} cores on average "
                "while the steps ran" if others > threads.BUSY else
                "the machine was quiet while the steps ran, so the steps' many small forwards cost more per token "
                "than one forward of the batch (or the unit forward was timed beside other work)")
-        warn_user(f"the analysis' steps took {seconds:.0f} s, {slowdown:.1f}x what their counted work ({counted:.0f} "
-                      f"forwards of the batch, {grad:.0f} of them with a backward) takes at the unit forward's speed "
-                      f"({forward_s * 1000:.0f} ms): {why}")
+        warn_user(f"the analysis' steps took {mine['seconds']:.0f} s, {slowdown:.1f}x what their counted work "
+                  f"({mine['forwards']:.0f} forwards of the batch) takes at the unit forward's speed "
+                  f"({mine['unit_s'] * 1000:.0f} ms): {why}")
     return {"forwards": counted, "with_grad": grad, "forwards_by_step": by_step,
-            "timed_forwards": round(seconds / forward_s, 1), "slowdown": slowdown, "others_cores": round(others, 2)}
+            "timed_forwards": mine["timed_forwards"] if mine else 0.0, "slowdown": slowdown,
+            "others_cores": round(others, 2), "processes": processes}
 
 
 def _p0_layers(plans: dict[bool, list[dict[str, Any]]]) -> list[int]:

@@ -129,13 +129,15 @@ class AnalysisSettings:
             raise ConfigError(f"analysis setting bos must list False and/or True once each, got {self.bos!r}")
         if any(isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= MAX_COUNT for n in self.lengths):
             raise ConfigError(f"analysis setting lengths must be whole numbers >= 2, got {self.lengths!r:.60}")
-        for name, low, meaning in (
-                ("threshold", 0, "the |normalized effect| at which a component is kept"),
-                ("norm_threshold", 1, f"the norm ratio at which a position counts as a sink state: {RATIO_LINE}")):
+        for name, low, high, meaning in (
+                ("threshold", 0, 1, "the |normalized effect| at which a component is kept: 1 is the whole change, so a "
+                                    "line at or above it keeps only components that overshoot it alone"),
+                ("norm_threshold", 1, math.inf, f"the norm ratio at which a position counts as a sink state: {RATIO_LINE}")):
             value = getattr(self, name)
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                    or not value > low):
-                raise ConfigError(f"analysis setting {_named(name)} must be a finite number > {low} ({meaning}), "
+                    or not low < value < high):
+                bound = f"> {low}" if high == math.inf else f"in ({low}, {high})"
+                raise ConfigError(f"analysis setting {_named(name)} must be a finite number {bound} ({meaning}), "
                                   f"got {value!r:.40}")
 
 
@@ -166,4 +168,4 @@ def precheck(out: Optional[Path], label: str, settings: AnalysisSettings, resume
         raise ConfigError(f"{out} holds an analysis of {old.model!r}"
                           + (" with other settings (" + ", ".join(f"{_named(k)}: {old.settings.get(k)!r} there, "
                                                                f"{mine[k]!r} now" for k in diff) + ")" if diff else "")
-                          + "; write to another directory, or pass fresh=True (--fresh) to replace it")
+                          + "; write to another directory, or pass --fresh (fresh=True in Python) to replace it")

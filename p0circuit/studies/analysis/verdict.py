@@ -154,7 +154,10 @@ def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
     outside, used, attn, mlp = _blocks(c["nodes"])
     # the detection step is block-0 attention *at position 0* (its undiluted output there): a head that only
     # changes the other positions (``@rest``) lowers the ratio's denominator but does not find position 0
-    at_p0 = any(n.layer == 0 and n.pos == 0 and n.kind in (Kind.HEAD, Kind.KV_HEAD) for n in map(Node.parse, c["nodes"]))
+    heads = [n for n in map(Node.parse, c["nodes"]) if n.kind in (Kind.HEAD, Kind.KV_HEAD)]
+    at_p0 = any(n.layer == 0 and n.pos == 0 for n in heads)
+    if heads and not any(n.pos == 0 for n in heads):
+        used += " (its attention at the other positions only)"
     missing = ([] if at_p0 else ["no attention step at position 0 in block 0"]) + \
         ([] if mlp & PAPER_BLOCKS["mlp"] else ["no MLP of blocks 0-1"])
     if not outside and not missing:
@@ -199,11 +202,17 @@ def direction_fixed(cos: float, ordinary: Optional[float], line: float) -> bool:
     return cos >= line and (ordinary is None or cos - ordinary >= DIRECTION_MARGIN * (1 - ordinary))
 
 
-def _direction_part(summary: dict[str, Any], line: float) -> dict[str, Any]:
+ONE_FIRST_TOKEN = ("every prompt starts with the same BOS token, so under the causal mask h_0 is one vector in "
+                   "every prompt and its cosine across prompts is 1 by construction")
+"""Why (d)'s across-prompts half is not applicable with BOS."""
+
+
+def _direction_part(summary: dict[str, Any], line: float, bos: bool = False) -> dict[str, Any]:
     """(d) The P0 state points along a fixed direction: across prompts (their mean pairwise cosine of h_0, against
     the ordinary positions' and h_0's without its massive dimensions, :func:`direction_fixed`) and across layers
     (each layer's mean direction against the onset's), at every layer from the first onset until the ratio first
-    falls back below the line (the state's first span); a span of one block is not "stable across layers"."""
+    falls back below the line (the state's first span); a span of one block is not "stable across layers". With
+    BOS the across-prompts half is not applicable (:data:`ONE_FIRST_TOKEN`): the part rests on the layers alone."""
     stages = summary["norm_stages"]
     onset = _onset(summary)
     if onset is None:
@@ -230,6 +239,13 @@ def _direction_part(summary: dict[str, Any], line: float) -> dict[str, Any]:
     fixed = all(direction_fixed(prompts[l], ordinary[l], line) for l in span)
     stable = layers[worst_l] >= line
     out = {"evidence": text, "min_cos_prompts": round(prompts[worst_p], 4), "min_cos_layers": round(layers[worst_l], 4)}
+    if bos:
+        out["evidence"] = text + f"; across prompts not applicable: {ONE_FIRST_TOKEN}"
+        if stable and len(span) > 1:
+            return {**out, "status": PARTIAL, "partly": "stable across layers; fixed across prompts not applicable: one "
+                                                         "first token (BOS)"}
+        return {**out, "status": FAILS} if not stable else _not_applicable(
+            f"{ONE_FIRST_TOKEN}, and the state lasts one block", text)
     if fixed and len(span) == 1:
         return {**out, "status": PARTIAL, "partly": "fixed across prompts; stable across layers not applicable: the "
                                                      "state lasts one block"}
@@ -252,8 +268,21 @@ def _reads_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
         return _not_applicable(reads.get("error", "not measured"))
     if reads["reads"].startswith(("not applicable", "not measured")):
         return _not_applicable(reads["reads"].split("(", 1)[1].rstrip(")"), reads["evidence"])
-    text = f"the window's sink heads read {reads['reads']}, those of every later block {reads['reads_later']} ({reads['evidence']})"
+    first = reads.get("window") or []
+    where = f"block {first[0]}" if len(first) == 1 else f"blocks {first[0]}-{first[-1]}" if first else "the first block after it"
+    text = (f"the first sink heads after the onset ({where}) read {reads['reads']}; the sink heads of all later blocks "
+            f"together read {reads['reads_later']} ({reads['evidence']})")
     near, later = reads["reads"], reads["reads_later"]
+    if reads.get("scale_blind"):  # the first block after the onset cannot see the norm: the later blocks decide
+        if later.startswith(("not applicable", "not measured")):
+            return _not_applicable("the block right after the onset cannot see the norm, and no later block was read",
+                                   text)
+        if later in ("the norm", "both"):
+            return {"status": HOLDS, "evidence": text + ": over the later blocks the heads need the norm, as the paper "
+                    "says (the block right after the onset reads the state through its normalization, blind to the norm)"}
+        return {"status": FAILS, "evidence": text + ": over the later blocks the heads read the state's direction and "
+                "not its norm (the block right after the onset cannot see the norm at all: its normalization removes "
+                "it), so 'the MLPs amplify the norm into a sink' does not describe what makes the sink here"}
     if near in ("the norm", "both"):
         return {"status": HOLDS, "evidence": text + ": the norm is what the sink needs, as the paper says"}
     if later in ("the norm", "both"):
@@ -271,9 +300,17 @@ def judge(summary: dict[str, Any], row: Optional[dict[str, Any]], *, line: float
     """Every part of :data:`PARTS` for one BOS setting: ``summary`` its sink summary, ``row`` its first P0 onset's row
     (None: no onset was patched), at these lines (see :func:`verdict`)."""
     parts = {"sink": _sink_part(summary, row, line, alpha_line, bos), "circuit": _circuit_part(row),
-             "amplification": _amplification_part(row, threshold), "direction": _direction_part(summary, cos),
+             "amplification": _amplification_part(row, threshold), "direction": _direction_part(summary, cos, bos),
              "reads": _reads_part(row)}
     onset = _onset(summary)
+    if parts["circuit"]["status"] == HOLDS and parts["sink"].get("found_at", "").startswith("position 0, "):
+        # the circuit sits in the paper's blocks, but (a) found the state keyed on its token (or following BOS):
+        # the circuit of a token's state, not of the paper's position-0 mechanism
+        keyed = parts["sink"]["found_at"].removeprefix("position 0, ")
+        keyed = ("is " if keyed.startswith("keyed") else "") + keyed
+        parts["circuit"] = {**parts["circuit"], "status": PARTIAL, "found_at": f"the paper's blocks, for a state that {keyed}",
+                            "evidence": parts["circuit"]["evidence"] + f"; but the state it builds {keyed} (part (a)): "
+                            "the circuit of a token's state, not of position 0 as such"}
     if row is None and onset is not None:  # an onset no row measured: its parts have nothing to judge
         for key in ("circuit", "amplification", "reads"):
             parts[key] = _not_applicable(f"the onset at block {onset} was not patched")

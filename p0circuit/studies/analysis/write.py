@@ -6,6 +6,7 @@ import html
 import io
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -85,6 +86,11 @@ def _edge_line(e: dict[str, Any]) -> str:
             f"alone removes {share(e['completeness'], 3)}.{held_said}")
 
 
+CONTROLS = ("resample", "copies")
+"""Corruptions the analysis runs as negative controls (run.py's controls): no signal is what they should show."""
+NEGATIVE_CONTROL = "no signal, which is what this negative control should show (see the controls under How sure)"
+
+
 def cost_line(t: dict[str, Any]) -> str:
     """What the steps cost, in words: seconds, the work counted in forwards of the batch, and the unit forward."""
     line = f"Measured in {t['seconds']:.0f} s of steps"
@@ -93,6 +99,15 @@ def cost_line(t: dict[str, Any]) -> str:
                  f"with a backward); one forward took {t['forward_s'] * 1000:.0f} ms in the same run")
         if t["seconds"] > cost.SLOW_SECONDS:  # below it the steps are mostly Python's overhead: the ratio says nothing
             line += f", so the steps ran at {t['slowdown']:.2f}x the time that work predicts"
+    runs = t.get("processes") or []
+    if len(runs) > 1:  # a resumed analysis: each process' steps against its own forward
+        line += "; in " + str(len(runs)) + " processes (resumed): " + "; ".join(
+            f"{p['steps']} steps, {p['seconds']:.0f} s" + (f" at {p['slowdown']:.2f}x" if p.get("slowdown") else "")
+            + f" (one forward {p['unit_s'] * 1000:.0f} ms)" for p in runs)
+    around = [f"{what} {t[key]:.1f} s" for key, what in (("import_s", "imports"), ("load_s", "loading the model"))
+              if t.get(key)]
+    if around:
+        line += "; besides the steps: " + ", ".join(around)
     return line + "."
 
 
@@ -217,6 +232,7 @@ def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
                     text = c["error"]
                 else:
                     text = _signal(c) + "; " + (c.get("note") or (_effects(c) if c["signal"] else
+                                                                  NEGATIVE_CONTROL if name in CONTROLS else
                                                                   "no signal: " + c["message"]))
                 lines.append(f"- corruption `{name}`: {text}")
             chosen = v.get("chosen_corruption")
@@ -528,8 +544,13 @@ def _inline(text: str) -> str:
 
 
 def write_all(result: Any, out: Path) -> None:
-    """``analysis.json``, ``analysis.md`` and ``report.html`` in ``out``."""
+    """``analysis.json``, ``analysis.md`` and ``report.html`` in ``out``; the seconds the two reports took to make
+    go into the record (``timing.report_s``), written last."""
     d = AnalysisRecord.from_dict(result.data, "the analysis")  # its schema version and keys checked
-    write_atomic(out / "analysis.json", json.dumps(strict(d.to_dict()), indent=1, allow_nan=False))
-    write_atomic(out / "analysis.md", markdown(d))
-    write_atomic(out / "report.html", report_html(d))
+    start = time.perf_counter()
+    text, page = markdown(d), report_html(d)
+    data = d.to_dict()
+    data["timing"]["report_s"] = result.data["timing"]["report_s"] = round(time.perf_counter() - start, 2)
+    write_atomic(out / "analysis.md", text)
+    write_atomic(out / "report.html", page)
+    write_atomic(out / "analysis.json", json.dumps(strict(data), indent=1, allow_nan=False))

@@ -107,7 +107,7 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
          "tokens among them)") + f" as a one-token prompt: after block {layer} its P0 state's norm ratio "
         f"(over the reference prompts' ordinary positions) has median {record['quantiles']['0.5']:.3g}, 1% quantile "
         f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of first "
-        f"tokens reach the sink line ({threshold:g}) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
+        f"tokens reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
         f"prompts' P0 direction; {record['not_sinks']} do not become sink states"
         + (f" (the lowest: {', '.join(f'{p.text!r} {p.ratio:.2f}' for p in low[:5])})" if record["not_sinks"] else ""))
     return FirstTokens(**record)

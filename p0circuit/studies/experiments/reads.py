@@ -199,10 +199,11 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
                runs.items()}
     head_names = [f"A{later_layers[i]}.H{h}" for i, h in torch.nonzero(heads).tolist()]
     blocks = sorted({l for l, _ in readers}) or [layer + 1]
+    blind = blocks[0] == layer + 1 and scale_free_attention(model)
     excess = records["clean"].attention - u if head_names else 0.0
     if not head_names or excess < MIN_EXCESS:
         why = (f"no head after block {layer} gives position 0 an alpha_0 above {eps:g}" if not head_names
-               else f"the sink heads of blocks {blocks[0]}-{blocks[-1]} give position 0 only {excess:.3f} more than "
+               else f"the sink heads of {_blocks_said(blocks)} give position 0 only {excess:.3f} more than "
                     f"uniform attention ({u:.3f})")
         answer = later_answer = f"not applicable ({why})"
         control = False
@@ -216,11 +217,28 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
             answer = later_answer = (f"not measured (the positive control failed: a random direction of the same norm "
                                      f"keeps {edits[CONTROL].kept:.2f} of the attention, so the attention cannot tell "
                                      "an edited state from the clean one)")
-        evidence = _evidence(records, names, head_names, blocks, u, keep)
+        evidence = _evidence(records, names, head_names, blocks, u, keep) + (BLIND if blind else "")
     return SinkReads(layer=layer, window=blocks, sink_heads=head_names, later_heads=int(later.sum()), uniform=u,
                      dims=list(dims), eps=eps, keep=keep, clean=records["clean"],
                      edits={n: records[n] for n in names}, reads=answer, reads_later=later_answer, control=control,
-                     evidence=evidence)
+                     evidence=evidence, scale_blind=blind)
+
+
+BLIND = ("; the window's heads sit in the block right after the onset and read the state through their "
+         "normalization, which ignores its scale: there the rescaled state keeps their attention by arithmetic and the "
+         "direction-replaced and replaced states point the same way, so only the later blocks' shares tell the norm from "
+         "the direction")
+"""Said of a window that cannot see the norm (:attr:`SinkReads.scale_blind`)."""
+
+
+def _blocks_said(blocks: list[int]) -> str:
+    return f"block {blocks[0]}" if len(blocks) == 1 else f"blocks {blocks[0]}-{blocks[-1]}"
+
+
+def scale_free_attention(model: Any) -> bool:
+    """Whether every block's attention reads the residual stream through a normalization that ignores the state's
+    scale (LayerNorm or RMSNorm before the sublayer: ``norm(c * h) == norm(h)`` up to its epsilon)."""
+    return model.cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
 
 
 LABELS = {"rescaled": "scaled to an ordinary norm (direction kept)",
@@ -237,7 +255,7 @@ def _evidence(records: dict[str, Edit], names: list[str], heads: list[str], bloc
     parts = [f"{LABELS[n]} keeps {records[n].kept:.2f} (later blocks "
              f"{'n/a' if records[n].later_kept is None else format(records[n].later_kept, '.2f')}; loss "
              f"{records[n].loss:.2f})" for n in names]
-    return (f"the P0 state edited after the onset, the sink heads of blocks {blocks[0]}-{blocks[-1]} ({', '.join(heads[:6])}"
+    return (f"the P0 state edited after the onset, the sink heads of {_blocks_said(blocks)} ({', '.join(heads[:6])}"
             f"{'...' if len(heads) > 6 else ''}; alpha_0 {clean.attention:.2f} clean, {u:.2f} under uniform attention) "
             f"keep this share of their excess attention to position 0: " + "; ".join(parts)
             + f" (clean loss {clean.loss:.2f} nats; a share of {keep:g} or more counts as kept)")

@@ -61,6 +61,9 @@ def weight_of(model: Any, block: int, neuron: int, dim: int, massive: Sequence[i
     W = model.blocks[block].mlp.W_out
     mean, std, mags = _stats(W)
     value = float(W[neuron, dim].detach())
+    if not std > 0:
+        raise BadInputError(f"block {block}'s MLP W_out has every entry equal ({mean:g}): no weight stands out of it, "
+                            "so no z-score; ask about the neurons of another block")
     return Weight(block=block, neuron=neuron, dim=dim, value=value, rank=int((mags > abs(value)).sum()) + 1,
                   z=(value - mean) / std, massive=dim in massive)
 
@@ -89,6 +92,8 @@ def weight_outliers(model: Any, *, massive: Sequence[int] = (), z: float = SUPER
         for block in range(model.cfg.n_layers):
             W = model.blocks[block].mlp.W_out.detach().float()
             mean, std, _ = _stats(W)
+            if not std > 0:
+                continue  # every entry equal (a block that writes nothing): no outlier
             zs = ((W - mean) / std).abs().flatten()
             top = torch.topk(zs, min(per_block, zs.numel()))
             for score, index in zip(top.values.tolist(), top.indices.tolist()):
@@ -141,6 +146,8 @@ def super_weights(model: Any, tokens: Tensor, layer: int, neurons: Sequence[str]
     check_block(model, layer, "super_weights")
     dims = check_dims(model, dims, "super_weights")
     massive = check_dims(model, massive, "super_weights")
+    if isinstance(neurons, str) or not isinstance(neurons, Sequence):
+        raise BadInputError(f"super_weights: neurons={neurons!r:.40} must be a list of neuron names such as ['M2.N90@0']")
     parsed = []
     for name in neurons:
         try:
@@ -150,6 +157,10 @@ def super_weights(model: Any, tokens: Tensor, layer: int, neurons: Sequence[str]
         if node is None or node.kind != Kind.NEURON or node.layer >= model.cfg.n_layers or node.neuron >= model.cfg.d_mlp:
             raise BadInputError(f"super_weights: {name!r:.40} is not a neuron of this model (a name such as "
                                 f"'M2.N90@0' with block < {model.cfg.n_layers} and neuron < {model.cfg.d_mlp})")
+        if node.layer > layer:
+            raise BadInputError(f"super_weights: {name!r} is in block {node.layer}, after block {layer}, where the norm "
+                                f"ratio is measured: zeroing its weights cannot change it; ask about neurons of blocks "
+                                f"0..{layer}")
         parsed.append(node)
     weights = sorted({(n.layer, n.neuron, d) for n in parsed for d in dims})
     found = sorted((weight_of(model, b, n, d, massive) for b, n, d in weights), key=lambda w: -abs(w.z))
