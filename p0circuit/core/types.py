@@ -174,7 +174,15 @@ class Node:
     def parse(cls, name: str) -> "Node":
         """Inverse of :attr:`name`; raises a clear error for malformed names. A name has one spelling, the one
         :attr:`name` writes (ASCII digits, no sign, space or leading zero): ``'A+0.H0@0'``, ``'M 1@0'``,
-        ``'A01.H0@0'`` or a name with non-ASCII digits is refused, naming the spelling meant."""
+        ``'A01.H0@0'`` or a name with non-ASCII digits is refused, naming the spelling meant.
+
+        Example::
+
+            >>> from p0circuit import Node
+            >>> node = Node.parse("A2.H0@0")          # block 2's head 0 at position 0
+            >>> node.layer, node.head, node.pos, node.name
+            (2, 0, 0, 'A2.H0@0')
+        """
         if not isinstance(name, str):
             raise BadInputError(f"a node is a Node or its name, got {name!r:.60} ({type(name).__name__}); {NODE_HINT}")
         return one_spelling(name, cls._read(name), "node")
@@ -245,7 +253,15 @@ class Edge:
 
     @classmethod
     def parse(cls, name: str) -> "Edge":
-        """Inverse of :attr:`name`."""
+        """Inverse of :attr:`name`.
+
+        Example::
+
+            >>> from p0circuit import Edge
+            >>> edge = Edge.parse("M0@0->M1@0.mlp_in")  # block 0's MLP into block 1's MLP input
+            >>> edge.src.name, edge.dst.name, edge.input.value
+            ('M0@0', 'M1@0', 'mlp_in')
+        """
         if not isinstance(name, str):
             raise BadInputError(f"an edge is an Edge or its name, got {name!r:.60} ({type(name).__name__}); "
                                 "expected e.g. 'M1@0->A2.H0@rest.k'")
@@ -362,7 +378,17 @@ class Circuit:
 
     @classmethod
     def from_json(cls, text: str) -> "Circuit":
-        """Inverse of :meth:`to_json`; text that is not a circuit's JSON is a :class:`BadInputError`."""
+        """Inverse of :meth:`to_json`; text that is not a circuit's JSON is a :class:`BadInputError`.
+
+        Example::
+
+            >>> import p0circuit as p0
+            >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+            >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+            >>> circuit = p0.activation_patch(pm.model, tokens, corruption="shift", metric="norm_ratio:1").to_circuit()
+            >>> p0.Circuit.from_json(circuit.to_json()).node_names == circuit.node_names
+            True
+        """
         if not isinstance(text, (str, bytes)):
             raise BadInputError(f"Circuit.from_json takes JSON text, got {type(text).__name__}; to read a file use "
                                 "Circuit.from_json(Path(path).read_text())")

@@ -296,6 +296,15 @@ def sink_report(
 
     ``model`` and ``tokens`` are validated here with messages that say what to do, so their
     annotations are deliberately loose.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+        >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+        >>> report = p0.sink_report(pm.model, tokens, bos=False)
+        >>> report.norm_onset_layer, report.head_onset_layer, report.sink_position
+        (1, 2, 0)
     """
     if not isinstance(model, HookedTransformer):
         raise BadInputError(

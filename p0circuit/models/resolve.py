@@ -93,7 +93,15 @@ def load_any_checkpoint(path: Union[str, Path], device: str = "cpu") -> HookedTr
 
 @entry_point
 def load_model(entry: str, *, seed: int = 0, device: str = "cpu") -> Resolved:
-    """The model named by ``entry`` (see the module docstring); ``seed`` initializes ``spec:`` models."""
+    """The model named by ``entry`` (see the module docstring); ``seed`` initializes ``spec:`` models.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> resolved = p0.load_model("planted:rope")
+        >>> resolved.model.cfg.n_layers, resolved.truth is not None
+        (4, True)
+    """
     kind, arg = check_model_entry(entry)
     if kind == "planted":
         plant = build_planted(**VARIANTS[arg])

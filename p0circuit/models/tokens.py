@@ -168,6 +168,13 @@ def probe_tokens(
     first is moved to the next id, and the rare row with a longer run is drawn again, so ``n`` rows
     always come back. These are random ids, not text: sweeps, the tracker, the survey, the report
     and the planted model's calibration all draw their probes here.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()
+        >>> p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True).shape   # 8 prompts of 16 ids, never the BOS id
+        torch.Size([8, 16])
     """
     vocab, bid = model.cfg.d_vocab, bos_id(model)
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)

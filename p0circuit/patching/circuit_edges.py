@@ -143,7 +143,17 @@ def faithful_edges(
     """The edges of the node ``circuit`` (what :func:`~p0circuit.patching.circuit_search.faithful_circuit`
     returned: it carries the result it was found on and that result's setup), pruned as the module docstring
     says. With more than ``max_candidates`` candidate edges (each evaluation of the pruning is a whole forward
-    up to the metric) nothing is searched and the record says so. ``setup``: only to assert which one."""
+    up to the metric) nothing is searched and the record says so. ``setup``: only to assert which one.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+        >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+        >>> found = p0.faithful_circuit(p0.activation_patch(pm.model, tokens, corruption="shift", metric="norm_ratio:1"))
+        >>> p0.faithful_edges(found).edges
+        ['A0.H0@0->M0@0.mlp_in', 'M0@0->M1@0.mlp_in', 'M1@0->R1@0.resid']
+    """
     if max_candidates is not None and (isinstance(max_candidates, bool) or not isinstance(max_candidates, int)
                                        or max_candidates < 1):
         raise BadInputError(f"max_candidates must be None or an int >= 1, got {max_candidates!r}")

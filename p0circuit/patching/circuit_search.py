@@ -259,7 +259,17 @@ def faithful_circuit(
     ``require_denoising=False``: ``faithful`` asks faithfulness alone (denoising is still measured and recorded),
     for a corruption whose corrupted run holds a rival of what the metric measures that no circuit restored at
     the clean positions removes (``shift`` and the attention to P0: the shifted run's own first token is a sink
-    too, and takes about half of the attention from a restored one)."""
+    too, and takes about half of the attention from a restored one).
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+        >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+        >>> found = p0.faithful_circuit(p0.activation_patch(pm.model, tokens, corruption="shift", metric="norm_ratio:1"))
+        >>> found.nodes, found.faithful
+        (['A0.H0@0', 'M0@0', 'M1@0'], True)
+    """
     setup = searched(result, setup, "faithful_circuit")
     if result.level != "node":
         raise BadInputError("faithful_circuit needs a node-level PatchResult (from activation_patch), got one of edges")

@@ -174,7 +174,14 @@ class Prepared:
 @entry_point  # parameters are checked in prepare() with messages that name the fix
 @dataclass(frozen=True)
 class Shift(Corruption):
-    """Prepend ``k`` filler tokens (random, seeded) so the clean first token sits at position k."""
+    """Prepend ``k`` filler tokens (random, seeded) so the clean first token sits at position k.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> p0.Shift(2)                    # two random tokens put in front: P0 moves to index 2
+        Shift(k=2, seed=0, filler=None)
+    """
 
     k: int = 1
     """Number of prepended tokens."""

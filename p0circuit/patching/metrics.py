@@ -123,7 +123,14 @@ class NormRatio(PatchMetric):
     the position ``k = pos`` (0: P0) counted from the run's P0, over the positions from P0 on.
 
     ``pos`` may also give one position per prompt (a tuple), e.g. each prompt's first comma from
-    :func:`p0circuit.measures.positions.find_positions`; ``where`` names it in results."""
+    :func:`p0circuit.measures.positions.find_positions`; ``where`` names it in results.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> p0.NormRatio(1).name            # the same as the entry "norm_ratio:1"
+        'norm_ratio@L1'
+    """
 
     layer: int
     """Block whose output is measured."""
@@ -223,6 +230,12 @@ class AttnToP0(PatchMetric):
 
     ``heads`` lists (layer, head) pairs; ``layers`` takes every head of those layers. Queries at
     P0 itself are excluded (their attention to P0 is 1 under the causal mask).
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> p0.AttnToP0(heads=[(2, 0), (3, 0)]).name
+        'attn_to_p0@L2H0,L3H0'
     """
 
     heads: Sequence[tuple[int, int]] = ()

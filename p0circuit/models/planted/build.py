@@ -364,6 +364,13 @@ def build_planted(spec: PlantSpec | None = None, **overrides: object) -> Planted
     sections follow the docstring: head roles, residual layout, embedding, then block by block the
     heads and the MLPs (content neurons, detector, amplifier), each calibrated on a probe run through
     the blocks written so far, and last the unembedding.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()
+        >>> pm.sink_heads, [n.name for n in pm.truth.writers]
+        (((2, 0), (3, 0)), ['A0.H0@0', 'M0@0', 'M1@0'])
     """
     if spec is None:
         spec = from_known_keys(PlantSpec, overrides, "build_planted / PlantSpec")  # type: ignore[assignment]

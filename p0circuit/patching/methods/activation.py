@@ -51,6 +51,15 @@ def activation_patch(
     ``progress``) are keywords here, or one ``options=PatchOptions(...)``. ``bos`` is the run's BOS
     choice, checked against ``tokens`` (the BOS id at position 0 of a run that says no BOS is an
     error, and the reverse); ``reference=True`` uses the slow path.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+        >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+        >>> result = p0.activation_patch(pm.model, tokens, corruption="shift", metric="norm_ratio:1")
+        >>> result.signal, sorted(result.to_circuit().node_names)
+        (True, ['A0.H0@0', 'M0@0', 'M1@0'])
     """
     job = PatchJob(model, tokens, options)
     if positions not in ("split", "each"):

@@ -54,7 +54,15 @@ def number_fields() -> dict[str, tuple[object, str]]:
 @typing.no_type_check  # validates its own fields in __post_init__, naming each one's command-line option
 @dataclass(frozen=True)
 class AnalysisSettings:
-    """What one analysis measures (every field is recorded in ``analysis.json``)."""
+    """What one analysis measures (every field is recorded in ``analysis.json``).
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> s = p0.AnalysisSettings(n_prompts=4)
+        >>> s.n_prompts, s.norm_threshold, s.threshold
+        (4, 5.0, 0.1)
+    """
 
     n_prompts: int = 8
     """Prompts per measurement (natural English when the model has a tokenizer, else regular random ids); docs/guide.md

@@ -155,7 +155,16 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
     ``keep`` as the line. ``bos``: whether the prompts start with a BOS token (it stays at position 0 when the
     context is replaced). ``contexts``: prompts of the same length that do not hold the state, whose positions
     before ``at`` replace the prompts' (None: the context edit is not measured). Up to five forwards up to
-    ``layer``."""
+    ``layer``.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+        >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+        >>> p0.keyed_on(pm.model, tokens, 0, 1, bos=False).verdict   # the plant's P0 state, after block 1
+        'position'
+    """
     check_model(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     batch, seq = tokens.shape

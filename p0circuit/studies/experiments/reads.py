@@ -162,7 +162,17 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
     module docstring says how). ``dims``: the massive dimensions ``massive_removed`` removes (none: that edit is
     left out); ``bos``: the prompts' BOS choice; ``eps``: alpha_0 above which a head sinks; ``keep``: the line of the
     answers; ``window``: blocks read first (from the first after the onset that holds a sink head); ``seed``: the random
-    directions. One forward of the prompts per edit, and one unedited."""
+    directions. One forward of the prompts per edit, and one unedited.
+
+    Example::
+
+        >>> import p0circuit as p0
+        >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
+        >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
+        >>> reads = p0.sink_reads(pm.model, tokens, 1, bos=False)
+        >>> reads.reads, reads.scale_blind
+        ('the direction', True)
+    """
     check_model(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     check_block(model, layer, "sink_reads", later=1)
