@@ -446,8 +446,9 @@ CHROMIUM = __import__("shutil").which("chromium")
 @pytest.mark.parametrize("width", [1280, 420])
 def test_the_analysis_report_in_a_headless_browser(rope_run, tmp_path, width):
     """report.html as a reader sees it: each onset's effect maps @0 and @rest with the faithfulness curve,
-    its faithful circuit drawn (red where it carries the change) and interactive (hover names a node),
-    nothing wider than a phone's window."""
+    its faithful circuit shown once, drawn (red where it carries the change) and interactive (hover names a
+    node), the terms in italics (no literal asterisks), each verdict part's answer in bold above its evidence
+    in plain type, nothing wider than a phone's window."""
     import sys
     from pathlib import Path
 
@@ -460,23 +461,29 @@ def test_the_analysis_report_in_a_headless_browser(rope_run, tmp_path, width):
         assert not b.errors, b.errors
         alts = b.js("[...document.images].map(i => i.alt)")
         assert "node effects at P0 and elsewhere, and faithfulness" in alts
-        assert any(a.startswith("faithful circuit, layer-1 onset") for a in alts), alts
+        assert not any("circuit" in a for a in alts), alts  # the circuit is the one interactive figure, not a copy
+        names = b.js("[...document.querySelectorAll('figure.circuit')].map(f => f.getAttribute('aria-label'))")
+        assert len(names) == 1 and names[0].startswith("faithful circuit, layer-1 onset"), names
+        assert b.js("document.querySelectorAll('details, .p0-circuit').length") == 1
         inner = b.js("innerWidth")
         assert b.js("document.documentElement.scrollWidth") <= inner
-        assert max(b.js("[...document.images].map(i => i.getBoundingClientRect().right)")) <= inner
-        box = b.js("(() => { const i = [...document.images].find(i => i.alt.startsWith('faithful circuit')); "
-                   "const r = i.getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()")
+        assert max(b.js("[...document.querySelectorAll('img, svg')].map(i => i.getBoundingClientRect().right)")) <= inner
+        figure = "document.querySelector('figure.circuit .p0-circuit')"
+        box = b.js(f"(() => {{ const r = {figure}.querySelector('svg').getBoundingClientRect(); "
+                   "return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()")
         shot = b.screenshot(tuple(box))
         red = sum(1 for p in shot.getdata() if p[0] > p[1] + 60 and p[0] > p[2] + 60)
         assert red > 30  # the planted nodes carry the change: drawn red
-        b.js("document.querySelector('details').open = true")
-        figure = "document.querySelector('details .p0-circuit')"
         node = f"{figure}.querySelector('[id=\"node:M1@0\"]')"
         b.js(f"(() => {{ const r = {node}.getBoundingClientRect(); {node}.dispatchEvent(new MouseEvent('mousemove', "
              "{bubbles: true, clientX: r.left + r.width / 2, clientY: r.top + r.height / 2})); })()")
         assert b.js(f"{figure}.querySelector('.tip').textContent").startswith("M1@0")
         text = b.js("document.body.innerText")
         assert "(b) holds" in text and "Faithful circuit (ACDC-style pruning" in text
+        terms = b.js("[...document.querySelectorAll('p')].find(p => p.innerText.startsWith('Terms:')).innerText")
+        assert "*" not in terms and "onset" in b.js("[...document.querySelectorAll('p em')].map(e => e.innerText)")
+        weight = "(s => getComputedStyle(document.querySelector(s)).fontWeight)"
+        assert int(b.js(f"{weight}('.verdict .answer')")) >= 600 and int(b.js(f"{weight}('.verdict .evidence')")) < 600
 
 
 def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_every_candidate(planted, monkeypatch):

@@ -120,5 +120,5 @@ def test_heatmaps_of_a_circuit_and_of_its_result_agree(planted):
     assert heads.shape == (planted.model.cfg.n_layers, 16, planted.model.cfg.n_heads)
     shown = from_result.axes[0].images[0].get_array().filled(np.nan)
     np.testing.assert_allclose(shown, np.nansum(heads, 1), equal_nan=True)
-    with pytest.raises(p0.BadInputError, match="patching result or a Circuit"):
+    with pytest.raises(p0.BadInputError, match=r"plot: result=\[1, 2\] \(list\) is not Circuit.*PatchResult.*\.to_circuit\(\)"):
         p0.plot([1, 2])

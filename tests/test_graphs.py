@@ -1,6 +1,7 @@
 import math
 
 import networkx as nx
+import numpy as np
 import pytest
 import shutil
 
@@ -101,3 +102,86 @@ def test_only_candidates_are_drawn_as_missed_and_an_empty_circuit_says_why(plant
     assert "none of the" in to_dot(empty)
     quiet = Circuit(nodes=(), edges=(), settings={"signal": False, "message": "no change"})
     assert empty_note(quiet) == "empty: no signal (no change)"
+
+
+# ---- every circuit the package returns: scored, pruned and drawn as its own .to_circuit() ------------------------
+
+RETURNED = ("Circuit", "PatchResult", "FaithfulCircuit", "EdgeCircuit")
+"""The circuits the package returns: the one type, and those with a ``.to_circuit()``."""
+
+
+@pytest.fixture(scope="module")
+def returned(planted):
+    """The planted truth, and each circuit the package returns, from one activation-patching run."""
+    tokens = p0.probe_tokens(planted.model, 8, 16, seed=0, regular=True)
+    result = p0.activation_patch(planted.model, tokens, corruption="shift", metric="norm_ratio:1")
+    found = p0.faithful_circuit(result)
+    return planted.truth, {"Circuit": result.to_circuit(), "PatchResult": result, "FaithfulCircuit": found,
+                           "EdgeCircuit": p0.faithful_edges(found)}
+
+
+def _graph(g: nx.DiGraph) -> str:
+    """A graph's attributes as text (a NaN effect equals itself here)."""
+    return repr((g.graph, list(g.nodes(data=True)), list(g.edges(data=True))))
+
+
+def _heatmaps(fig) -> list:
+    return [(ax.get_title(), ax.images[0].get_array().filled(np.nan)) for ax in fig.axes if ax.images]
+
+
+@pytest.mark.parametrize("kind", RETURNED)
+def test_every_circuit_the_package_returns_is_taken_as_its_to_circuit(returned, kind):
+    """compare, prune and the figures give for each circuit the package returns what they give for its
+    ``.to_circuit()``, taken by hand (as ``circuit`` and as ``truth``)."""
+    from p0circuit.figures.drawing import layout
+
+    truth, made = returned
+    given = made[kind]
+    by_hand = given if isinstance(given, Circuit) else given.to_circuit()
+    assert p0.compare(given, truth) == p0.compare(by_hand, truth)
+    assert p0.compare(made["Circuit"], given) == p0.compare(made["Circuit"], by_hand)  # as the truth
+    for how in ({"top_k": 2}, {"threshold": 0.1}):
+        assert p0.prune(given, **how).to_json() == p0.prune(by_hand, **how).to_json()
+    assert p0.to_dot(given, "t", given) == p0.to_dot(by_hand, "t", by_hand)
+    assert _graph(p0.to_networkx(given)) == _graph(p0.to_networkx(by_hand))
+    assert layout(given, truth) == layout(by_hand, truth)
+    figure = p0.circuit_figure(given, given)
+    assert figure.circuit.to_json() == by_hand.to_json() == figure.truth.to_json()
+    if kind != "PatchResult":  # a patching result is plotted as it is (every candidate), as before
+        for (title, grid), (title_by_hand, grid_by_hand) in zip(_heatmaps(p0.plot(given)), _heatmaps(p0.plot(by_hand)),
+                                                                strict=True):
+            assert title == title_by_hand
+            np.testing.assert_array_equal(grid, grid_by_hand)
+
+
+@pytest.mark.parametrize("bad", [[], {}, None, "circuit"], ids=["a list", "a dict", "None", "a string"])
+def test_what_is_no_circuit_is_refused_naming_the_argument(returned, bad):
+    truth, _ = returned
+    calls = [("compare", "circuit", lambda: p0.compare(bad, truth)), ("compare", "truth", lambda: p0.compare(truth, bad)),
+             ("prune", "circuit", lambda: p0.prune(bad, top_k=1)), ("to_dot", "circuit", lambda: p0.to_dot(bad)),
+             ("to_networkx", "circuit", lambda: p0.to_networkx(bad)), ("to_svg", "circuit", lambda: p0.to_svg(bad)),
+             ("circuit_figure", "circuit", lambda: p0.circuit_figure(bad)), ("plot", "result", lambda: p0.plot(bad))]
+    if bad is not None:  # no truth is a valid truth
+        calls += [("to_dot", "truth", lambda: p0.to_dot(truth, truth=bad)),
+                  ("circuit_figure", "truth", lambda: p0.circuit_figure(truth, bad))]
+    for where, name, call in calls:
+        with pytest.raises(p0.BadInputError) as err:
+            call()
+        message = str(err.value)
+        assert message.startswith(f"{where}: {name}="), message
+        assert "FaithfulCircuit, EdgeCircuit or PatchResult" in message and ".to_circuit()" in message, message
+
+
+def test_a_to_circuit_that_gives_no_circuit_is_refused(returned):
+    """The one conversion (:func:`p0circuit.core.types.as_circuit`) holds what ``.to_circuit()`` gives, and a class
+    (it has the method, but is no circuit) is refused, not called."""
+    truth, _ = returned
+
+    class Odd:
+        def to_circuit(self):
+            return "not a circuit"
+
+    with pytest.raises(p0.BadInputError, match=r"compare: circuit is an object \(Odd\) whose \.to_circuit\(\) returned str"):
+        p0.compare(Odd(), truth)
+    with pytest.raises(p0.BadInputError, match=r"prune: circuit is the class FaithfulCircuit, not a circuit"):
+        p0.prune(p0.FaithfulCircuit, top_k=1)

@@ -89,3 +89,40 @@ def test_the_oracle_shares_no_code_with_p0circuit():
     for name in ("oracle.py", "tolerance.py"):
         source = (Path(__file__).parent / name).read_text(encoding="utf-8")
         assert not imports(source, f"tests.{name[:-3]}"), name
+
+
+def test_only_the_studies_and_surfaces_know_the_planted_model():
+    """The planted model is a test subject, not a dependency: core, measures, patching and figures import
+    nothing of ``p0circuit.models.planted`` (what they share with it, like the attribute its sink heads sit
+    in, lives in ``core``)."""
+    bad = []
+    for layer in ("core", "measures", "patching", "figures"):
+        for file in sorted((PACKAGE / layer).rglob("*.py")):
+            rel = file.relative_to(PACKAGE.parent)
+            module = str(rel).removesuffix(".py").replace("/", ".")
+            bad += [f"{rel}:{line} imports {name}" for line, name in imports(file.read_text(encoding="utf-8"), module)
+                    if name.startswith("p0circuit.models.planted")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_table_names_every_module():
+    """docs/contributing.md's table ("The layers") names every module and subpackage each layer holds, so the
+    table says what the files hold now (a new file without its row entry fails here)."""
+    table = {}
+    for line in (PACKAGE.parent / "docs" / "contributing.md").read_text(encoding="utf-8").splitlines():
+        row = re.match(r"\| \d \| `(\w+)/` \| (.*) \|$", line)
+        if row:
+            table[row.group(1)] = row.group(2)
+    assert set(table) == set(LAYERS), sorted(table)
+    missing = []
+    for layer in LAYERS:
+        for path in sorted((PACKAGE / layer).iterdir()):
+            if path.is_dir() and (path / "__init__.py").exists():
+                name = f"{path.name}/"
+            elif path.suffix == ".py" and path.name != "__init__.py":
+                name = path.name
+            else:
+                continue
+            if f"`{name}" not in table[layer]:
+                missing.append(f"{layer}/{name}")
+    assert not missing, f"docs/contributing.md's layer table does not name {missing}"

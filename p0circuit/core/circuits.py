@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError, ConfigError
-from p0circuit.core.types import Circuit, Edge, Node
+from p0circuit.core.types import AnyCircuit, Circuit, Edge, Node, as_circuit
 
 
 def _finite(effects: Mapping[str, float]) -> dict[str, float]:
@@ -32,10 +32,11 @@ def _keep(effects: Mapping[str, float], members: frozenset[str], threshold: Opti
 
 
 @entry_point
-def prune(circuit: Circuit, threshold: Optional[float] = None, top_k: Optional[int] = None) -> Circuit:
+def prune(circuit: AnyCircuit, threshold: Optional[float] = None, top_k: Optional[int] = None) -> Circuit:
     """Keep the circuit's own edges (edge-level circuits) or nodes (node-level) by |effect| >= threshold or the top
     k. The result is a subset of ``circuit``: candidates outside it (their effects are kept in the circuit's
-    effects) never join, and a member without an effect is dropped.
+    effects) never join, and a member without an effect is dropped. ``circuit``: a :class:`Circuit`, or any circuit
+    the package returns (a FaithfulCircuit, an EdgeCircuit, a PatchResult), pruned as its ``.to_circuit()``.
 
     Example::
 
@@ -46,6 +47,7 @@ def prune(circuit: Circuit, threshold: Optional[float] = None, top_k: Optional[i
         >>> sorted(p0.prune(circuit, top_k=2).node_names)
         ['A0.H0@0', 'M0@0']
     """
+    circuit = as_circuit(circuit, "prune")
     settings = {**circuit.settings, "pruned": {"threshold": threshold, "top_k": top_k}}
     if circuit.level == "edge":
         edges = tuple(Edge.parse(n) for n in _keep(circuit.edge_effects, circuit.edge_names, threshold, top_k))
@@ -83,7 +85,7 @@ def _pr(found: Iterable[str], truth: Iterable[str]) -> tuple[float, float]:
 
 
 @entry_point
-def compare(circuit: Circuit, truth: Circuit) -> dict[str, float]:
+def compare(circuit: AnyCircuit, truth: AnyCircuit) -> dict[str, float]:
     """Precision, recall and AUROC of ``circuit`` against ``truth`` at the circuit's level.
 
     A node circuit is scored over nodes (``node_precision``, ``node_recall``, ``node_auroc``), an
@@ -92,7 +94,8 @@ def compare(circuit: Circuit, truth: Circuit) -> dict[str, float]:
     are over the circuit's members (a node circuit against the truth's :attr:`~p0circuit.Circuit.writers`,
     the nodes whose output matters; receivers only read); AUROC ranks every scored candidate by |effect| (truth items
     never scored count as missed) and is left out when the circuit carries no effects, or when the
-    candidates are all in the truth or all outside it (it is then undefined).
+    candidates are all in the truth or all outside it (it is then undefined). Either may be a :class:`Circuit` or any
+    circuit the package returns (a FaithfulCircuit, an EdgeCircuit, a PatchResult), scored as its ``.to_circuit()``.
 
     Example::
 
@@ -103,6 +106,7 @@ def compare(circuit: Circuit, truth: Circuit) -> dict[str, float]:
         >>> p0.compare(circuit, pm.truth)
         {'node_precision': 1.0, 'node_recall': 1.0, 'node_auroc': 1.0}
     """
+    circuit, truth = as_circuit(circuit, "compare"), as_circuit(truth, "compare", "truth")
     level = circuit.level
     found, true_set, effects = ((circuit.node_names, {n.name for n in truth.writers}, circuit.node_effects) if level == "node"
                                 else (circuit.edge_names, truth.edge_names, circuit.edge_effects))

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 from p0circuit.core.io import strict
 from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.record import SCHEMA, Record
-from p0circuit.core.args import entry_point
+from p0circuit.core.args import check_value, entry_point
 
 Pos = Union[int, str]
 """A position class: a non-negative index, or ``"rest"`` (all positions not named otherwise)."""
@@ -414,6 +414,39 @@ class Circuit:
             lines.append(f"  edge {e.name}" + (f"  {format_effect(self.edge_effects[e.name])}"
                                                  if e.name in self.edge_effects else ""))
         return "\n".join(lines)
+
+
+@typing.runtime_checkable
+class CircuitLike(typing.Protocol):
+    """What else the package returns as a circuit: a :class:`~p0circuit.FaithfulCircuit` (``faithful_circuit``), an
+    :class:`~p0circuit.EdgeCircuit` (``faithful_edges``) or a :class:`~p0circuit.PatchResult` (the patching
+    methods), each made the one :class:`Circuit` by its own ``.to_circuit()`` (read here by that method alone: the
+    patching layer is above this one)."""
+
+    def to_circuit(self) -> Circuit:
+        """The one :class:`Circuit`."""
+
+
+AnyCircuit = Union[Circuit, CircuitLike]
+"""A parameter that takes every circuit the package returns (compare, prune, the figures); :func:`as_circuit`
+makes it the one :class:`Circuit`."""
+
+
+def as_circuit(value: Any, where: str, name: str = "circuit") -> Circuit:
+    """``value`` as the one :class:`Circuit`: a Circuit as it is, a :class:`CircuitLike` (a FaithfulCircuit, an
+    EdgeCircuit, a PatchResult) by its own ``.to_circuit()``, with its defaults (a PatchResult's threshold). Anything
+    else is a :class:`BadInputError` naming ``where`` (the function) and ``name`` (its argument) in the words of
+    every entry point's check, which list what is accepted. The one place a circuit is converted."""
+    if isinstance(value, Circuit):
+        return value
+    check_value(where, name, value, AnyCircuit)
+    circuit = None if isinstance(value, type) else value.to_circuit()  # a class has the method, not a circuit
+    if not isinstance(circuit, Circuit):
+        got = (f"the class {value.__name__}" if isinstance(value, type)
+               else f"an object ({type(value).__name__}) whose .to_circuit() returned {type(circuit).__name__}")
+        raise BadInputError(f"{where}: {name} is {got}, not a circuit; pass a p0circuit.Circuit, or a FaithfulCircuit, "
+                            "EdgeCircuit or PatchResult (its .to_circuit() gives the Circuit)")
+    return circuit
 
 
 CIRCUIT_SCHEMA = 1

@@ -31,7 +31,7 @@ from typing import Any, Optional, Union
 
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
-from p0circuit.core.types import Circuit, Edge, Kind, Node
+from p0circuit.core.types import AnyCircuit, Circuit, Edge, Kind, Node, as_circuit
 
 from p0circuit.figures.colours import LOWERS, MISSED, NEUTRAL, RAISES
 
@@ -135,8 +135,11 @@ def _effect(effects: Any, name: str) -> Optional[float]:
 
 
 @entry_point
-def layout(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -> Layout:
-    """Where each node of ``circuit`` (and of ``truth``, if given) goes and how it is styled."""
+def layout(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "") -> Layout:
+    """Where each node of ``circuit`` (and of ``truth``, if given) goes and how it is styled; either may be any
+    circuit the package returns, laid out as its ``.to_circuit()``."""
+    circuit = as_circuit(circuit, "layout")
+    truth = None if truth is None else as_circuit(truth, "layout", "truth")
     edge_level = circuit.level == "edge"
     found_nodes = {n.name for n in circuit.nodes}
     found_edges = {e.name for e in circuit.edges}
@@ -196,7 +199,7 @@ def node_label(p: Placed) -> str:
 
 
 @entry_point
-def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax: Any = None) -> Any:
+def draw(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "", ax: Any = None) -> Any:
     """The circuit as a matplotlib figure (``draw(c).savefig("circuit.png")`` or ``.svg``). Each
     node and edge is an artist whose ``gid`` is ``node:<name>`` or ``edge:<name>`` (kept in SVG)."""
     import matplotlib.pyplot as plt
@@ -204,6 +207,7 @@ def draw(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "", ax:
 
     from p0circuit.figures.plotting import finish
 
+    circuit = as_circuit(circuit, "draw")
     lay = layout(circuit, truth, title)
     at = {p.name: p for p in lay.nodes}
     own = ax is None
@@ -284,7 +288,7 @@ def fill_colour(effect: Optional[float], bound: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def to_svg(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -> str:
+def to_svg(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "") -> str:
     """The figure as SVG text, text kept as text and every node and edge a ``<g id=...>``."""
     import matplotlib.pyplot as plt
 
@@ -331,7 +335,7 @@ _SCRIPT = """
 
 
 @entry_point
-def to_html(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -> str:
+def to_html(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "") -> str:
     """A self-contained ``<div>``: the SVG figure with a script for pan (drag), zoom (wheel), hover
     (the effect) and click (highlight every path through a node; click the background to reset).
     Nothing is loaded from the network."""
@@ -352,7 +356,9 @@ class CircuitFigure:
     """A circuit figure: shown interactively in Jupyter; ``.figure`` (matplotlib), ``.svg()``,
     ``.html()`` and ``.save(path)`` (``.png``, ``.svg`` or ``.html`` by the suffix)."""
 
-    def __init__(self, circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -> None:
+    def __init__(self, circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "") -> None:
+        circuit = as_circuit(circuit, "CircuitFigure")
+        truth = None if truth is None else as_circuit(truth, "CircuitFigure", "truth")
         layout(circuit, truth, title)  # bad input fails here, not at display time
         self.circuit, self.truth, self.title = circuit, truth, title
 
@@ -399,7 +405,8 @@ class CircuitFigure:
 
 
 @entry_point
-def circuit_figure(circuit: Circuit, truth: Optional[Circuit] = None, title: str = "") -> CircuitFigure:
+def circuit_figure(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "") -> CircuitFigure:
     """The figure of ``circuit`` (with ``truth`` overlaid when given): displays interactively in a
-    notebook cell; ``.save("circuit.png")`` for a static file."""
+    notebook cell; ``.save("circuit.png")`` for a static file. Either may be any circuit the package returns
+    (a FaithfulCircuit, an EdgeCircuit, a PatchResult), drawn as its ``.to_circuit()``."""
     return CircuitFigure(circuit, truth, title)

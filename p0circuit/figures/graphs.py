@@ -16,12 +16,14 @@ from p0circuit.figures.drawing import empty_note, METRIC, MISSED, colour, edge_l
 from p0circuit.core.circuits import auroc, compare, prune  # noqa: F401  (their former home: still importable here)
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
-from p0circuit.core.types import Circuit
+from p0circuit.core.types import AnyCircuit, as_circuit
 
 
 @entry_point
-def to_networkx(circuit: Circuit) -> "nx.DiGraph":
-    """A DiGraph: node attributes kind/layer/head/pos/effect; edge attributes input/effect."""
+def to_networkx(circuit: AnyCircuit) -> "nx.DiGraph":
+    """A DiGraph: node attributes kind/layer/head/pos/effect; edge attributes input/effect (``circuit``: any circuit
+    the package returns, drawn as its ``.to_circuit()``)."""
+    circuit = as_circuit(circuit, "to_networkx")
     g = nx.DiGraph(**{k: v for k, v in circuit.settings.items() if isinstance(v, (str, int, float, bool))})
     for n in circuit.nodes:
         g.add_node(n.name, kind=n.kind.value, layer=n.layer, head=n.head, pos=str(n.pos),
@@ -36,11 +38,13 @@ ARROWHEAD = {"q": "normal", "k": "diamond", "v": "dot", "mlp": "vee", "resid": "
 
 
 @entry_point
-def to_dot(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -> str:
+def to_dot(circuit: AnyCircuit, title: str = "", truth: Optional[AnyCircuit] = None) -> str:
     """Graphviz DOT source of :func:`p0circuit.figures.drawing.layout`: one rank per stage of the forward
     pass (embeddings at the bottom, the metric node at the top, a label per rank on the left), sign
     as colour, |effect| as pen width, the receiver's input as the edge label and arrowhead, and
-    ``truth`` overlaid when given; every node and edge has a tooltip with its effect."""
+    ``truth`` overlaid when given; every node and edge has a tooltip with its effect. Either may be any circuit the
+    package returns, drawn as its ``.to_circuit()``."""
+    circuit = as_circuit(circuit, "to_dot")
     lay = layout(circuit, truth, title)
     dot = graphviz.Digraph("circuit", graph_attr={"rankdir": "BT", "newrank": "true", "label": lay.title,
                                                   "labelloc": "t", "fontsize": "11", "nodesep": "0.3"},
@@ -82,7 +86,7 @@ GRAPHVIZ_MISSING = ("Graphviz's 'dot' program is not installed: the circuit SVGs
 
 
 @entry_point
-def to_svg(circuit: Circuit, title: str = "", truth: Optional[Circuit] = None) -> str:
+def to_svg(circuit: AnyCircuit, title: str = "", truth: Optional[AnyCircuit] = None) -> str:
     """SVG text of :func:`to_dot` (needs Graphviz's ``dot`` program on PATH; without it,
     :func:`p0circuit.figures.drawing.to_svg` draws the same figure with matplotlib)."""
     if shutil.which("dot") is None:

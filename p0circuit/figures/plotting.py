@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.io import out_file
-from p0circuit.core.types import Circuit, Edge, Kind, Node, effect_grid
+from p0circuit.core.types import Edge, Kind, Node, as_circuit, effect_grid
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL
 
 import matplotlib.pyplot as plt  # the user's backend is left alone: inline in Jupyter, Agg without a display
@@ -46,27 +46,26 @@ def check_frame(where: str, frame: Any, columns: tuple[str, ...], made_by: str) 
 @entry_point
 def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
     """A heatmap of the normalized effects of a patching result (or of a :class:`~p0circuit.Circuit`,
-    which keeps every candidate's effect), in the layout a TransformerLens user expects: for nodes,
-    heads as layer x head (summed over the positions) beside MLP outputs as layer x position; for
-    edges, a sender x receiver matrix; for neurons, the ``top`` largest as bars. Red: the component
-    carries the clean-to-corrupted change of the metric; blue: it works against it; grey: not
-    patched. Returns the figure (``p0.plot(result).savefig(path)``). ``ax``: draw into your own
-    matplotlib Axes instead (one, or a list of as many as the result has panels); ``top``: how many
-    neurons the bar chart shows (>= 1)."""
+    which keeps every candidate's effect, or of any other circuit the package returns, as its
+    ``.to_circuit()``), in the layout a TransformerLens user expects: for nodes, heads as layer x head
+    (summed over the positions) beside MLP outputs as layer x position; for edges, a sender x receiver
+    matrix; for neurons, the ``top`` largest as bars. Red: the component carries the clean-to-corrupted
+    change of the metric; blue: it works against it; grey: not patched. Returns the figure
+    (``p0.plot(result).savefig(path)``). ``ax``: draw into your own matplotlib Axes instead (one, or a
+    list of as many as the result has panels); ``top``: how many neurons the bar chart shows (>= 1)."""
     import math
 
     import numpy as np
 
 
-    if isinstance(result, Circuit):
-        level, values = result.level, dict(result.edge_effects if result.level == "edge" else result.node_effects)
-        items = [(Edge if level == "edge" else Node).parse(n) for n in values]
-        s = result.settings
-    elif hasattr(result, "normalized") and hasattr(result, "parsed"):
+    if hasattr(result, "normalized") and hasattr(result, "parsed"):  # a patching result: every candidate, as it is
         level, values, items, s = result.level, dict(result.normalized), result.parsed(), dict(result.settings)
         s.update(method=result.method, corruption=result.corruption, metric=result.metric)
-    else:
-        raise BadInputError(f"plot takes a patching result or a Circuit, got {type(result).__name__}")
+    else:  # any other circuit the package returns, as its .to_circuit()
+        circuit = as_circuit(result, "plot", "result")
+        level, values = circuit.level, dict(circuit.edge_effects if circuit.level == "edge" else circuit.node_effects)
+        items = [(Edge if level == "edge" else Node).parse(n) for n in values]
+        s = circuit.settings
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise BadInputError(f"plot: top={top!r} must be an integer >= 1 (how many neurons the bar chart shows)")
     if not values:

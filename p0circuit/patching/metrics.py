@@ -22,7 +22,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.args import METRIC_FIX, at_least
 from p0circuit.core.hooks import HookRef
 from p0circuit.core.io import describe
-from p0circuit.models.planted.build import SINK_HEADS_ATTR
+from p0circuit.core.names import SINK_HEADS_ATTR
 from p0circuit.patching.order import hook_order
 
 

@@ -13,6 +13,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core import hooks
 from p0circuit.core.args import as_list
 from p0circuit.core.errors import BadInputError, MissingHookError
+from p0circuit.core.names import POSITIONS
 from p0circuit.core.args import entry_point
 from p0circuit.core.hooks import HookRef
 from p0circuit.patching.experts import check_experts, mlp_input_hook
@@ -131,6 +132,19 @@ def candidate_nodes(
             if resid:
                 nodes.append(Node(Kind.RESID, layer, pos=p))
     return nodes
+
+
+def position_candidates(model: HookedTransformer, positions: str, seq_len: int, nodes: Any = None) -> Any:
+    """The nodes a search over prompts of ``seq_len`` tokens patches under ``positions``
+    (:data:`p0circuit.core.names.POSITIONS`): ``"split"`` keeps ``nodes`` as given (``None``: the search's own default); ``"each"`` gives every head and
+    MLP (and a learned position embedding) at every one of the ``seq_len`` positions, no "rest", and refuses
+    ``nodes`` (it chooses them). The one expansion of ``positions="each"``, for ``activation_patch`` and the
+    command line's ``discover --positions each``."""
+    if positions not in POSITIONS:
+        raise BadInputError(f"positions must be 'split' (P0 and the rest) or 'each' (every position), got {positions!r}")
+    if positions == "each" and nodes is not None:
+        raise BadInputError("positions='each' chooses the candidate nodes; pass it or nodes=[...], not both")
+    return candidate_nodes(model, positions=range(seq_len), rest=False) if positions == "each" else nodes
 
 
 @entry_point

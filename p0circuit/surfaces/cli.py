@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
 from p0circuit.core import choices
+from p0circuit.core.names import POSITIONS
 from p0circuit.core.io import run_dir
 from p0circuit.studies.analysis.settings import number_fields  # (no torch: its own module says so)
 from p0circuit.core.entries import ATLAS_MODELS, FROM_FILES, PROMPT_SOURCES, SPEC_FAMILIES, VARIANTS, metric_entries
@@ -127,6 +128,7 @@ def _discover(args: argparse.Namespace) -> int:
     from p0circuit.surfaces.discovery_files import write_discovery
     from p0circuit.models.resolve import load_model
     from p0circuit.patching import candidate_nodes
+    from p0circuit.patching.sites import position_candidates
     from p0circuit.patching.metrics import metric_from_entry
     from p0circuit.core.types import parse_nodes
     from p0circuit.models.tokens import bos_label, make_prompts, set_bos, text_windows
@@ -150,9 +152,7 @@ def _discover(args: argparse.Namespace) -> int:
         prompts = make_prompts(model, args.n_prompts, args.seq_len, source=args.prompts, seed=args.seed, bos=args.bos)
         tokens, what = prompts.tokens, prompts.describe()
     metric = metric_from_entry(args.metric, model, resolved.sink_heads) if args.metric else None
-    nodes = parse_nodes(args.nodes) if args.nodes else None
-    if args.positions == "each":  # every position its own node, as TransformerLens' patching returns them
-        nodes = candidate_nodes(model, positions=range(tokens.shape[1]), rest=False)
+    nodes = position_candidates(model, args.positions, tokens.shape[1], parse_nodes(args.nodes) if args.nodes else None)
     if args.layers:
         layers = _layers(args.layers, model.cfg.n_layers)
         nodes = [n for n in (nodes or candidate_nodes(model)) if n.layer in layers]
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "norm_ratio at the layer where the P0 norm first passes 5x, else attn_to_p0)")
     d.add_argument("--layers", help="candidate nodes only in these layers, e.g. 0-3 or 0,2,5")
     d.add_argument("--nodes", nargs="+", help="candidate nodes by name, e.g. A0.H0@0 M1@0 M2@rest")
-    d.add_argument("--positions", choices=["split", "each"], default="split",
+    d.add_argument("--positions", choices=POSITIONS, default="split",
                    help="candidate positions: split (P0 and the rest, default) or each (every position its own node)")
     d.add_argument("--edge-budget", type=int, default=EDGE_BUDGET,
                    help="most candidate edges path patching runs; above it, edges from an activation pass's nodes")

@@ -108,6 +108,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from p0circuit.core.entries import PLANT_LAYERS
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError, ConfigError, from_known_keys
+from p0circuit.core.names import SINK_HEADS_ATTR
 from p0circuit.core.args import entry_point
 from p0circuit.core.threads import share
 from p0circuit.models.planted.layout import Layout
@@ -126,9 +127,6 @@ FLAG = 4.0
 """Position-embedding flag of the learned-position variant."""
 AVG_W = 2.0
 """Scale of the uniform average of ``d`` in the ``sink_pos=1`` variant."""
-SINK_HEADS_ATTR = "p0circuit_sink_heads"
-"""The attribute of a planted ``HookedTransformer`` that holds its sink heads, ``((layer, head), ...)``:
-the metric entry ``sink_heads`` reads it, from Python, the command line and sweeps alike."""
 
 KEY_SCORE = 5.0
 """Attention score of content heads for keyword tokens."""

@@ -20,14 +20,13 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from p0circuit.core import names
-from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
-from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
+from p0circuit.patching.sites import candidate_nodes, named_positions, position_candidates, site_of
 from p0circuit.core.types import Node, parse_nodes
 
 
@@ -62,12 +61,7 @@ def activation_patch(
         (True, ['A0.H0@0', 'M0@0', 'M1@0'])
     """
     job = PatchJob(model, tokens, options)
-    if positions not in ("split", "each"):
-        raise BadInputError(f"positions must be 'split' (P0 and the rest) or 'each' (every position), got {positions!r}")
-    if positions == "each" and nodes is not None:
-        raise BadInputError("positions='each' chooses the candidate nodes; pass it or nodes=[...], not both")
-    if positions == "each":
-        nodes = candidate_nodes(model, positions=range(job.seq_len), rest=False)
+    nodes = position_candidates(model, positions, job.seq_len, nodes)
     return patch_nodes(job, parse_nodes(nodes if nodes is not None else candidate_nodes(model)))
 
 

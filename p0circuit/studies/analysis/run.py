@@ -298,6 +298,28 @@ def analyze(
 
 def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], resume: bool, progress: bool,
              no_bos_reason: Optional[str], truth: Any, load_s: Optional[float]) -> Analysis:
+    """The analysis itself, once :func:`analyze` has checked its arguments, loaded and checked the model and set its
+    start token (the caller holds ``torch.no_grad()`` and the model's check around it).
+
+    In order: the prompts of each BOS setting measured; the saved state of ``out`` read (its finished steps
+    reused when ``resume`` and the settings and prompts match); one warm-up forward and the model's one-time
+    trace, then one timed forward of the batch, the unit every step's cost is predicted and counted in (a resumed
+    analysis keeps its first process's unit); the progress bar planned from the cost model. Then the steps, each
+    saved to the state as it finishes: each setting's sink summary and its onset plan, the first-token maps at the
+    P0 onsets' layers, the weights into the massive dimensions, and per setting each planned onset patched
+    (nodes, circuit, edges, neurons, the P0 studies), the blocks below the first P0 onset for the sensitivity table,
+    the variations, controls and spread over prompts at the first P0 onset, the special tokens and the
+    sensitivity. Last, the record assembled (verdict, timing, memory, ground truth), checked as an
+    :class:`~.records.AnalysisRecord` and written to ``out`` (``analysis.json``, ``analysis.md``, ``report.html``).
+
+    ``model``: the checked ``HookedTransformer``. ``label``: the name the record keeps (the entry, or the model's
+    name). ``s``: the settings. ``out``: the output directory (made by the caller), or None to write nothing and
+    keep no state. ``resume``: reuse the finished steps saved in ``out``. ``progress``: show the progress bar.
+    ``no_bos_reason``: why the with-BOS setting cannot run (the model has no start token), or None: that setting
+    is then recorded as skipped with this reason, and an analysis that asked only for it is refused
+    (:class:`BadInputError`). ``truth``: a planted model's ground-truth circuit, or None. ``load_s``: the seconds
+    loading the model took, or None when the caller passed a model object.
+    """
     tags = [b for b in s.bos if not (b and no_bos_reason)]
     if not tags:
         raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}: "

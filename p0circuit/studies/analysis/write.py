@@ -1,11 +1,13 @@
 """An analysis as files: ``analysis.json`` (strict JSON), ``analysis.md`` and a self-contained
-``report.html`` whose figures are embedded PNG images (nothing loads from the network)."""
+``report.html`` whose figures are embedded PNG images and, for each circuit, one inline SVG with its script
+(hover, click; nothing loads from the network)."""
 
 import base64
 import html
 import io
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -23,7 +25,7 @@ from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.types import Circuit, Edge, Kind, Node
 from p0circuit.studies.analysis.records import as_record, Absent, AnalysisRecord
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
-from p0circuit.figures.drawing import draw, to_html
+from p0circuit.figures.drawing import to_html
 
 
 def _fmt(effects: dict[str, float], k: int = 8) -> str:
@@ -111,147 +113,211 @@ def cost_line(t: dict[str, Any]) -> str:
     return line + "."
 
 
+TERMS = ("Terms: the *P0 norm ratio* is position 0's residual norm over the mean norm of the other positions "
+         "after a block; an *onset* is a block where it first reaches the threshold, an *erasure* one where it "
+         "falls back below it. A *position norm ratio* is a position's norm over its prompt's median norm (the "
+         "sink report's, for any position; a *sink state* is a position where it reaches the threshold). A state's "
+         "*excess norm* is that ratio minus 1. Nodes: `A2.H0@0` is block 2's head 0 at position 0, `M1@rest` block "
+         "1's MLP at every other position, `M2.N90@0` one neuron, `E@0` the token embedding, `R2@0` block 2's "
+         "output (what a metric reads); an edge `X->Y.mlp_in` (or `.q`, `.k`, `.v`) is X's path into that input of "
+         f"Y. Layer and block mean the same: block N's output is read \"after layer N\". {NUMBERING}.")
+"""The words the pages use, said once at the top of each."""
+
+
 def markdown(data: Union[dict[str, Any], AnalysisRecord]) -> str:
-    """The analysis (``analysis.json``'s content, or its record) as Markdown."""
+    """The analysis (``analysis.json``'s content, or its record) as Markdown: the head (what was run), the claim's
+    answer and the terms, the claim part by part, one section per BOS setting, then the first tokens, the weights
+    and the planted ground truth."""
     d = as_record(data, "the analysis")
+    return "\n".join(_head_lines(d) + _claim_lines(d) + [TERMS, ""] + _parts_lines(d) + _body_lines(d))
+
+
+def _head_lines(d: AnalysisRecord) -> list[str]:
+    """The title, the model, and the prompts, threshold and cost."""
     s = d.settings
-    lines = [f"# P0-sink analysis of {d.model}", ""] + \
+    return [f"# P0-sink analysis of {d.model}", ""] + \
         ([f"The model: {d.variant}. Every finding below is about this file's weights.", ""]
          if not isinstance(d.variant, Absent) else []) + [
              f"{d.prompt_source} x {s['length']} tokens (a BOS token adds one); "
              "effects are normalized "
              "(the share of the clean-to-corrupted change of the metric that one component carries when it alone is "
-             f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. " + cost_line(d.timing), "",
-             f"**The paper's claim, part by part**: {d.verdict['claim']}. "
-             + ("Every part holds." if d.verdict.get("holds") else "Not every part holds."), "",
-             "Terms: the *P0 norm ratio* is position 0's residual norm over the mean norm of the other positions "
-             "after a block; an *onset* is a block where it first reaches the threshold, an *erasure* one where it "
-             "falls back below it. A *position norm ratio* is a position's norm over its prompt's median norm (the "
-             "sink report's, for any position; a *sink state* is a position where it reaches the threshold). A state's "
-             "*excess norm* is that ratio minus 1. Nodes: `A2.H0@0` is block 2's head 0 at position 0, `M1@rest` block "
-             "1's MLP at every other position, `M2.N90@0` one neuron, `E@0` the token embedding, `R2@0` block 2's "
-             "output (what a metric reads); an edge `X->Y.mlp_in` (or `.q`, `.k`, `.v`) is X's path into that input of "
-             f"Y. Layer and block mean the same: block N's output is read \"after layer N\". {NUMBERING}.", ""]
-    parts = d.verdict.get("parts") or {}
-    if parts:
-        lines += [f"**The claim in {len(PARTS)} parts** (" + "; ".join(f"{letter}: {text}" for _, letter, text in PARTS)
-                  + f"). As measured, {ANSWERS}. Shares "
-                  f"(faithfulness, denoising, effects) are of the clean-to-corrupted change; {OVERSHOOT}.", ""]
-        for tag, p in parts.items():
-            for key, letter, _ in PARTS:
-                lines.append(f"- {TITLES[tag]}, ({letter}) **{label(p[key])}**: {p[key]['evidence']}.")
-        lines.append("")
-    for tag, title in TITLES.items():
-        sk = d.sinks.get(tag)
-        if sk is None:
-            continue
-        lines += [f"## {title[0].upper() + title[1:]}", ""]
-        if "skipped" in sk:
-            lines += [f"Not measured: {sk['skipped']}", ""]
-            continue
-        if tag == "with_bos" and d.bos_token:
-            lines += [f"Every prompt starts with {d.bos_token}.", ""]
-        lines += [f"- {sink_rate_label()} = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
-                  f"||h_t|| of the other positions): {_stages(sk['norm_stages'])}.",
-                  "- Massive dimensions at P0 (dimension: layers, peak value at a layer, and that value's size over "
-                  "the mean RMS of the other positions' residual vectors there): " + ("; ".join(
-                      f"{m['dim']}: {m['first_layer']}-{m['last_layer']}, {m['peak_value']:.4g} at layer "
-                      f"{m['peak_layer']} ({m['peak_ratio']:.0f}x)" for m in sk["massive_dims"][:4]) or "none") + "."]
-        by_where: dict[str, list[Any]] = {}
-        for p in sk["sink_positions"]:
-            by_where.setdefault(p["where"], []).append(p)
-        for where, ps in by_where.items():
-            peak = max(ps, key=lambda p: p["ratio"])
-            lines.append(f"- High-norm states at **{where}** ({state_name(peak['max_head_attention'])}s): layers "
-                         f"{', '.join(str(p['layer']) for p in ps)}; peak "
-                         f"{peak['ratio']:.3g}x the prompt's median norm at layer {peak['layer']} (in "
-                         f"{peak['share']:.0%} of prompts), attention it receives there {peak['attention']:.3f} (mean over the "
-                         f"queries after it and every head; the strongest head {peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
-                             f"{t!r} x{c}" for t, c in peak.get("tokens", [])[:3])) if where == "other" else "") + ".")
-        lines.append("")
-        for o in d.onsets.get(tag, []):
-            lines += [f"### Onset at layer {o['layer']}, {o['where']}" + (f" (index {o['at']})" if o.get("at") else ""), ""]
-            if "skipped" in o:
-                lines += [f"Not measured: {o['skipped']}", ""]
-                continue
-            lines.append(f"Prompts: {o.get('prompt_set', 'as above')}. Corruption `{o['corruption']}`, metric "
-                         f"`{o['metric']}`: {o['clean']:.4g} clean -> {o['corrupted']:.4g} corrupted; "
-                         f"{o['candidates']} candidate nodes ({o['seconds']:.1f} s).")
-            if o.get("corruption_choice"):
-                lines[-1] += f" Corruption chosen: {o['corruption_choice']['why']}."
-            keyed = o.get("keyed_on") or {}
-            if keyed:
-                lines.append("- Keyed on: " + (f"**{keyed['reading']}**: {keyed['evidence']}; the context edit: "
-                                               f"{keyed['context_note']}." if "verdict" in keyed
-                                               else f"not measured: {keyed['error']}."))
-            if not o["signal"]:
-                lines += ["", f"No signal: {o['message']}", ""]
-                continue
-            sc = o.get("screen") or {}
-            biggest = sc.get("sample_max_abs_effect")
-            screened = (f" (screened: {sc['how']}; the sample's largest |effect| "
-                        f"{'n/a' if biggest is None else format(biggest, '.3g')}, {sc['sample_notable']} of its nodes at "
-                        f"{NOTABLE} or more)") if sc else ""
-            lines += ["", f"- Nodes{screened}: {_effects(o, 12)}.",
-                      f"- Faithfulness of the top k single nodes, a screen (k: share of the change kept with every "
-                      f"other candidate corrupted): {_curve(o['faithfulness'])}.",
-                      _circuit_line(o.get("circuit") or {})]
-            ep = o.get("edge_pass", {})
-            if ep:
-                of = f"; {ep['of']}" if ep.get("of") else ""
-                lines.append(f"- Edges ({ep.get('candidates', 0)} candidates{of}): {_fmt(o['edges'], 10)}.")
-            npass = o.get("neuron_pass", {})
-            if "metric" in npass:
-                lines.append(f"- Neurons writing `{npass['metric']}` (corruption `{o['corruption']}`, {npass['clean']:.4g} "
-                             f"clean -> {npass['corrupted']:.4g} corrupted; MLPs {npass['mlps']}, {npass['screen']}): "
-                             f"{_fmt(o['neurons'], 10)}; faithfulness within the confirmed (the share kept with only the top k of the "
-                             f"confirmed neurons clean, the rest of them corrupted): "
-                             f"{_curve(npass['faithfulness_within_confirmed'])}.")
-            elif npass.get("note"):
-                lines.append(f"- Neurons: {npass['note']}.")
-            lines += _sink_lines(o)
-            lines.append("")
-        left = (d.timing.get("onsets_left_out") or {}).get(tag) or []
-        if left:
-            more = sum(o["predicted_forwards"] for o in left)
-            lines += [f"Later onsets of the P0 norm ratio not patched (max_onsets={s['max_onsets']}): "
-                      + ", ".join(f"layer {o['layer']} ({o['ratio']:.3g}x)" for o in left)
-                      + f". `--max-onsets {s['max_onsets'] + len(left)}` (max_onsets={s['max_onsets'] + len(left)}) patches "
-                      f"them too: the cost model predicts {more:.0f} more forwards of the batch, about "
-                      f"{more * d.timing['forward_s']:.0f} s at this run's forward.", ""]
-        skipped = (d.timing.get("sinks_left_out") or {}).get(tag) or []
-        if skipped:
-            lines += [f"Sink states away from position 0 not analysed (`--max-sinks {s['max_sinks']}`): "
-                      + "; ".join(skipped) + ".", ""]
-        v = d.variations.get(tag)
-        if v:
-            lines += [f"### What changes at layer {v['layer']}", "",
-                      "Every corruption on the same prompts (metric `NormRatio` at this layer):", ""]
-            for name, c in v["corruption"].items():
-                if "error" in c:
-                    text = c["error"]
-                else:
-                    text = _signal(c) + "; " + (c.get("note") or (_effects(c) if c["signal"] else
-                                                                  NEGATIVE_CONTROL if name in CONTROLS else
-                                                                  "no signal: " + c["message"]))
-                lines.append(f"- corruption `{name}`: {text}")
-            chosen = v.get("chosen_corruption")
-            lines += ["", f"Other prompt lengths, each patched with the corruption chosen above (`{chosen}`):", ""]
-            for n, row in v["length"].items():
-                text = f"- {row.get('prompts', f'{n} tokens')}: {sink_rate_label()} = {row['sink_rate']:.3f}; stages " \
-                       f"{_stages(row['norm_stages'])}"
-                if "metric" in row:
-                    text += f"; corruption `{row['corruption']}`, {_signal(row)}; " + (
-                        f"nodes {_effects(row)}" if row.get("signal") else "no signal")
-                lines.append(text)
-            lines.append("")
-        lines += _control_lines(d, tag) + _spread_lines(d, tag) + _special_lines(d, tag) + _sensitivity_lines(d, tag)
-    lines += _first_token_lines(d) + _weight_lines(d)
-    if not isinstance(d.truth, Absent):
-        lines += ["## Planted ground truth", "", "Nodes: " + ", ".join(d.truth["nodes"]),
-                  "", "Edges: " + ", ".join(d.truth["edges"]), ""]
-    return "\n".join(lines)
+             f"patched; positive raises the metric), kept at |effect| >= {s['threshold']}. " + cost_line(d.timing), ""]
 
+
+def _claim_lines(d: AnalysisRecord) -> list[str]:
+    """The claim's answer in one line: each part's answer, and whether every part holds."""
+    return [f"**The paper's claim, part by part**: {d.verdict['claim']}. " + _whole(d), ""]
+
+
+def _whole(d: AnalysisRecord) -> str:
+    return "Every part holds." if d.verdict.get("holds") else "Not every part holds."
+
+
+def _body_lines(d: AnalysisRecord) -> list[str]:
+    """Everything below the verdict: one section per BOS setting, the first tokens, the weights, the ground truth."""
+    lines = []
+    for tag in TITLES:
+        lines += _setting_lines(d, tag)
+    return lines + _first_token_lines(d) + _weight_lines(d) + _truth_lines(d)
+
+
+def _parts_intro(d: AnalysisRecord) -> str:
+    """The line above the verdict's parts: the parts in words, the answers a part can get, what shares are of."""
+    return (f"**The claim in {len(PARTS)} parts** (" + "; ".join(f"{letter}: {text}" for _, letter, text in PARTS)
+            + f"). As measured, {ANSWERS}. Shares "
+            f"(faithfulness, denoising, effects) are of the clean-to-corrupted change; {OVERSHOOT}.")
+
+
+def _parts(d: AnalysisRecord) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """Each verdict part as (BOS setting's title, letter, answer in words, the part's record), in the written order."""
+    parts = d.verdict.get("parts") or {}
+    return [(TITLES[tag], letter, label(p[key]), p[key]) for tag, p in parts.items() for key, letter, _ in PARTS]
+
+
+def _parts_lines(d: AnalysisRecord) -> list[str]:
+    """The verdict part by part: each part's answer in bold, then its evidence."""
+    parts = _parts(d)
+    if not parts:
+        return []
+    return [_parts_intro(d), ""] + [f"- {title}, ({letter}) **{answer}**: {part['evidence']}."
+                                    for title, letter, answer, part in parts] + [""]
+
+
+def _setting_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """One BOS setting's section: its sink summary, each onset, what was left out, the variations, the controls,
+    the spread over prompts, the special tokens and the sensitivity."""
+    sk = d.sinks.get(tag)
+    if sk is None:
+        return []
+    title = TITLES[tag]
+    lines = [f"## {title[0].upper() + title[1:]}", ""]
+    if "skipped" in sk:
+        return lines + [f"Not measured: {sk['skipped']}", ""]
+    lines += _sinks_lines(d, tag, sk)
+    for o in d.onsets.get(tag, []):
+        lines += _onset_lines(o)
+    lines += _left_out_lines(d, tag) + _variation_lines(d, tag)
+    return lines + _control_lines(d, tag) + _spread_lines(d, tag) + _special_lines(d, tag) + _sensitivity_lines(d, tag)
+
+
+def _sinks_lines(d: AnalysisRecord, tag: str, sk: dict[str, Any]) -> list[str]:
+    """A BOS setting's sink summary: the BOS token, the sink rate and P0 norm stages, the massive dimensions, and
+    the high-norm states by where they sit."""
+    lines = [f"Every prompt starts with {d.bos_token}.", ""] if tag == "with_bos" and d.bos_token else []
+    lines += [f"- {sink_rate_label()} = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
+              f"||h_t|| of the other positions): {_stages(sk['norm_stages'])}.",
+              "- Massive dimensions at P0 (dimension: layers, peak value at a layer, and that value's size over "
+              "the mean RMS of the other positions' residual vectors there): " + ("; ".join(
+                  f"{m['dim']}: {m['first_layer']}-{m['last_layer']}, {m['peak_value']:.4g} at layer "
+                  f"{m['peak_layer']} ({m['peak_ratio']:.0f}x)" for m in sk["massive_dims"][:4]) or "none") + "."]
+    by_where: dict[str, list[Any]] = {}
+    for p in sk["sink_positions"]:
+        by_where.setdefault(p["where"], []).append(p)
+    for where, ps in by_where.items():
+        peak = max(ps, key=lambda p: p["ratio"])
+        lines.append(f"- High-norm states at **{where}** ({state_name(peak['max_head_attention'])}s): layers "
+                     f"{', '.join(str(p['layer']) for p in ps)}; peak "
+                     f"{peak['ratio']:.3g}x the prompt's median norm at layer {peak['layer']} (in "
+                     f"{peak['share']:.0%} of prompts), attention it receives there {peak['attention']:.3f} (mean over the "
+                     f"queries after it and every head; the strongest head {peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
+                         f"{t!r} x{c}" for t, c in peak.get("tokens", [])[:3])) if where == "other" else "") + ".")
+    return lines + [""]
+
+
+def _onset_lines(o: dict[str, Any]) -> list[str]:
+    """One onset's section: its prompts and metric, what it is keyed on, its nodes, faithfulness curve and circuit,
+    its edges and neurons, and (at P0) what the sink reads, detection, the sink's circuit and the super weights."""
+    lines = [f"### Onset at layer {o['layer']}, {o['where']}" + (f" (index {o['at']})" if o.get("at") else ""), ""]
+    if "skipped" in o:
+        return lines + [f"Not measured: {o['skipped']}", ""]
+    lines.append(f"Prompts: {o.get('prompt_set', 'as above')}. Corruption `{o['corruption']}`, metric "
+                 f"`{o['metric']}`: {o['clean']:.4g} clean -> {o['corrupted']:.4g} corrupted; "
+                 f"{o['candidates']} candidate nodes ({o['seconds']:.1f} s).")
+    if o.get("corruption_choice"):
+        lines[-1] += f" Corruption chosen: {o['corruption_choice']['why']}."
+    keyed = o.get("keyed_on") or {}
+    if keyed:
+        lines.append("- Keyed on: " + (f"**{keyed['reading']}**: {keyed['evidence']}; the context edit: "
+                                       f"{keyed['context_note']}." if "verdict" in keyed
+                                       else f"not measured: {keyed['error']}."))
+    if not o["signal"]:
+        return lines + ["", f"No signal: {o['message']}", ""]
+    sc = o.get("screen") or {}
+    biggest = sc.get("sample_max_abs_effect")
+    screened = (f" (screened: {sc['how']}; the sample's largest |effect| "
+                f"{'n/a' if biggest is None else format(biggest, '.3g')}, {sc['sample_notable']} of its nodes at "
+                f"{NOTABLE} or more)") if sc else ""
+    lines += ["", f"- Nodes{screened}: {_effects(o, 12)}.",
+              f"- Faithfulness of the top k single nodes, a screen (k: share of the change kept with every "
+              f"other candidate corrupted): {_curve(o['faithfulness'])}.",
+              _circuit_line(o.get("circuit") or {})]
+    ep = o.get("edge_pass", {})
+    if ep:
+        of = f"; {ep['of']}" if ep.get("of") else ""
+        lines.append(f"- Edges ({ep.get('candidates', 0)} candidates{of}): {_fmt(o['edges'], 10)}.")
+    npass = o.get("neuron_pass", {})
+    if "metric" in npass:
+        lines.append(f"- Neurons writing `{npass['metric']}` (corruption `{o['corruption']}`, {npass['clean']:.4g} "
+                     f"clean -> {npass['corrupted']:.4g} corrupted; MLPs {npass['mlps']}, {npass['screen']}): "
+                     f"{_fmt(o['neurons'], 10)}; faithfulness within the confirmed (the share kept with only the top k of the "
+                     f"confirmed neurons clean, the rest of them corrupted): "
+                     f"{_curve(npass['faithfulness_within_confirmed'])}.")
+    elif npass.get("note"):
+        lines.append(f"- Neurons: {npass['note']}.")
+    return lines + _sink_lines(o) + [""]
+
+
+def _left_out_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """The later P0 onsets and the sink states away from P0 that were not analysed, and how to include them."""
+    s, lines = d.settings, []
+    left = (d.timing.get("onsets_left_out") or {}).get(tag) or []
+    if left:
+        more = sum(o["predicted_forwards"] for o in left)
+        lines += [f"Later onsets of the P0 norm ratio not patched (max_onsets={s['max_onsets']}): "
+                  + ", ".join(f"layer {o['layer']} ({o['ratio']:.3g}x)" for o in left)
+                  + f". `--max-onsets {s['max_onsets'] + len(left)}` (max_onsets={s['max_onsets'] + len(left)}) patches "
+                  f"them too: the cost model predicts {more:.0f} more forwards of the batch, about "
+                  f"{more * d.timing['forward_s']:.0f} s at this run's forward.", ""]
+    skipped = (d.timing.get("sinks_left_out") or {}).get(tag) or []
+    if skipped:
+        lines += [f"Sink states away from position 0 not analysed (`--max-sinks {s['max_sinks']}`): "
+                  + "; ".join(skipped) + ".", ""]
+    return lines
+
+
+def _variation_lines(d: AnalysisRecord, tag: str) -> list[str]:
+    """What changes at the first onset: every corruption on the same prompts, then other prompt lengths."""
+    v = d.variations.get(tag)
+    if not v:
+        return []
+    lines = [f"### What changes at layer {v['layer']}", "",
+             "Every corruption on the same prompts (metric `NormRatio` at this layer):", ""]
+    for name, c in v["corruption"].items():
+        if "error" in c:
+            text = c["error"]
+        else:
+            text = _signal(c) + "; " + (c.get("note") or (_effects(c) if c["signal"] else
+                                                          NEGATIVE_CONTROL if name in CONTROLS else
+                                                          "no signal: " + c["message"]))
+        lines.append(f"- corruption `{name}`: {text}")
+    chosen = v.get("chosen_corruption")
+    lines += ["", f"Other prompt lengths, each patched with the corruption chosen above (`{chosen}`):", ""]
+    for n, row in v["length"].items():
+        text = f"- {row.get('prompts', f'{n} tokens')}: {sink_rate_label()} = {row['sink_rate']:.3f}; stages " \
+               f"{_stages(row['norm_stages'])}"
+        if "metric" in row:
+            text += f"; corruption `{row['corruption']}`, {_signal(row)}; " + (
+                f"nodes {_effects(row)}" if row.get("signal") else "no signal")
+        lines.append(text)
+    return lines + [""]
+
+
+def _truth_lines(d: AnalysisRecord) -> list[str]:
+    """A planted model's circuit as planted (nothing for other models)."""
+    if isinstance(d.truth, Absent):
+        return []
+    return ["## Planted ground truth", "", "Nodes: " + ", ".join(d.truth["nodes"]),
+            "", "Edges: " + ", ".join(d.truth["edges"]), ""]
 
 STUDIES = (("reads", "What the sink reads (the P0 state edited after the onset)"),
            ("detection", "Detection (self-only attention in the first blocks)"),
@@ -460,7 +526,7 @@ def _onset_panels(d: AnalysisRecord, o: dict[str, Any]) -> Any:
 def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
     """HTML snippets per BOS setting (the P0 norm ratio and the strongest head's attention per layer,
     the alpha_0 heatmap) and per onset (its effect maps @0 and @rest with the faithfulness curve, and
-    its faithful circuit, static and interactive)."""
+    its faithful circuit, drawn once: an inline SVG that reads without a script, interactive with one)."""
     import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
     figs: dict[str, list[str]] = {}
@@ -496,20 +562,70 @@ def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
                                            threshold=d.settings["threshold"])
                 name = (f"{'faithful' if c['faithful'] else 'best (not faithful)'} circuit, layer-{o['layer']} onset"
                         + (f", {len(ec['edges'])} edges" if ec.get("edges") else ""))
-                figs[key].append(_img(_png(draw(circuit, truth, name)), name))
-                figs[key].append(f"<details open><summary>interactive circuit (hover, click a node)</summary>"
-                                 f"{to_html(circuit, truth, name)}</details>")
+                figs[key].append(f'<figure class="circuit" aria-label="{html.escape(name)}">{to_html(circuit, truth, name)}'
+                                 f"<figcaption>{CIRCUIT_HELP}</figcaption></figure>")
     return figs
 
 
+CIRCUIT_HELP = "Hover a node or an edge for its effect; click a node to highlight every path through it (the background resets)."
+"""The caption under each circuit in report.html: what the figure answers."""
+
+STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.4}"
+         "img,svg{max-width:100%;height:auto;display:block;margin:0.5em 0}code{background:#eee;padding:0 3px;"
+         "overflow-wrap:anywhere}li,p{overflow-wrap:anywhere}figure{margin:0.5em 0}figcaption{color:#555;font-size:0.9em}"
+         ".claim{border-left:4px solid #555;background:#f3f3f3;padding:0.5em 0.8em;font-size:1.1em}"
+         ".verdict{list-style:none;padding-left:0}.verdict li{margin:0.7em 0}"
+         ".verdict .answer{font-size:1.1em;font-weight:bold}.verdict .evidence{color:#333;font-size:0.92em;margin-left:1.5em}"
+         ".holds{color:#1a7f37}.fails{color:#c62828}.partially-supported{color:#9a5b00}.not-applicable{color:#666}")
+"""report.html's style sheet: the claim's answer boxed, each verdict part's answer bold and coloured above its
+evidence in plain type."""
+
+
 def report_html(data: Union[dict[str, Any], AnalysisRecord]) -> str:
-    """A self-contained page: the Markdown's content as HTML with the figures."""
+    """A self-contained page: the Markdown's content as HTML with the figures; the claim's answer and each part's
+    answer set apart from their evidence."""
     d = as_record(data, "the analysis")
     figs = _figures(d)
-    body = []
+    body = (_html(_head_lines(d), figs) + [_claim_html(d)] + _html([TERMS], figs) + _parts_html(d)
+            + _html(_body_lines(d), figs))
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+            f"<title>P0-sink analysis of {html.escape(d.model)}</title><style>{STYLE}</style></head><body>"
+            f"{''.join(body)}</body></html>")
+
+
+def _claim_html(d: AnalysisRecord) -> str:
+    """The claim's answer, boxed: each part's answer, then whether every part holds in bold."""
+    return (f'<p class="claim"><b>The paper\'s claim, part by part</b>: {_inline(html.escape(d.verdict["claim"]))}. '
+            f"<b>{_whole(d)}</b></p>")
+
+
+def _parts_html(d: AnalysisRecord) -> list[str]:
+    """The verdict part by part: the setting, letter and answer as a bold, coloured line, the evidence below it."""
+    parts = _parts(d)
+    if not parts:
+        return []
+    items = [f'<li><div class="answer">{html.escape(title)}, ({letter}) '
+             f'<span class="{_status_class(part)}">{_inline(html.escape(answer))}</span></div>'
+             f'<div class="evidence">{_inline(html.escape(part["evidence"]))}.</div></li>'
+             for title, letter, answer, part in parts]
+    return [f"<p>{_inline(html.escape(_parts_intro(d)))}</p>", '<ul class="verdict">', *items, "</ul>"]
+
+
+def _status_class(part: dict[str, Any]) -> str:
+    """A part's status as a CSS class (``holds``, ``fails``, ``partially-supported``, ``not-applicable``)."""
+    return re.sub(r"[^a-z]+", "-", str(part.get("status", "")).lower()).strip("-")
+
+
+def _html(lines: list[str], figs: dict[str, list[str]]) -> list[str]:
+    """Markdown lines as HTML (headings, paragraphs, bullet lists), each section's figures after its heading."""
+    body: list[str] = []
     current = ""
-    for line in markdown(d).split("\n"):
+    listing = False
+    for line in "\n".join(lines).split("\n"):
         text = _inline(html.escape(line))
+        if listing and not line.startswith("- "):
+            body.append("</ul>")
+            listing = False
         if line.startswith("### "):
             body.append(f"<h3>{text[4:]}</h3>")
             if line.startswith("### Onset at layer "):
@@ -522,25 +638,29 @@ def report_html(data: Union[dict[str, Any], AnalysisRecord]) -> str:
         elif line.startswith("# "):
             body.append(f"<h1>{text[2:]}</h1>")
         elif line.startswith("- "):
+            if not listing:
+                body.append("<ul>")
+                listing = True
             body.append(f"<li>{text[2:]}</li>")
         elif line:
             body.append(f"<p>{text}</p>")
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.4}"
-             "img,svg{max-width:100%;height:auto;display:block;margin:0.5em 0}code{background:#eee;padding:0 3px;"
-             "overflow-wrap:anywhere}li,p{overflow-wrap:anywhere}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
-            f"<title>P0-sink analysis of {html.escape(d.model)}</title><style>{style}</style></head><body>"
-            f"{''.join(body)}</body></html>")
+    return body + (["</ul>"] if listing else [])
 
 
 def _inline(text: str) -> str:
-    """Markdown ``code`` and **bold** as HTML."""
+    """Markdown ``code``, **bold** and *emphasis* as HTML (no emphasis inside code)."""
     out, parts = [], text.split("`")
     for i, part in enumerate(parts):
         out.append(f"<code>{part}</code>" if i % 2 else part)
     text = "".join(out)
     parts = text.split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    text = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    pieces = re.split(r"(<code>.*?</code>)", text)
+    return "".join(p if i % 2 else EMPHASIS.sub(r"<em>\1</em>", p) for i, p in enumerate(pieces))
+
+
+EMPHASIS = re.compile(r"(?<![\w*])\*([^\s*](?:[^*]*?[^\s*])?)\*(?![\w*])")
+"""Markdown's single-asterisk emphasis (``*onset*``); a lone ``*`` or one inside a word is left as it is."""
 
 
 def write_all(result: Any, out: Path) -> None:
