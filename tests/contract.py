@@ -81,7 +81,7 @@ def named(message: str, param: str, value: object) -> bool:
     pieces = {a.strip() for a in _atoms(value)} - {""}
     shown = ("={}", "({})", "got {}", "id {}", "[{}", "{!r}", "layer {}", "block {}", "position {}", "head {}")
     return any(_word(a, message) if not (len(a) == 1 or a.startswith("-") and len(a) == 2)
-               else any(_word(f.format(a), message) or f.format(a) in message for f in shown) for a in pieces)
+               else any(_word(f.format(a), message) for f in shown) for a in pieces)
 
 
 def _ours(err: Optional[BaseException]) -> bool:

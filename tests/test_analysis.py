@@ -161,7 +161,7 @@ def test_interrupted_analysis_resumes_without_redoing_steps(tmp_path, monkeypatc
     assert runs[0]["unit_s"] == round(unit, 4) and runs[1]["unit_s"] == resumed["timing"]["forward_s"]
     assert resumed["timing"]["slowdown"] == runs[1]["slowdown"] and resumed["timing"]["load_s"] is None
     assert strict_load(tmp_path / analysis_run.STATE)["steps"][analysis_run.UNIT]["seconds"] == unit  # kept
-    assert resumed["timing"]["report_s"] > 0 and "in 2 processes (resumed): 5 steps" in str(resumed)
+    assert resumed["timing"]["report_s"] > 0 and "in 2 processes (resumed), each timed against its own forward: 5 steps" in str(resumed)
     assert calls["faithfulness"] == 1  # the finished node step was read back, not run again
     fresh = analyze(pm, progress=False, bos=(False,), **SMALL)
     assert untimed(resumed["onsets"]) == untimed(fresh["onsets"]) and resumed["sinks"] == fresh["sinks"]

@@ -91,7 +91,8 @@ class Edit(Record):
     prompts_kept: Optional[float]
     """Share of those prompts whose own share is at least the keep line."""
     later_kept: Optional[float]
-    """The same share over the sink heads of every block after the onset (None: none there)."""
+    """The same share over the sink heads of every block after the onset, the window's block left out where it is
+    :attr:`SinkReads.scale_blind` (None: none there)."""
     per_block: list[float]
     """Mean alpha_0 over every head of each block after the onset."""
     sink_rate: float
@@ -111,7 +112,7 @@ class SinkReads(Record):
     sink_heads: list[str]
     """The window's sink heads (``A3.H0``: alpha_0 > eps in the clean run)."""
     later_heads: int
-    """Sink heads in every block after the onset."""
+    """Sink heads in every block after the onset (the window's block left out where it is scale-blind)."""
     uniform: float
     """alpha_0 of uniform causal attention on these prompts (the floor of the kept shares)."""
     dims: list[int]

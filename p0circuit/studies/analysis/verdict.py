@@ -156,8 +156,9 @@ def _circuit_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
     # changes the other positions (``@rest``) lowers the ratio's denominator but does not find position 0
     heads = [n for n in map(Node.parse, c["nodes"]) if n.kind in (Kind.HEAD, Kind.KV_HEAD)]
     at_p0 = any(n.layer == 0 and n.pos == 0 for n in heads)
-    if heads and not any(n.pos == 0 for n in heads):
-        used += " (its attention at the other positions only)"
+    if heads and not any(n.pos == 0 for n in heads):  # said right after the attention it qualifies
+        attn_said = used.split(" and MLPs")[0]
+        used = used.replace(attn_said, attn_said + " (at the other positions only)", 1)
     missing = ([] if at_p0 else ["no attention step at position 0 in block 0"]) + \
         ([] if mlp & PAPER_BLOCKS["mlp"] else ["no MLP of blocks 0-1"])
     if not outside and not missing:
@@ -270,25 +271,25 @@ def _reads_part(onset: Optional[dict[str, Any]]) -> dict[str, Any]:
         return _not_applicable(reads["reads"].split("(", 1)[1].rstrip(")"), reads["evidence"])
     first = reads.get("window") or []
     where = f"block {first[0]}" if len(first) == 1 else f"blocks {first[0]}-{first[-1]}" if first else "the first block after it"
-    text = (f"the first sink heads after the onset ({where}) read {reads['reads']}; the sink heads of all later blocks "
-            f"together read {reads['reads_later']} ({reads['evidence']})")
+    blind = bool(reads.get("scale_blind"))
+    text = (f"the first sink heads after the onset ({where}) read {reads['reads']}; the sink heads of all "
+            + ("blocks after it" if blind else "later blocks") + f" together read {reads['reads_later']} "
+            f"({reads['evidence']})")
     near, later = reads["reads"], reads["reads_later"]
-    if reads.get("scale_blind"):  # the first block after the onset cannot see the norm: the later blocks decide
+    if blind:  # the block right after the onset cannot see the norm: the blocks after it decide, as the later do below
         if later.startswith(("not applicable", "not measured")):
-            return _not_applicable("the block right after the onset cannot see the norm, and no later block was read",
-                                   text)
-        if later in ("the norm", "both"):
-            return {"status": HOLDS, "evidence": text + ": over the later blocks the heads need the norm, as the paper "
-                    "says (the block right after the onset reads the state through its normalization, blind to the norm)"}
-        return {"status": FAILS, "evidence": text + ": over the later blocks the heads read the state's direction and "
-                "not its norm (the block right after the onset cannot see the norm at all: its normalization removes "
-                "it), so 'the MLPs amplify the norm into a sink' does not describe what makes the sink here"}
+            return _not_applicable("the block right after the onset cannot see the norm, and no block after it holds a "
+                                   "sink head", text)
+        near = "the direction" if later in ("the norm", "both", "the direction") else later
     if near in ("the norm", "both"):
         return {"status": HOLDS, "evidence": text + ": the norm is what the sink needs, as the paper says"}
     if later in ("the norm", "both"):
         return {"status": PARTIAL, "partly": "the direction right after the onset; the norm over later blocks",
                 "evidence": text + ": the heads read the state's direction; its norm matters only by keeping that "
                 "direction through later blocks (the paper's stabilization), not as what the heads attend to"}
+    if near == "neither alone":
+        return {"status": FAILS, "evidence": text + ": neither the norm nor the direction alone is needed (each edit "
+                "alone keeps the attention), so the heads do not attend to the amplified norm as such"}
     return {"status": FAILS, "evidence": text + ": the heads read the state's direction and not its norm, so 'the MLPs "
             "amplify the norm into a sink' does not describe what makes the sink here; the amplification writes a "
             "fixed direction that the heads attend to"}
@@ -303,7 +304,9 @@ def judge(summary: dict[str, Any], row: Optional[dict[str, Any]], *, line: float
              "amplification": _amplification_part(row, threshold), "direction": _direction_part(summary, cos, bos),
              "reads": _reads_part(row)}
     onset = _onset(summary)
-    if parts["circuit"]["status"] == HOLDS and parts["sink"].get("found_at", "").startswith("position 0, "):
+    keyed_here = parts["sink"].get("found_at", "")
+    if parts["circuit"]["status"] == HOLDS and keyed_here.startswith(("position 0, keyed on its token",
+                                                                      "position 0, follows BOS")):
         # the circuit sits in the paper's blocks, but (a) found the state keyed on its token (or following BOS):
         # the circuit of a token's state, not of the paper's position-0 mechanism
         keyed = parts["sink"]["found_at"].removeprefix("position 0, ")

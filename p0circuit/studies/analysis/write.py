@@ -96,16 +96,19 @@ NEGATIVE_CONTROL = "no signal, which is what this negative control should show (
 def cost_line(t: dict[str, Any]) -> str:
     """What the steps cost, in words: seconds, the work counted in forwards of the batch, and the unit forward."""
     line = f"Measured in {t['seconds']:.0f} s of steps"
-    if t.get("slowdown") is not None:  # counted (p0circuit.patching.work); None when a resumed step was not counted
+    runs = t.get("processes") or []
+    if len(runs) > 1:  # a resumed analysis: each process' steps against its own forward, never one ratio for all
+        if t.get("forwards") is not None:
+            line += f", whose work counts {t['forwards']:.0f} forwards of the batch"
+        line += ", in " + str(len(runs)) + " processes (resumed), each timed against its own forward: " + "; ".join(
+            f"{p['steps']} steps, {p['seconds']:.0f} s" + (f" at {p['slowdown']:.2f}x the time their work predicts"
+                                                          if p.get("slowdown") else "")
+            + f" (one forward {p['unit_s'] * 1000:.0f} ms)" for p in runs)
+    elif t.get("slowdown") is not None:  # counted (p0circuit.patching.work); None when a resumed step was not counted
         line += (f", whose work counts {t['forwards']:.0f} forwards of the batch ({t.get('with_grad') or 0:.0f} of them "
                  f"with a backward); one forward took {t['forward_s'] * 1000:.0f} ms in the same run")
         if t["seconds"] > cost.SLOW_SECONDS:  # below it the steps are mostly Python's overhead: the ratio says nothing
             line += f", so the steps ran at {t['slowdown']:.2f}x the time that work predicts"
-    runs = t.get("processes") or []
-    if len(runs) > 1:  # a resumed analysis: each process' steps against its own forward
-        line += "; in " + str(len(runs)) + " processes (resumed): " + "; ".join(
-            f"{p['steps']} steps, {p['seconds']:.0f} s" + (f" at {p['slowdown']:.2f}x" if p.get("slowdown") else "")
-            + f" (one forward {p['unit_s'] * 1000:.0f} ms)" for p in runs)
     around = [f"{what} {t[key]:.1f} s" for key, what in (("import_s", "imports"), ("load_s", "loading the model"))
               if t.get(key)]
     if around:

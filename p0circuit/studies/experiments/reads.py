@@ -203,13 +203,15 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
     mean = clean.mean(0)  # (Llater, H)
     readers = set(first_readers([[0.0]] * (layer + 1) + mean.tolist(), layer, eps, window))
     heads = torch.tensor([[(l, h) in readers for h in range(mean.shape[1])] for l in later_layers])
-    later = mean > eps
+    blocks = sorted({l for l, _ in readers}) or [layer + 1]
+    # a window of the one block right after the onset, under a pre-norm: blind to the state's scale, so the "later"
+    # shares leave it out (else its arithmetic 1.00 would be pooled into what is to tell the norm from the direction)
+    blind = bool(readers) and blocks == [layer + 1] and scale_free_attention(model)
+    later = (mean > eps) & torch.tensor([not (blind and l == layer + 1) for l in later_layers])[:, None]
     u = uniform_alpha0(seq)
     records = {name: _edit_record(alpha[rows], clean, heads, later, u, eps, keep, loss[rows]) for name, rows in
                runs.items()}
     head_names = [f"A{later_layers[i]}.H{h}" for i, h in torch.nonzero(heads).tolist()]
-    blocks = sorted({l for l, _ in readers}) or [layer + 1]
-    blind = blocks[0] == layer + 1 and scale_free_attention(model)
     excess = records["clean"].attention - u if head_names else 0.0
     if not head_names or excess < MIN_EXCESS:
         why = (f"no head after block {layer} gives position 0 an alpha_0 above {eps:g}" if not head_names

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
-from p0circuit.core.args import entry_point
+from p0circuit.core.args import at_least, entry_point
 from p0circuit.core.io import out_file
 from p0circuit.measures import sink_report
 from p0circuit.core.entries import SPEC_FAMILIES
@@ -72,6 +72,8 @@ def survey(
     others; the ``prompts`` column says which each model got."""
     if not models:
         raise BadInputError("survey needs at least one model")
+    at_least("survey", "n_prompts", n_prompts, 1, "the prompts each model is measured on")
+    at_least("survey", "seq_len", seq_len, 2, "tokens per prompt: position 0 and at least one other")
     rows = []
     for name, (kind, model) in models.items():
         made = make_prompts(model, n_prompts, min(seq_len, model.cfg.n_ctx), source=prompts, seed=seed)
