@@ -160,3 +160,16 @@ def random_tokens(n, length, vocab, seed):
     import torch
 
     return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any model load fails the test: a refusal (of a damaged state, another version) must come first."""
+    from p0circuit.models import resolve
+    from p0circuit.studies.analysis import run as analysis_run
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was loaded before the analysis' inputs and state file were checked")
+
+    monkeypatch.setattr(resolve, "load_model", no_build)
+    monkeypatch.setattr(analysis_run, "load_model", no_build)

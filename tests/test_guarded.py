@@ -18,7 +18,6 @@ from p0circuit.core.circuits import prune
 from p0circuit.core.io import write_atomic
 from p0circuit.patching.work import Count
 from p0circuit.studies.analysis import AnalysisSettings, analyze
-from p0circuit.studies.analysis import run as analysis_run
 from p0circuit.studies.analysis.records import UNIT, AnalysisRecord
 from p0circuit.studies.analysis.settings import STATE, precheck
 from p0circuit.studies.analysis.write import markdown
@@ -197,17 +196,6 @@ def test_an_onset_row_keyed_on_a_string_is_refused_by_key_path(analysed):
     with pytest.raises(p0.ConfigError, match=r"onsets\['without_bos'\]\[0\]: its key keyed_on must be an object"):
         AnalysisRecord.from_dict(data)
 
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Any model load fails the test: a refusal must come first."""
-    from p0circuit.models import resolve
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the model was loaded before the state file was checked")
-
-    monkeypatch.setattr(resolve, "load_model", no_build)
-    monkeypatch.setattr(analysis_run, "load_model", no_build)
 
 
 @pytest.mark.parametrize("damage, said", [

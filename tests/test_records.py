@@ -32,17 +32,6 @@ def _write_state(tmp_path, **extra) -> None:
     (tmp_path / STATE).write_text(json.dumps({**extra, "header": _header(AnalysisSettings(**SMALL)), "steps": steps}))
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Any model load fails the test: a refusal must come first."""
-    from p0circuit.models import resolve
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("the model was loaded before the state file's version was checked")
-
-    monkeypatch.setattr(resolve, "load_model", no_build)
-    monkeypatch.setattr(analysis_run, "load_model", no_build)
-
 
 def test_a_state_without_a_version_is_refused_before_the_model_loads(tmp_path, no_model, capsys):
     _write_state(tmp_path)  # today's matching header and settings: only the version is wrong

@@ -252,7 +252,7 @@ class FirstTokens(Record):
     reference: str
     """What the ratio's denominator and the direction come from."""
     threshold: float
-    """The sink line on the ratio."""
+    """The onset line on the ratio (a norm ratio, not the alpha_0 sink line)."""
     cos: float
     """The line on the cosine."""
     quantiles: dict[str, float]
@@ -260,7 +260,7 @@ class FirstTokens(Record):
     cos_quantiles: dict[str, float]
     """Quantile -> the cosine there."""
     sinks: float
-    """Share of first tokens whose state reaches the sink line."""
+    """Share of first tokens whose state reaches the onset line."""
     aligned: float
     """Share of first tokens whose state's cosine reaches the line."""
     not_sinks: int
