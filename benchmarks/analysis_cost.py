@@ -5,8 +5,12 @@ and seconds beside the predicted forwards, and how far the progress bar's estima
 of the total time was from the real one when a quarter, half and three quarters of the time had passed
 (read from the estimate the analysis records every second, ``timing.eta``: p0circuit/studies/analysis/eta.py).
 
-    python benchmarks/analysis_cost.py                                  # SmolLM2, Gemma 3, Qwen2.5 (about 8 minutes)
+    python benchmarks/analysis_cost.py                                  # SmolLM2 (one onset, then both), Gemma 3, Qwen2.5 (about 10 minutes)
     python benchmarks/analysis_cost.py --models real:smollm2 --out DIR  # the runs are kept in DIR (the atlas reads them)
+
+A model entry may carry ``analyze`` options after it (``"real:smollm2 --max-onsets 2"``: both of SmolLM2's P0
+onsets). Each run gets torch's default OpenMP wait policy (``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` removed from
+its environment), as a user's would: a passive policy set for a busy machine costs a quiet one about 1.3x.
 """
 
 import argparse
@@ -53,14 +57,22 @@ def eta_errors(timing: dict) -> dict[str, float]:
     return out
 
 
-def measure(entry: str, out: Path) -> dict:
+ROWS = ("real:smollm2", "real:smollm2 --max-onsets 2", "real:gemma3", "real:qwen2.5")
+"""The analyses measured by default: each model's default, and SmolLM2 with its second P0 onset too."""
+POLICY = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+"""OpenMP settings removed from each run's environment (module docstring)."""
+
+
+def measure(row: str, out: Path) -> dict:
+    entry, *options = row.split()
+    env = {k: v for k, v in os.environ.items() if k not in POLICY}
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "p0circuit", "analyze", "--model", entry, "--out", str(out),
-                              "--fresh", "--quiet"], env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen([sys.executable, "-m", "p0circuit", "analyze", "--model", entry, *options, "--out", str(out),
+                              "--fresh", "--quiet"], env={**env, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL)
     _, status, _ = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode:
-        raise SystemExit(f"p0circuit analyze --model {entry} failed (exit status {child.returncode})")
+        raise SystemExit(f"p0circuit analyze --model {row} failed (exit status {child.returncode})")
     wall = time.perf_counter() - start
     d = json.loads((out / "analysis.json").read_text())
     t = d["timing"]
@@ -74,7 +86,8 @@ def measure(entry: str, out: Path) -> dict:
     for key, gib in mem["steps"].items():
         if gib is not None:  # None: not measured (not Linux)
             peak[kind(key)] = max(peak[kind(key)], gib)
-    return {"model": d["model"], "wall": wall, "weights_gib": mem["weights"], "load_gib": mem["at_start"],
+    onsets = d["settings"]["max_onsets"]
+    return {"model": d["model"] + (f", {onsets} P0 onsets" if onsets > 1 else ""), "wall": wall, "weights_gib": mem["weights"], "load_gib": mem["at_start"],
             "peak": dict(peak), "steps_s": t["seconds"], "forward_s": t["forward_s"],
             "measured": dict(measured), "predicted": dict(predicted), "seconds": dict(seconds), "eta": eta_errors(t),
             "counted": t["forwards"], "with_grad": t["with_grad"], "slowdown": t["slowdown"],
@@ -83,7 +96,7 @@ def measure(entry: str, out: Path) -> dict:
 
 def table(rows: list[dict], cond: Conditions) -> str:
     lines = [cond.header("analysis_cost.py") + " Each model analysed by `p0circuit analyze` in a fresh process "
-             "(the model read from the conversion cache). Forwards are *counted* (hooks on every block's attention "
+             "(the model read from the conversion cache; torch's default OpenMP wait policy). Forwards are *counted* (hooks on every block's attention "
              "and MLP and on the unembedding add up the rows each call runs, in forwards of the batch; a backward is "
              "not counted, the forward work done with gradients is: `p0circuit/patching/work.py`); predicted: the "
              "cost model, before the step ran; the steps' seconds over what the counted work (backwards at twice "
@@ -114,14 +127,14 @@ def table(rows: list[dict], cond: Conditions) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["real:smollm2", "real:gemma3", "real:qwen2.5"])
+    ap.add_argument("--models", nargs="+", default=list(ROWS), help="model entries, each with analyze options after it")
     ap.add_argument("--out", type=Path, default=Path("runs/analysis_cost"))
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/performance.md")
     args = ap.parse_args()
     rows = []
     with Conditions() as cond:
         for entry in args.models:
-            rows.append(measure(entry, args.out / entry.replace(":", "-")))
+            rows.append(measure(entry, args.out / "-".join(entry.replace(":", "-").replace("--", "").split())))
             print(json.dumps(rows[-1], default=float))
     publish("docs/performance.md", "analysis-cost", table(rows, cond))
 

@@ -573,3 +573,18 @@ def test_each_step_records_its_own_peak_memory(planted, monkeypatch):
     assert mem["weights"] >= weights
     others = [v for k, v in mem["steps"].items() if k != "without_bos/sinks"]
     assert others and mem["steps"]["without_bos/sinks"] >= max(others) + 0.3  # 0.37 GiB held; a carried peak: 0
+
+
+def test_a_later_p0_onset_samples_its_first_tokens():
+    """The first P0 onset of each BOS setting maps ``first_tokens``; a later one ``later_first_tokens`` (at most
+    ``first_tokens``; 0: as ``first_tokens``), and the cost model predicts the map it runs."""
+    from p0circuit.studies.analysis.run import _first_token_count
+    plans = {False: [{"where": "P0", "layer": 2}, {"where": "P0", "layer": 11}],
+             True: [{"where": "first ','", "layer": 1}, {"where": "P0", "layer": 5}]}
+    s = p0.AnalysisSettings()
+    assert [_first_token_count(plans, layer, s) for layer in (2, 5, 11)] == [65536, 65536, 8192]
+    assert _first_token_count(plans, 11, p0.AnalysisSettings(first_tokens=1000)) == 1000
+    assert _first_token_count(plans, 11, p0.AnalysisSettings(later_first_tokens=0)) == 65536
+    assert _first_token_count(plans, 11, p0.AnalysisSettings(first_tokens=0)) == 8192
+    with pytest.raises(p0.ConfigError, match="later_first_tokens"):
+        p0.AnalysisSettings(later_first_tokens=-1)

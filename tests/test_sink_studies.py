@@ -14,6 +14,8 @@ the P0 state, against transformers' own modules.
 * Every first token: the position-keyed plant makes every first token a sink; the BOS-keyed one only its BOS token.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -200,3 +202,29 @@ def test_uniform_attention_baseline():
 def test_super_weights_refuses_a_question_it_cannot_answer(planted, layer, neurons, said):
     with pytest.raises(p0.BadInputError, match=said):
         p0.super_weights(planted.model, prompts(planted), layer, neurons, [planted.layout.one("sink")], bos=False)
+
+
+def test_a_sampled_first_token_map_gives_its_share_an_interval(planted_models):
+    """Sampled (``most``), the share of first tokens that become sink states carries its 95% Wilson interval over the
+    random draws; the BOS plant makes it checkable: only its BOS token is a sink, and the draws are its other tokens."""
+    pm = planted_models("bos")
+    onset = pm.spec.circuit_layer + 1
+    full = p0.first_token_map(pm.model, prompts(pm), onset)
+    assert full.sinks_interval is None and full.vocab == pm.spec.d_vocab
+    most = pm.spec.d_vocab // 2
+    part = p0.first_token_map(pm.model, prompts(pm), onset, most=most, seed=3)
+    assert most <= part.vocab < pm.spec.d_vocab and "95% interval over the" in part.evidence
+    low, high = part.sinks_interval
+    assert 0.0 <= low < high <= 1.0 and low <= 1 / pm.spec.d_vocab * 4  # almost no draw is a sink here
+
+
+def test_the_wilson_interval():
+    from p0circuit.measures.spread import share_interval
+    low, high = share_interval(0, 10)  # the textbook case: 0 of 10 -> [0, 0.278]
+    assert low == 0.0 and abs(high - 0.27753) < 1e-4
+    low, high = share_interval(8150, 8192)
+    assert low < 8150 / 8192 < high and high - low < 0.004
+    for hits, n, said in ((3, 2, "hits <= draws"), (-1, 4, "hits=-1"), (1, 0, "draws"), (1.5, 4, "hits=1.5"),
+                          (True, 4, "hits=True")):
+        with pytest.raises(p0.BadInputError, match=re.escape(said)):
+            share_interval(hits, n)

@@ -1,6 +1,7 @@
 """Issue 30: one test per silent bug and per held-out input it names, each failing on the code before
 the fix. The numbers are held to the oracle (``tests/oracle.py``, plain TransformerLens hooks)."""
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -428,3 +429,21 @@ def test_neuron_ops_share_one_value_per_hook(planted, monkeypatch, corruption, d
     ops = made[:len(neurons)]
     storages = {op.value.untyped_storage().data_ptr() for op in ops}
     assert len(ops) == len(neurons) > 2 * 8 and len(storages) == 2, (len(ops), len(storages))  # one per MLP
+
+
+def test_triage_patches_included_nodes_exactly_whatever_their_estimate(planted):
+    """``include``: nodes known from another pass are patched exactly even when attribution ranks them last; the
+    exact value is activation patching's; a node that is not a candidate is refused before any work."""
+    from p0circuit.patching.methods.triage import triage_patch
+
+    toks = p0.regular_prompts(torch.randint(0, 32, (8, 16), generator=torch.Generator().manual_seed(0)))
+    kw = dict(corruption="shift", metric=p0.NormRatio(1), min_signal=0)
+    plain = triage_patch(planted.model, toks, top=1, sample=0, **kw)
+    last = min((n for n, v in plain.settings["estimates"].items() if math.isnan(plain.normalized[n])),
+               key=lambda n: abs(plain.settings["estimates"][n]))  # the weakest estimate: unexamined without include
+    tri = triage_patch(planted.model, toks, top=1, sample=0, include=[last], **kw)
+    exact = p0.activation_patch(planted.model, toks, **kw)
+    assert tri.settings["triage"]["included"] == 1 and close(tri.normalized[last], exact.normalized[last])
+    assert tri.settings["triage"]["unexamined"] == plain.settings["triage"]["unexamined"] - 1
+    with pytest.raises(p0.BadInputError, match="not among the candidates"):
+        triage_patch(planted.model, toks, nodes=["M0@0", "M1@0"], top=1, sample=0, include=["A0.H0@0"], **kw)

@@ -1,6 +1,7 @@
 """Spread over prompts: bootstrap intervals for means and ratios of means of per-prompt values.
 
-A mean over 8 prompts carries no spread. :func:`interval` resamples the prompts with replacement (``n`` times,
+A mean over 8 prompts carries no spread. :func:`share_interval` is the 95% Wilson interval of a share counted over a
+random sample (a sampled vocabulary's tokens that become sink states). :func:`interval` resamples the prompts with replacement (``n`` times,
 seeded) and returns the 2.5% and 97.5% quantiles of the statistic: for a mean, of the resampled means; for a
 share of a change (faithfulness, an effect), of the ratio of the resampled means, which stays finite where a
 single prompt's own change is small (the per-prompt ratio can explode there). :func:`cosine_interval` does the
@@ -12,12 +13,33 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
 
 RESAMPLES = 1000
 """Bootstrap resamples per interval."""
 CHUNK = 50
 """Resamples of a pairwise-cosine interval computed at once."""
+
+
+Z95 = 1.959963984540054
+"""The standard normal's 97.5% quantile: a two-sided 95% interval."""
+
+
+@entry_point
+def share_interval(hits: int, draws: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of the share ``hits / draws`` of a random sample (Wilson, 1927): it stays inside
+    [0, 1] and keeps its width where the share is near 0 or 1, where the normal approximation collapses to a point."""
+    for name, value in (("hits", hits), ("draws", draws)):
+        if value < 0:
+            raise BadInputError(f"share_interval: {name}={value!r} must be a whole number >= 0")
+    if draws < 1 or hits > draws:
+        raise BadInputError(f"share_interval: needs 0 <= hits <= draws and draws >= 1, got hits={hits}, draws={draws}")
+    n = draws
+    p, z2 = hits / n, Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5 / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _draws(n: int, resamples: int, seed: int) -> Tensor:

@@ -261,6 +261,9 @@ class FirstTokens(Record):
     """Quantile -> the cosine there."""
     sinks: float
     """Share of first tokens whose state reaches the onset line."""
+    sinks_interval: Optional[list[float]]
+    """Where the vocabulary was sampled: the 95% Wilson interval of that share over the randomly drawn tokens (the
+    special tokens and the prompts' first tokens, always measured, left out of it); None: every token measured."""
     aligned: float
     """Share of first tokens whose state's cosine reaches the line."""
     not_sinks: int

@@ -51,28 +51,39 @@ def triage_patch(
     top: int = 20,
     sample: int = 20,
     seed: int = 0,
+    include: Sequence[Union[Node, str]] = (),
     options: PatchOptions,
 ) -> PatchResult:
     """Attribution over ``nodes`` (default :func:`candidate_nodes`), exact activation patching of
-    the ``top`` by estimate and of ``sample`` others drawn with ``seed`` (see the module docstring).
-    Both passes share one job: the clean and corrupted runs are cached once."""
+    the ``top`` by estimate, of ``include`` whatever their estimate (nodes known to matter from another
+    measurement: attribution can rank a node that matters far down, see the module docstring), and of
+    ``sample`` others drawn with ``seed``. Both passes share one job: the clean and corrupted runs are
+    cached once."""
     for name, value in (("top", top), ("sample", sample)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
     job = PatchJob(model, tokens, options)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
+    forced = parse_nodes(include) if include else []
+    stray = [n.name for n in forced if n not in set(node_list)]
+    if stray:
+        raise BadInputError(f"include names {len(stray)} node(s) that are not among the candidates ({', '.join(stray[:4])}"
+                            + ("..." if len(stray) > 4 else "") + "): include only candidate nodes")
     approx = attribute(job, node_list, min_signal=0.0)  # every estimate, whatever the signal
     live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     base = job.base_metric
     ranked = sorted(live, key=lambda n: -abs(approx.raw[n.name] - base))
-    chosen, rest = ranked[:top], ranked[top:]
+    chosen = ranked[:top]
+    chosen += [n for n in forced if n in set(live) and n not in set(chosen)]
+    rest = [n for n in ranked if n not in set(chosen)]
     sampled = random.Random(seed).sample(rest, min(sample, len(rest)))
     exact = patch_nodes(job, chosen + sampled or node_list[:1], candidates=node_list)  # normalized against every candidate
     unexamined = len(rest) - len(sampled)
     seen = [abs(exact.normalized[n.name]) for n in sampled if not math.isnan(exact.normalized[n.name])]
     mean_seen = sum(seen) / len(seen) if seen else math.nan
     notable = sum(v >= NOTABLE for v in seen)
-    report = {"candidates": len(node_list), "reachable": len(live), "exact_top": len(chosen), "sampled": len(sampled),
+    report = {"candidates": len(node_list), "reachable": len(live), "exact_top": min(top, len(ranked)),
+              "included": len(chosen) - min(top, len(ranked)), "sampled": len(sampled),
               "unexamined": unexamined, "sample_max_abs_effect": max(seen, default=math.nan),
               "sample_mean_abs_effect": mean_seen, "sample_notable": notable,
               "estimated_missed_abs_effect": mean_seen * unexamined if seen else (0.0 if not unexamined else math.nan)}
@@ -87,7 +98,7 @@ def triage_patch(
             raw[n.name], normalized[n.name] = base, (0.0 if exact.signal else math.nan)
     message = exact.message
     if notable:
-        message = (f"{notable} of {len(sampled)} sampled nodes outside the top {len(chosen)} have |effect| >= {NOTABLE}: "
+        message = (f"{notable} of {len(sampled)} sampled nodes outside the {len(chosen)} patched first have |effect| >= {NOTABLE}: "
                    "the triage may have missed components; raise top (or use method='activation')")
     return PatchResult(
         method="triage", level="node", corruption=exact.corruption, metric=exact.metric, direction=job.direction,

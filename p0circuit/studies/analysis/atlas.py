@@ -241,7 +241,9 @@ def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
                              f"{zero['norm_ratio']:.3g}, loss {w['clean']['loss']:.2f} -> {zero['loss']:.2f}"))
             f = d.first_tokens.get(str(o["layer"]))
             first = ("" if f is None else getattr(f, "error", "") if not hasattr(f, "sinks") else
-                     f"{f.sinks:.1%} of {f.vocab} become sink states ({f.not_sinks} do not)")
+                     f"{f.sinks:.1%} of {f.vocab} become sink states ({f.not_sinks} do not)"
+                     + ("" if f.sinks_interval is None else
+                        f"; a sample: 95% interval {f.sinks_interval[0]:.1%}-{f.sinks_interval[1]:.1%}"))
             out.append("| " + " | ".join(x.replace("|", "\\|") for x in [d.model, title, reads, detection, sink, weight,
                                                                           first]) + " |")
     return out

@@ -111,10 +111,10 @@ def special(model: Any, tokens: int) -> float:
     return float(tokens)
 
 
-def first_tokens(model: Any, layer: int, settings: Any) -> float:
-    """Forwards of the first-token map at ``layer``: every vocabulary id once, up to the onset, in units of the
-    batch's tokens."""
-    tokens = min(model.cfg.d_vocab, settings.first_tokens or model.cfg.d_vocab)
+def first_tokens(model: Any, layer: int, settings: Any, most: int) -> float:
+    """Forwards of the first-token map at ``layer`` of ``most`` vocabulary ids (0: every one), each once, up to the
+    onset, in units of the batch's tokens."""
+    tokens = min(model.cfg.d_vocab, most or model.cfg.d_vocab)
     return block_cost(model) * (layer + 1) * tokens / (settings.n_prompts * settings.length)
 
 

@@ -27,7 +27,7 @@ from p0circuit.studies.findings import (
     Unmeasured, Weight,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of ``analysis.json`` and ``analysis.state.json`` this p0circuit writes, and the only one it reads.
 Bump it when a key of a record (or of a step's value in the state) is added, removed, renamed or changes
 meaning (docs/contributing.md)."""

@@ -86,11 +86,13 @@ class AnalysisSettings:
     """Neurons confirmed by exact patching per onset (the strongest integrated-gradient estimates)."""
     ig_steps: int = 4
     """Integrated-gradient points per MLP in the neuron screen."""
-    exact_nodes: int = 256
+    exact_nodes: int = 200
     """Candidate nodes above which an onset is screened by attribution patching first (0: never). A screened
     onset ranks every candidate by attribution patching and patches exactly the strongest estimates and a random
     sample (:func:`~p0circuit.studies.analysis.steps.screened`); the rest report no effect. The circuit search is
-    exact either way and corrupts every candidate outside its circuit."""
+    exact either way and corrupts every candidate outside its circuit. An exact pass grows with the square of the
+    onset's depth, a screened one linearly: at 200, SmolLM2's block-11 onset (240 candidates) is screened, every
+    onset of Gemma 3 and Qwen2.5 (at most 182) is not; docs/performance.md gives the screen's measured recall."""
     max_edges: int = 128
     """Candidate edges of a faithful circuit up to which its edges are pruned as a set (each evaluation is a
     forward up to the onset); above it they are measured one by one only, and the record says so."""
@@ -99,17 +101,23 @@ class AnalysisSettings:
     seed: int = 0
     """Seed of the prompts and of the random corruptions."""
     first_tokens: int = 65536
-    """Vocabulary tokens run as first tokens at each P0 onset: every token of a vocabulary no larger, else that many
-    drawn with the seed (the special tokens and the prompts' first tokens always among them); 0: every token."""
+    """Vocabulary tokens run as first tokens at the first P0 onset of each BOS setting: every token of a vocabulary no
+    larger, else that many drawn with the seed (the special tokens and the prompts' first tokens always among them);
+    0: every token."""
+    later_first_tokens: int = 8192
+    """Vocabulary tokens run as first tokens at a later P0 onset (``--max-onsets 2``), drawn the same way, at most
+    ``first_tokens``; the share that becomes a sink state is then given with its 95% interval (0: as ``first_tokens``).
+    A map costs its onset's depth per token: SmolLM2's block-11 map runs 12 blocks per token against 3 at block 2, and
+    of every token it was the longest single step of a two-onset analysis (docs/performance.md)."""
     spread_prompts: int = 64
     """Prompts the first P0 onset's headline numbers are measured again on, with 95% bootstrap intervals and per-prompt
     minima (drawn with seed + 1; 0: not measured)."""
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "length", "max_onsets", "max_sinks", "neurons_keep", "ig_steps", "exact_nodes", "max_edges",
-                     "seed", "spread_prompts", "first_tokens"):
+                     "seed", "spread_prompts", "first_tokens", "later_first_tokens"):
             value = getattr(self, name)
-            low = 0 if name in ("seed", "exact_nodes", "max_sinks", "first_tokens") else \
+            low = 0 if name in ("seed", "exact_nodes", "max_sinks", "first_tokens", "later_first_tokens") else \
                 (2 if name in ("n_prompts", "length") else 1)
             if name == "spread_prompts":
                 if value == 0:

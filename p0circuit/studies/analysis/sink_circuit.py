@@ -80,8 +80,10 @@ def sink_circuit(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, 
     """The circuit of the attention ``heads`` (the sink heads after the onset at block ``layer``) give P0, found with
     ``corruption`` as the module docstring says; ``norm_nodes``: the onset's norm circuit, compared with it."""
     blocks = sorted({l for l, _ in heads})
+    # screened, the norm circuit's nodes are patched exactly whatever attribution says: attribution at P0's massive
+    # state can rank the node that matters most far down (SmolLM2 with BOS, block 12: A2.H2@0, +0.69, missed without)
     res, found = steps.nodes(model, tokens, bos, corruption, AttnToP0(heads=heads), max(blocks), threshold,
-                             exact_nodes, seed)
+                             exact_nodes, seed, include=norm_nodes, included="the norm circuit's nodes")
     circuit = steps.circuit(res, max_edges, require_denoising=False)  # the corrupted run's own sink: module docstring
     nodes = circuit.get("nodes") or []
     rates = _rates(model, tokens, bos, corruption, blocks, eps, list(res.raw), nodes if "nodes" in circuit else None)

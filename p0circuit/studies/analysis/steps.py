@@ -133,23 +133,30 @@ def onset_nodes(model: Any, layer: int, corruption: Corruption, at: int = 0) -> 
 
 
 def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
-          threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0) -> tuple[PatchResult, dict[str, Any]]:
+          threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0,
+          include: Sequence[str] = (), included: str = "named nodes") -> tuple[PatchResult, dict[str, Any]]:
     """Activation patching of :func:`onset_nodes` with ``metric``: of every one, or, when there are more than
-    ``exact_nodes`` (> 0), of the :data:`SCREEN_TOP` strongest attribution estimates and :data:`SCREEN_SAMPLE`
+    ``exact_nodes`` (> 0), of the :data:`SCREEN_TOP` strongest attribution estimates, of the candidates among
+    ``include`` (nodes another pass found, patched exactly whatever their estimate; ``included`` names them in the
+    record) and of :data:`SCREEN_SAMPLE`
     others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
     unexamined: no effect is reported for them, and a circuit search over the result still corrupts them)."""
     t = time.perf_counter()
     cands = onset_nodes(model, layer, corruption, at)
     screen: dict[str, Any] = {}
     if screened(len(cands), exact_nodes):
+        known = set(cands)
+        forced = [n for n in include if Node.parse(n) in known]
         res = triage_patch(model, tokens, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed,
-                           corruption=corruption, metric=metric, bos=bos)
+                           include=forced, corruption=corruption, metric=metric, bos=bos)
         tri = res.settings["triage"]
         screen = {"how": f"attribution patching over all {len(cands)} candidates (one forward and backward), then "
-                         f"exact activation patching of the {tri['exact_top']} strongest estimates and of "
-                         f"{tri['sampled']} others drawn at random; {tri['unexamined']} unexamined",
+                         f"exact activation patching of the {tri['exact_top']} strongest estimates, "
+                         + (f"of {tri['included']} more, {included}, " if tri["included"] else "")
+                         + f"and of {tri['sampled']} others drawn at random; {tri['unexamined']} unexamined",
                   **{k: ((round(v, 4) if math.isfinite(v) else None) if isinstance(v, float) else v) for k, v in tri.items()
-                     if k in ("exact_top", "sampled", "unexamined", "sample_max_abs_effect", "sample_notable")}}
+                     if k in ("exact_top", "included", "sampled", "unexamined", "sample_max_abs_effect",
+                              "sample_notable")}}
     else:
         res = activation_patch(model, tokens, nodes=cands, corruption=corruption, metric=metric, bos=bos)
     return res, {"corruption": res.corruption, "corruption_params": res.settings.get("corruption_params", {}),

@@ -22,6 +22,7 @@ from p0circuit.core.args import above_one, entry_point
 from p0circuit.core.defaults import DIRECTION_COS, NORM_THRESHOLD
 from p0circuit.core.errors import BadInputError
 from p0circuit.studies.findings import TokenPoint, FirstTokens
+from p0circuit.measures.spread import share_interval
 from p0circuit.measures.positions import token_text
 from p0circuit.models.checks import check_block, check_model
 from p0circuit.models.tokens import check_tokens, special_ids
@@ -67,6 +68,7 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
         full = int(model.cfg.d_vocab)
         firsts = list(dict.fromkeys(int(t) for t in reference[:, 0].tolist()))
         every = torch.arange(full)
+        drawn = every
         if most and full > most:
             drawn = torch.randperm(full, generator=torch.Generator().manual_seed(seed))[:most]
             every = torch.unique(torch.cat([drawn, torch.tensor(special_ids(model) + firsts, dtype=torch.long)]))
@@ -92,12 +94,16 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
 
     q = torch.tensor(QUANTILES)
     below = ratios < threshold
+    interval = None
+    if vocab < full:  # sampled: the share's interval over the random draws only (the always-measured ones are no sample)
+        hits = int((~below[torch.tensor([where[int(t)] for t in drawn.tolist()])]).sum())
+        interval = [round(v, 6) for v in share_interval(hits, len(drawn))]
     record = dict(
         layer=layer, vocab=vocab, of=full, reference=f"{reference.shape[0]} prompts x {reference.shape[1]} tokens (no BOS): "
         "the ratio's denominator is their ordinary positions' mean norm, the direction their P0 states' mean direction",
         threshold=threshold, cos=cos, quantiles={f"{x:g}": float(v) for x, v in zip(QUANTILES, ratios.quantile(q))},
         cos_quantiles={f"{x:g}": float(v) for x, v in zip(QUANTILES, cosines.quantile(q))},
-        sinks=float((~below).float().mean()), aligned=float((cosines >= cos).float().mean()),
+        sinks=float((~below).float().mean()), sinks_interval=interval, aligned=float((cosines >= cos).float().mean()),
         not_sinks=int(below.sum()), lowest=[point(int(i)) for i in order[:NAMED]],
         special=[point(where[i]) for i in special_ids(model)][:NAMED], prompts=[point(where[i]) for i in firsts][:NAMED])
     low = record["lowest"]
@@ -107,7 +113,8 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
          "tokens among them)") + f" as a one-token prompt: after block {layer} its P0 state's norm ratio "
         f"(over the reference prompts' ordinary positions) has median {record['quantiles']['0.5']:.3g}, 1% quantile "
         f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of first "
-        f"tokens reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
+        f"tokens" + (f" (95% interval over the {len(drawn)} drawn: {interval[0]:.1%}-{interval[1]:.1%})" if interval else "")
+        + f" reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
         f"prompts' P0 direction; {record['not_sinks']} do not become sink states"
         + (f" (the lowest: {', '.join(f'{p.text!r} {p.ratio:.2f}' for p in low[:5])})" if record["not_sinks"] else ""))
     return FirstTokens(**record)
