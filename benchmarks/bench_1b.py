@@ -106,17 +106,18 @@ def recall_of_the_screen(model, result: dict, say) -> None:
     that the screen's exact top kept (recall), and both times."""
     from p0circuit.patching import NormRatio
     from p0circuit.patching.corruptions import get_corruption
+    from p0circuit.patching.inputs import Setup
     from p0circuit.studies.analysis import run as analysis_run, steps
 
     s, onset = result["settings"], next((o for v in result["onsets"].values() for o in v if o["where"] == "P0"), None)
     if onset is None or not onset.get("screen"):
         return
     toks = analysis_run.prompts(model, s["n_prompts"], s["length"], False, s["seed"])
-    corruption, metric = get_corruption(onset["corruption"], seed=s["seed"]), NormRatio(onset["layer"])
+    setup = Setup.of(model, toks, corruption=get_corruption(onset["corruption"], seed=s["seed"]),
+                     metric=NormRatio(onset["layer"]), bos=False)
     kw = dict(layer=onset["layer"], threshold=s["threshold"], seed=s["seed"])
-    full_s, (full, _) = timed(lambda: steps.nodes(model, toks, False, corruption, metric, exact_nodes=0, **kw))
-    screen_s, (screened, _) = timed(lambda: steps.nodes(model, toks, False, corruption, metric,
-                                                        exact_nodes=s["exact_nodes"], **kw))
+    full_s, (full, _) = timed(lambda: steps.nodes(setup, exact_nodes=0, **kw))
+    screen_s, (screened, _) = timed(lambda: steps.nodes(setup, exact_nodes=s["exact_nodes"], **kw))
     truth, kept = set(full.kept(s["threshold"])), set(screened.kept(s["threshold"]))
     missed = max((abs(full.normalized[n]) for n, v in screened.normalized.items() if v != v), default=0.0)
     say(f"the node screen at block {onset['layer']} against exact patching of all {len(full.raw)} candidates: it kept "

@@ -419,8 +419,8 @@ def screen_recall(model, toks, bos, layer, dim, mlps, keep=32, steps=4, threshol
     from p0circuit.patching import NormRatio, ResidDim, get_corruption
     from p0circuit.studies.analysis import steps as analysis_steps  # (the analysis' own choice of corruption)
 
-    corruption = (analysis_steps.choose(model, toks, bos, ("swap", "shift"), NormRatio(layer), seed=0)[0] if bos
-                  else get_corruption("shift"))
+    corruption = (analysis_steps.choose(p0.Setup.of(model, toks, corruption="shift", metric=NormRatio(layer), bos=bos),
+                                        ("swap", "shift"), seed=0)[0].corruption if bos else get_corruption("shift"))
     cands = p0.candidate_neurons(model, mlps, positions=(0,))
     metric = ResidDim(layer, dim)
     kw = dict(nodes=cands, corruption=corruption, metric=metric, bos=bos)

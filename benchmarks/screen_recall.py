@@ -33,11 +33,11 @@ LAYER = 11
 
 def case(model, toks, bos, corruption, label, metric, depth, s, include=()):
     t = time.perf_counter()
-    exact, _ = steps.nodes(model, toks, bos, corruption, metric, depth, s.threshold, 0, s.seed)
+    setup = p0.Setup.of(model, toks, corruption=corruption, metric=metric, bos=bos)
+    exact, _ = steps.nodes(setup, depth, s.threshold, 0, s.seed)
     t_exact = time.perf_counter() - t
     t = time.perf_counter()
-    screened, summary = steps.nodes(model, toks, bos, corruption, metric, depth, s.threshold, s.exact_nodes, s.seed,
-                                    include=include)
+    screened, summary = steps.nodes(setup, depth, s.threshold, s.exact_nodes, s.seed, include=include)
     t_screen = time.perf_counter() - t
     if not summary["screen"]:
         raise SystemExit(f"{label}: {summary['candidates']} candidates are not screened at exact_nodes={s.exact_nodes}")
@@ -66,8 +66,9 @@ def measure(s):
     rows = []
     for bos in (False, True):
         toks = run.prompts(model, s.n_prompts, s.length, bos, s.seed)
-        corruption = (steps.choose(model, toks, bos, ("swap", "shift"), p0.NormRatio(LAYER), s.seed)[0] if bos
-                      else steps.get_corruption("shift", seed=s.seed))
+        shift = p0.Setup.of(model, toks, corruption=steps.get_corruption("shift", seed=s.seed), metric=p0.NormRatio(LAYER),
+                            bos=bos)
+        corruption = steps.choose(shift, ("swap", "shift"), s.seed)[0].corruption if bos else shift.corruption
         alpha = steps.sinks(model, toks, bos, s.norm_threshold)[1]["alpha"]
         heads = first_readers(alpha, LAYER, SINK_EPS)
         rows.append(case(model, toks, bos, corruption, f"norm ratio at block {LAYER}", p0.NormRatio(LAYER), LAYER, s))
@@ -82,7 +83,7 @@ def table(rows, cond, s) -> str:
            f"its corruption (shift without BOS; with BOS the one it chooses), the onset at block {LAYER}; the screen: "
            f"attribution over every candidate, then exact patching of the {steps.SCREEN_TOP} strongest estimates and "
            f"{steps.SCREEN_SAMPLE} others drawn at random (for the sink's attention, as in the analysis, also the norm "
-           "circuit's nodes: the count in brackets); kept: |normalized effect| >= {s.threshold}. Circuits: "
+           f"circuit's nodes: the count in brackets); kept: |normalized effect| >= {s.threshold}. Circuits: "
            "the faithful-circuit search on each result (size, faithfulness; * faithful within the 20-node budget).", "",
            "| case | candidates | exact keeps | screen keeps | recall | kept nodes it missed (exact effect) | largest exact "
            "effect unexamined | time exact / screen | circuit on exact | circuit on screen | nodes shared |",

@@ -9,7 +9,9 @@
   is refused before the model is built; every file is strict JSON.
 """
 
+import functools
 import json
+import types
 
 import pytest
 import torch
@@ -261,7 +263,7 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
     # the oracle's corruptions spell out their filler and swap token: the same ones here
     chosen = {"swap": p0.Swap(position=0, token=O.FILLER), "shift": p0.Shift(filler=(O.FILLER,))}.get(
         corruption) or get_corruption(corruption)
-    res, _ = steps.nodes(pm.model, toks, bos, chosen, p0.NormRatio(layer), layer, 0.1)
+    res, _ = steps.nodes(p0.Setup.of(pm.model, toks, corruption=chosen, metric=p0.NormRatio(layer), bos=bos), layer, 0.1)
     found = p0.faithful_circuit(res)
     truth = {n.name for n in pm.truth.writers}
     if variant == "layer2":  # see below: block 0-1 content heads also write at P0, how much depends on the filler
@@ -495,7 +497,8 @@ def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_ev
     monkeypatch.setattr(steps, "SCREEN_SAMPLE", 2)
     toks = analysis_run.prompts(model, 8, 16, False, 0)
     corruption = p0.Shift(filler=(O.FILLER,))
-    res, out = steps.nodes(model, toks, False, corruption, p0.NormRatio(layer), layer, 0.1, exact_nodes=3, seed=0)
+    res, out = steps.nodes(p0.Setup.of(model, toks, corruption=corruption, metric=p0.NormRatio(layer), bos=False), layer,
+                           0.1, exact_nodes=3, seed=0)
     cands = [n.name for n in steps.onset_nodes(model, layer, corruption)]
     assert out["screen"]["exact_top"] == 3 and out["screen"]["sampled"] == 2
     assert out["screen"]["unexamined"] == len(cands) - 5
@@ -575,16 +578,22 @@ def test_each_step_records_its_own_peak_memory(planted, monkeypatch):
     assert others and mem["steps"]["without_bos/sinks"] >= max(others) + 0.3  # 0.37 GiB held; a carried peak: 0
 
 
-def test_a_later_p0_onset_samples_its_first_tokens():
+def test_a_later_p0_onset_samples_its_first_tokens(monkeypatch):
     """The first P0 onset of each BOS setting maps ``first_tokens``; a later one ``later_first_tokens`` (at most
     ``first_tokens``; 0: as ``first_tokens``), and the cost model predicts the map it runs."""
+    from p0circuit.studies.analysis import cost
     from p0circuit.studies.analysis.run import _first_token_count
     plans = {False: [{"where": "P0", "layer": 2}, {"where": "P0", "layer": 11}],
              True: [{"where": "first ','", "layer": 1}, {"where": "P0", "layer": 5}]}
     s = p0.AnalysisSettings()
-    assert [_first_token_count(plans, layer, s) for layer in (2, 5, 11)] == [65536, 65536, 8192]
-    assert _first_token_count(plans, 11, p0.AnalysisSettings(first_tokens=1000)) == 1000
-    assert _first_token_count(plans, 11, p0.AnalysisSettings(later_first_tokens=0)) == 65536
-    assert _first_token_count(plans, 11, p0.AnalysisSettings(first_tokens=0)) == 8192
+    model = types.SimpleNamespace(cfg=types.SimpleNamespace(d_vocab=100_000))
+    monkeypatch.setattr(cost, "map_tokens", lambda model, layer, settings: 10**9)  # no cap
+    count = functools.partial(_first_token_count, model, plans)
+    assert [count(layer, s) for layer in (2, 5, 11)] == [65536, 65536, 8192]
+    assert count(11, p0.AnalysisSettings(first_tokens=1000)) == 1000
+    assert count(11, p0.AnalysisSettings(later_first_tokens=0)) == 65536
+    assert count(11, p0.AnalysisSettings(first_tokens=0)) == 8192
+    monkeypatch.setattr(cost, "map_tokens", lambda model, layer, settings: 5000 * (layer + 1))  # a large model
+    assert [count(layer, s) for layer in (2, 11)] == [15000, 8192]
     with pytest.raises(p0.ConfigError, match="later_first_tokens"):
         p0.AnalysisSettings(later_first_tokens=-1)

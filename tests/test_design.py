@@ -51,7 +51,7 @@ def test_attribution_edges_through_discover_gives_an_edge_circuit(planted, gener
         n.name for e in other.edges for n in (e.src, e.dst)}
 
 
-@pytest.mark.parametrize("fn", [p0.activation_patch, p0.path_patch, p0.attribution_patch, p0.discover, locate,
+@pytest.mark.parametrize("fn", [p0.activation_patch, p0.path_patch, p0.attribution_patch, p0.discover,
                                 p0.check_attribution])
 def test_everything_after_tokens_is_keyword_only(fn):
     params = list(inspect.signature(fn).parameters.values())
@@ -59,11 +59,12 @@ def test_everything_after_tokens_is_keyword_only(fn):
     assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[2:])
 
 
-@pytest.mark.parametrize("fn", [p0.faithful_circuit, p0.faithful_edges, p0.faithfulness_curve])
+@pytest.mark.parametrize("fn", [p0.faithful_circuit, p0.faithful_edges, p0.faithfulness_curve, locate])
 def test_a_search_takes_what_it_searches_and_keywords(fn):
-    """A search reads its setup from the result (or circuit) it is given: nothing else positional."""
+    """A search reads its setup from the result (or circuit) it is given, or takes the setup itself: nothing else
+    positional."""
     params = list(inspect.signature(fn).parameters.values())
-    assert params[0].name in ("result", "circuit") and "setup" in [p.name for p in params]
+    assert params[0].name in ("result", "circuit", "setup") and "setup" in [p.name for p in params]
     assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[1:])
 
 
@@ -379,3 +380,36 @@ def test_every_measured_block_of_the_docs_is_filled_by_its_benchmark_or_test():
             if script:
                 assert script.group(1) in spelled, (doc.name, name, script.group(1), spelled)
     assert found >= 8
+
+
+def _study_functions(package: Path) -> list[tuple[str, str, set[str]]]:
+    """(module path, function name, parameter names) of every function defined in the package, read by AST."""
+    import ast
+
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                out.append((str(path.relative_to(package.parent)), node.name,
+                            {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}))
+    return out
+
+
+BOS_IN_STUDIES = 35
+"""Functions of ``studies/`` that take a ``bos`` argument (issue 51's count: 48 before the studies took a Setup). The
+goal is single digits; what is left are the public experiments that take tokens with their explicit BOS claim, and
+the analysis' per-BOS-setting plumbing. The test fails when the count grows: lower it as it falls."""
+
+
+def test_the_studies_hold_one_setup():
+    """Issue 51, item 1: no function outside ``patching/`` takes the model, tokens, BOS choice and corruption one by
+    one (the studies take a checked :class:`p0circuit.Setup` and what varies); ``bos`` parameters in ``studies/``
+    do not grow."""
+    package = Path(p0.__file__).resolve().parent
+    functions = _study_functions(package)
+    loose = [f"{m}:{f}" for m, f, params in functions if "/patching/" not in f"/{m}"
+             and {"model", "tokens", "bos", "corruption"} <= params]
+    assert loose == [], f"these take model, tokens, bos and corruption one by one (take a Setup): {loose}"
+    bos = [f"{m}:{f}" for m, f, params in functions if "/studies/" in f"/{m}" and "bos" in params]
+    assert len(bos) <= BOS_IN_STUDIES, f"{len(bos)} functions of studies/ take bos (at most {BOS_IN_STUDIES}): {bos}"

@@ -244,3 +244,48 @@ def test_a_transformer_lens_4_install_is_refused_with_the_reason(monkeypatch):
         versions.check_transformer_lens()
     monkeypatch.setattr(versions, "version", lambda name: "3.9.0")
     versions.check_transformer_lens()
+
+
+def test_every_method_runs_on_a_setup_with_the_same_numbers(planted, screened):
+    """Issue 51, item 1: the patching methods take ``setup=`` (checked once) and give the numbers of the loose call;
+    a setup with anything it fixes beside it, or with the model and tokens too, is refused naming what to do."""
+    from p0circuit.patching.methods.triage import triage_patch
+
+    toks, _ = screened
+    kw = dict(corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    setup = Setup.of(planted.model, toks, **kw)
+    for method, more in ((p0.activation_patch, {}), (p0.path_patch, {}), (p0.attribution_patch, {}),
+                         (triage_patch, {"top": 3, "sample": 2})):
+        loose, held = method(planted.model, toks, **kw, **more), method(setup=setup, **more)
+        assert held.raw == loose.raw and held.setup is setup, method.__name__
+    assert p0.activation_patch(setup=setup, min_signal=0.5).raw == p0.activation_patch(setup=setup).raw
+    for bad, said in ((dict(setup=setup, corruption="zero"), "the setup fixes corruption="),
+                      (dict(setup=setup, bos=True), "the setup fixes bos="),
+                      (dict(setup="shift"), "setup"), (dict(), "needs the model and the tokens")):
+        with pytest.raises(p0.P0CircuitError, match=said):
+            p0.activation_patch(**bad)
+    with pytest.raises(p0.P0CircuitError, match="not both"):
+        p0.activation_patch(planted.model, toks, setup=setup)
+
+
+def test_a_setup_varies_what_a_study_varies(planted, screened):
+    """``measuring`` (another metric on the same runs), ``corrupting`` (another corruption), ``rows`` (a sub-batch):
+    each the setup ``Setup.of`` would make, checked where it must be."""
+    toks, _ = screened
+    setup = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    other = setup.measuring(p0.NormRatio(0))
+    assert other.prep is setup.prep and other.metric.name == "norm_ratio@L0" and setup.metric.name == "norm_ratio@L1"
+    fresh = Setup.of(planted.model, toks, corruption="shift", metric=p0.NormRatio(0), bos=False)
+    assert p0.activation_patch(setup=other).raw == p0.activation_patch(setup=fresh).raw
+    assert setup.corrupting("zero").prep.name == "zero" and setup.corrupting("zero").metric.name == setup.metric.name
+    part = setup.rows(slice(0, 4))
+    assert part.tokens.shape[0] == 4 and torch.equal(part.tokens, toks[:4])
+    assert p0.activation_patch(setup=setup.rows([0, 2])).raw == p0.activation_patch(
+        planted.model, toks[[0, 2]], corruption="shift", metric=p0.NormRatio(LAYER), bos=False).raw
+    for call, said in ((lambda: setup.measuring(p0.NormRatio(99)), "99"),
+                       (lambda: setup.measuring(None), "needs a metric"),
+                       (lambda: setup.corrupting("nonesuch"), "nonesuch"),
+                       (lambda: setup.rows(slice(5, 5)), "selects no prompt"),
+                       (lambda: setup.rows(3), "slice or a list")):
+        with pytest.raises(p0.P0CircuitError, match=said):
+            call()

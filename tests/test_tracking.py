@@ -59,11 +59,13 @@ def test_locate_on_planted_variants(planted_models):
 
     for variant in ("rope", "learned", "layer2"):
         plant = planted_models(variant)
-        where = locate(plant.model, tokens())
+        where = locate(p0.Setup.of(plant.model, tokens(), corruption="shift"))
         assert set(where.nodes) == {n.name for n in plant.truth.writers}, variant
         assert where.by == "patching" and where.layers == tuple(sorted({n.layer for n in plant.truth.writers} - {-1}))
     untrained = p0.ModelSpec(pos="rope", n_layers=3, d_vocab=32).build()
-    assert locate(untrained, tokens()).by == "none"
+    assert locate(p0.Setup.of(untrained, tokens(), corruption="shift")).by == "none"
+    with pytest.raises(p0.BadInputError, match="setup"):
+        locate(plant.model)  # the model alone: make a Setup
 
 
 def test_untrained_model_is_early():

@@ -24,7 +24,7 @@ from p0circuit.models.tokens import check_tokens
 from p0circuit.patching.corruptions import Prepared, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.metrics import PatchMetric, check_metric, default_metric, resolve_metric
-from p0circuit.patching.options import PatchOptions
+from p0circuit.patching.options import HOW, PatchOptions
 from p0circuit.patching.weights import changed, digest
 
 
@@ -74,10 +74,9 @@ class Setup:
         """The same checked setup with options that change how patches run, not what is patched
         (``direction``, ``min_signal``, ``rows_per_forward``, ``progress``, ``reference``): nothing is checked
         again but the model's own hooks, which the fast path refuses."""
-        how = {"direction", "min_signal", "rows_per_forward", "progress", "reference"}
-        if set(changes) - how:
-            raise BadInputError(f"Setup.but changes only {sorted(how)}; for another corruption, metric, BOS choice or "
-                                "tokens make a new Setup.of(...)")
+        if set(changes) - set(HOW):
+            raise BadInputError(f"Setup.but changes only {sorted(HOW)}; for another corruption, metric, BOS choice or "
+                                "tokens make a new Setup.of(...), or use Setup.measuring(metric) for another metric")
         options = self.options.but(**changes)
         if not options.reference:
             refuse_user_hooks(self.model)
@@ -85,6 +84,42 @@ class Setup:
             raise ConfigError(f"direction='denoise' needs a corrupted run, but {self.prep.name!r} is an ablation of the "
                               "clean run")
         return dataclasses.replace(self, options=options)
+
+    @property
+    def bos(self) -> Optional[bool]:
+        """The run's BOS choice (``options.bos``)."""
+        return self.options.bos
+
+    @property
+    def corruption(self) -> Any:
+        """The corruption object (prepared: ``prep``)."""
+        return self.prep.corruption
+
+    def measuring(self, metric: Any) -> "Setup":
+        """The same model, tokens and prepared corruption read by another ``metric`` (an object or a name, checked
+        against the model): a study's second question of the same runs, nothing but the metric checked again."""
+        resolved = resolve_metric(metric, self.model)
+        if resolved is None:
+            raise BadInputError("Setup.measuring needs a metric (an object such as p0circuit.NormRatio(2), or a name)")
+        check_metric(resolved, self.model)
+        options = dataclasses.replace(self.options, metric=metric)
+        return dataclasses.replace(self, metric=resolved, options=options,
+                                   weights=digest(self.model, resolved, (self.tokens, self.prep.corrupt_tokens)))
+
+    def corrupting(self, corruption: Any) -> "Setup":
+        """The same model, tokens, metric and BOS choice under another ``corruption`` (a name or object), prepared and
+        checked as :meth:`of` would."""
+        return Setup.check(self.model, self.tokens, self.options.but(corruption=corruption))
+
+    def rows(self, index: Any) -> "Setup":
+        """The same study on a sub-batch of its prompts (``index``: a slice, or a list of rows), checked again, as
+        a corruption that draws on the other prompts (``resample``) must be prepared on the rows it is given."""
+        if not isinstance(index, (slice, list, tuple)) or isinstance(index, tuple) and not index:
+            raise BadInputError(f"Setup.rows takes a slice or a list of prompt rows, got {index!r:.40}")
+        picked = self.tokens[index if isinstance(index, slice) else list(index)]
+        if picked.shape[0] == 0:
+            raise BadInputError(f"Setup.rows({index!r:.40}) selects no prompt of the {self.tokens.shape[0]}")
+        return Setup.check(self.model, picked, self.options)
 
     def describe(self) -> dict[str, Any]:
         """The record of what was patched (JSON-able; the model by name and dtype, the tokens by digest)."""

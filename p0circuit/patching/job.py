@@ -65,6 +65,12 @@ class PatchJob:
         job._start(setup)
         return job
 
+    @classmethod
+    def start(cls, model: Any, tokens: Any, options: PatchOptions, setup: Optional[Setup]) -> "PatchJob":
+        """A method's job: of its ``setup=`` when it was given one (checked already), else of its model, tokens and
+        options, checked here."""
+        return cls.of(setup) if setup is not None else cls(model, tokens, options)
+
     def _start(self, inputs: Setup) -> None:
         model, options = inputs.model, inputs.options
         self.inputs = self.setup = inputs

@@ -92,6 +92,30 @@ def taken_by(fn: Callable[..., Any]) -> tuple[str, ...]:
     return getattr(fn, "options_taken", ())
 
 
+HOW = ("direction", "min_signal", "rows_per_forward", "progress", "reference")
+"""The options that change how a checked setup's patches run, not what is patched (:meth:`~p0circuit.Setup.but`)."""
+
+
+def _from_setup(name: str, setup: Any, model_tokens: list[Any], options: Optional[PatchOptions],
+                given: dict[str, Any]) -> tuple[Any, ...]:
+    """``(model, tokens)`` and the keywords a method's body gets from ``setup=`` (the checked :class:`~p0circuit.Setup`
+    it runs on: nothing is checked again), or an error naming what else was passed that the setup already fixes."""
+    from p0circuit.patching.inputs import Setup  # (inputs imports this module)
+
+    if not isinstance(setup, Setup):
+        raise BadCallError(f"{name}: setup={setup!r:.40} is not a p0circuit.Setup; make one with p0circuit.Setup.of(model, "
+                           "tokens, corruption=..., metric=..., bos=...)")
+    if any(x is not None for x in model_tokens) or options is not None:
+        raise BadCallError(f"{name}: pass setup= alone or the model, tokens and options, not both (the setup holds "
+                           "its model, tokens and options, checked)")
+    fixed = [k for k in given if k not in HOW]
+    if fixed:
+        raise BadCallError(f"{name}: the setup fixes {fixed[0]}= ({fixed[0]}={getattr(setup.options, fixed[0])!r:.60}); for "
+                           f"another, make another p0circuit.Setup.of(...); with setup= only {', '.join(HOW)} may change")
+    setup = setup.but(**given) if given else setup
+    return setup.model, setup.tokens, {"options": setup.options, "setup": setup}
+
+
 @entry_point
 def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Give ``fn(model, tokens, *, ..., options: PatchOptions)`` every option but ``without`` as a keyword.
@@ -110,6 +134,8 @@ def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
             raise ConfigError(f"{fn.__qualname__} must take options= (a PatchOptions) to be given the shared options")
         name = fn.__qualname__
 
+        takes_setup = "setup" in sig.parameters
+
         @functools.wraps(fn)
         def call(*args: Any, options: Optional[PatchOptions] = None, **kwargs: Any) -> Any:
             given = {k: kwargs.pop(k) for k in [k for k in kwargs if k in FIELDS]}
@@ -119,12 +145,20 @@ def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
             if options is not None and not isinstance(options, PatchOptions):
                 raise BadCallError(f"{name}: options={options!r:.40} is not a PatchOptions; pass "
                                    "p0circuit.PatchOptions(...) or the options as keywords")
+            setup = kwargs.pop("setup", None) if takes_setup else None
+            model_tokens = list(args[:2]) + [kwargs.pop(k) for k in ("model", "tokens") if k in kwargs]
+            if setup is not None:
+                model, tokens, extra = _from_setup(name, setup, model_tokens, options, given)
+                return fn(model, tokens, *args[2:], **extra, **kwargs)
+            if takes_setup and (len(model_tokens) < 2 or any(x is None for x in model_tokens)):
+                raise BadCallError(f"{name} needs the model and the tokens (or setup=p0circuit.Setup.of(model, tokens, "
+                                   "corruption=..., metric=..., bos=...))")
             base = DEFAULTS if options is None else options
             refused = unused(base, taken)
             if refused:
                 raise BadCallError(f"{name} does not take {refused[0]}= (options.{refused[0]}="
                                    f"{getattr(base, refused[0])!r}): it uses {', '.join(taken)}")
-            return fn(*args, options=base.but(**given) if given else base, **kwargs)
+            return fn(*model_tokens, *args[2:], options=base.but(**given) if given else base, **kwargs)
 
         own = [p for p in sig.parameters.values() if p.name != "options"]
         keywords = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(DEFAULTS, n),

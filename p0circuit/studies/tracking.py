@@ -32,6 +32,7 @@ from p0circuit.core.errors import BadInputError, CheckpointError, ConfigError
 from p0circuit.core.args import entry_point
 from p0circuit.studies.discovery.locate import MAX_NODES, Location, affordable, from_norm_profile
 from p0circuit.studies.discovery.locate import locate as locate_circuit
+from p0circuit.patching.inputs import Setup
 from p0circuit.figures.plotting import finish, new_figure
 from p0circuit.measures import SinkReport, sink_report
 from p0circuit.models.checkpoints import load_pretrained
@@ -80,8 +81,8 @@ def track(
         report = sink_report(model, tokens, eps=eps, norm_threshold=norm_threshold, bos=bos)
         patch = locate == "patching" or (locate == "auto" and affordable(model, max_nodes))
         if patch:
-            where = locate_circuit(model, tokens, report=report, threshold=threshold, bos=bos,
-                                   norm_threshold=norm_threshold)
+            where = locate_circuit(Setup.of(model, tokens, corruption="shift", bos=bos), report=report,
+                                   threshold=threshold, norm_threshold=norm_threshold)
         else:
             where = from_norm_profile(report)
         label, rule = stage(report, where)

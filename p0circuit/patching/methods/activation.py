@@ -21,6 +21,7 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.core import names
 from p0circuit.core.args import entry_point
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import node_op
@@ -33,11 +34,12 @@ from p0circuit.core.types import Node, parse_nodes
 @entry_point
 @takes_options()
 def activation_patch(
-    model: HookedTransformer,
-    tokens: Tensor,
+    model: Optional[HookedTransformer] = None,
+    tokens: Optional[Tensor] = None,
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     positions: str = "split",
+    setup: Optional[Setup] = None,
     options: PatchOptions,
 ) -> PatchResult:
     """Patch each node alone and return raw and normalized effects on ``metric``.
@@ -60,7 +62,7 @@ def activation_patch(
         >>> result.signal, sorted(result.to_circuit().node_names)
         (True, ['A0.H0@0', 'M0@0', 'M1@0'])
     """
-    job = PatchJob(model, tokens, options)
+    job = PatchJob.start(model, tokens, options, setup)
     nodes = position_candidates(model, positions, job.seq_len, nodes)
     return patch_nodes(job, parse_nodes(nodes if nodes is not None else candidate_nodes(model)))
 

@@ -35,6 +35,7 @@ from p0circuit.core.errors import ConfigError, BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.options import PatchOptions, takes_options
@@ -157,13 +158,14 @@ def _targets(ops: Sequence[Any], cache: dict[str, Tensor]) -> dict[str, Tensor]:
 @entry_point
 @takes_options(without=("reference",))
 def attribution_patch(
-    model: HookedTransformer,
-    tokens: Tensor,
+    model: Optional[HookedTransformer] = None,
+    tokens: Optional[Tensor] = None,
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
     level: str = "node",
     steps: int = 1,
+    setup: Optional[Setup] = None,
     options: PatchOptions,
 ) -> PatchResult:
     """Gradient estimates of activation (``level="node"``) or path (``level="edge"``) patching.
@@ -189,7 +191,7 @@ def attribution_patch(
         raise BadInputError("edges= is for edge attribution: pass level='edge' (method 'attribution_edges'), or nodes=")
     if edges is not None and nodes is not None:
         raise BadInputError("give the candidate edges (edges=) or their senders (nodes=), not both")
-    job = PatchJob(model, tokens, options)
+    job = PatchJob.start(model, tokens, options, setup)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     if level == "edge" and edges is None:
         edges = candidate_edges(model, node_list, receiver_layers=job.receiver_layers, metric=job.metric)

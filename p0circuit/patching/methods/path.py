@@ -21,6 +21,7 @@ from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, is_valid_edge, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import direct_qkv, edge_op, node_op
@@ -33,11 +34,12 @@ from p0circuit.core.types import Edge
 @entry_point
 @takes_options()
 def path_patch(
-    model: HookedTransformer,
-    tokens: Tensor,
+    model: Optional[HookedTransformer] = None,
+    tokens: Optional[Tensor] = None,
     *,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
     chunk: int = 512,
+    setup: Optional[Setup] = None,
     options: PatchOptions,
 ) -> PatchResult:
     """Patch each edge alone; ``edges`` defaults to every valid edge between candidate nodes whose
@@ -49,7 +51,7 @@ def path_patch(
     of :func:`activation_patch`."""
     if chunk < 1:
         raise BadInputError(f"chunk must be >= 1 edges, got {chunk}")
-    job = PatchJob(model, tokens, options)
+    job = PatchJob.start(model, tokens, options, setup)
     direction = job.direction
     if edges is None:  # receivers past the metric's last block cannot change it: not candidates
         edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.receiver_layers, metric=job.metric)

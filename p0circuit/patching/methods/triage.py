@@ -28,6 +28,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core import names
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.activation import patch_nodes
 from p0circuit.patching.methods.attribution import attribute
@@ -44,14 +45,15 @@ NOTABLE = 0.1
 @entry_point
 @takes_options(without=("reference",))
 def triage_patch(
-    model: HookedTransformer,
-    tokens: Tensor,
+    model: Optional[HookedTransformer] = None,
+    tokens: Optional[Tensor] = None,
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     top: int = 20,
     sample: int = 20,
     seed: int = 0,
     include: Sequence[Union[Node, str]] = (),
+    setup: Optional[Setup] = None,
     options: PatchOptions,
 ) -> PatchResult:
     """Attribution over ``nodes`` (default :func:`candidate_nodes`), exact activation patching of
@@ -62,7 +64,7 @@ def triage_patch(
     for name, value in (("top", top), ("sample", sample)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
-    job = PatchJob(model, tokens, options)
+    job = PatchJob.start(model, tokens, options, setup)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     forced = parse_nodes(include) if include else []
     stray = [n.name for n in forced if n not in set(node_list)]

@@ -50,6 +50,7 @@ from p0circuit.core.clock import import_seconds
 from p0circuit.patching import NormRatio, work
 from p0circuit.patching.order import hook_order
 from p0circuit.patching.corruptions import Swap, get_corruption
+from p0circuit.patching.inputs import Setup
 from p0circuit.core.entries import check_model_entry
 from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked
@@ -162,6 +163,25 @@ class _State:
             self._save()
         bar.done(key)
         return copy.deepcopy(self.done[key]["value"])  # callers may change it; the record stays as measured
+
+
+@dataclass
+class _Run:
+    """One analysis in progress, what each of its steps reads: the checked model, the settings, the saved state
+    (finished steps, resumed) and the progress bar."""
+
+    model: Any
+    s: AnalysisSettings
+    state: _State
+    bar: "Bar"
+
+    def step(self, key: str, fn: Callable[[], Any]) -> Any:
+        """Run (or, finished before, restore) the step ``key``, saved as it ends (:meth:`_State.run`)."""
+        return self.state.run(key, fn, self.bar)
+
+    def skip(self, key: str) -> None:
+        """Credit the bar with a planned step that does not run."""
+        self.bar.done(key)
 
 
 def _gib(n: Optional[float]) -> Optional[float]:
@@ -351,6 +371,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
     started = time.perf_counter()
     bar = Bar(tqdm(total=None, desc="analyze", unit=" forwards", disable=not progress, mininterval=0.5,
                    bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}{unit} [{elapsed}{postfix}]"), forward_s)
+    run = _Run(model, s, state, bar)
     sinks: dict[str, Any] = {}
     first_tokens: dict[str, Any] = {}
     weights: Any = None
@@ -375,18 +396,18 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
             bar.plan(*_costs(model, plans, s))
             reference = tokens[False] if False in tokens else prompts(model, s.n_prompts, s.length, False, s.seed)
             first_tokens = {str(l): state.run(f"first_tokens@L{l}", lambda l=l: _measured(lambda: first_token_map(
-                model, reference, l, threshold=s.norm_threshold, most=_first_token_count(plans, l, s), seed=s.seed)), bar)
+                model, reference, l, threshold=s.norm_threshold, most=_first_token_count(model, plans, l, s), seed=s.seed)), bar)
                 for l in _p0_layers(plans)}
             massive = sorted({d["dim"] for sk in sinks.values() for d in sk.get("massive_dims", [])})
             weights = state.run("weights", lambda: _weights(model, massive), bar)
             for b in tags:
                 tag = SETTINGS[b]
-                onsets[tag] = [_onset(model, tokens[b], b, o, sinks[tag], s, state, bar) for o in plans[b]]
+                onsets[tag] = [_onset(run, tokens[b], b, o, sinks[tag]) for o in plans[b]]
                 p0_onsets = [o for o in onsets[tag] if o["where"] == "P0"]
-                below = [_onset(model, tokens[b], b, o, sinks[tag], s, state, bar) for o in _below(sinks[tag], plans[b])]
+                below = [_onset(run, tokens[b], b, o, sinks[tag]) for o in _below(sinks[tag], plans[b])]
                 if p0_onsets:
                     chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
-                    variations[tag] = _variations(model, b, p0_onsets[0], chosen, s, state, bar)
+                    variations[tag] = _variations(run, b, p0_onsets[0], chosen)
                     controls[tag] = _controls(model, b, p0_onsets[0], variations[tag])
                     if s.spread_prompts:
                         scan = b == tags[0]  # the length scan once, in the first setting (without BOS where measured)
@@ -476,13 +497,18 @@ def _p0_layers(plans: dict[bool, list[dict[str, Any]]]) -> list[int]:
     return sorted({o["layer"] for plan in plans.values() for o in plan if o["where"] == "P0"})
 
 
-def _first_token_count(plans: dict[bool, list[dict[str, Any]]], layer: int, s: AnalysisSettings) -> int:
+def _first_token_count(model: Any, plans: dict[bool, list[dict[str, Any]]], layer: int, s: AnalysisSettings) -> int:
     """Vocabulary tokens the first-token map at ``layer`` runs (0: every one): ``first_tokens`` where ``layer`` is the
-    first P0 onset of a BOS setting, else ``later_first_tokens`` (at most ``first_tokens``)."""
+    first P0 onset of a BOS setting, else ``later_first_tokens`` (at most ``first_tokens``); either at most what
+    :data:`.cost.MAP_FORWARDS` forwards of the batch buy (:func:`.cost.map_tokens`: a large model's map is sampled)."""
     if layer in {next((o["layer"] for o in plan if o["where"] == "P0"), None) for plan in plans.values()}:
-        return s.first_tokens
-    later = s.later_first_tokens or s.first_tokens
-    return min(later, s.first_tokens) if s.first_tokens else later
+        asked = s.first_tokens
+    else:
+        later = s.later_first_tokens or s.first_tokens
+        asked = min(later, s.first_tokens) if s.first_tokens else later
+    vocab = int(model.cfg.d_vocab)
+    most = cost.map_tokens(model, layer, s)
+    return asked if min(vocab, asked or vocab) <= most else most
 
 
 def _weights(model: Any, massive: list[int]) -> Any:
@@ -516,15 +542,17 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
     for layer in _p0_layers(plans):
-        out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(plans, layer, s))
+        out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(model, plans, layer, s))
     for b in plans:
         out[f"{SETTINGS[b]}/special"] = cost.special(model, len(special_candidates(model)))
     out["weights"] = 0.0
     return out, parts
 
 
-def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary: dict[str, Any],
-           s: AnalysisSettings, state: _State, bar: Bar) -> dict[str, Any]:
+def _onset(run: "_Run", tokens: Tensor, bos: bool, onset: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """One onset row of a BOS setting (``tokens``: its prompts): its keyed test, node pass and circuit, edges and
+    neurons, and at P0 the studies beyond the norm, each a saved step, all on one checked :class:`Setup`."""
+    model, s = run.model, run.s
     layer, where = onset["layer"], onset["where"]
     key = _onset_key(bos, onset)
     entry: dict[str, Any] = {"layer": layer, "where": where, "prompt_set": prompt_label(model, tokens.shape[0],
@@ -533,61 +561,56 @@ def _onset(model: Any, tokens: Tensor, bos: bool, onset: dict[str, Any], summary
     at = onset.get("at", 0)
     contexts = None
     if where == "P0":
-        metric = NormRatio(layer)
-        toks = tokens
+        setup = Setup.of(model, tokens, corruption=get_corruption("shift", seed=s.seed), metric=NormRatio(layer), bos=bos)
         if bos:  # swap the BOS token, or shift: whichever the sink depends on
-            corruption, choice = steps.choose(model, toks, bos, ("swap", "shift"), metric, s.seed)
-        else:
-            corruption = get_corruption("shift", seed=s.seed)
+            setup, choice = steps.choose(setup, ("swap", "shift"), s.seed)
     else:
         try:
             toks, contexts, described = elsewhere.prompts(model, onset, s, bos)
         except P0CircuitError as err:
             entry["skipped"] = str(err)
             for step in ("keyed", "nodes", "edges", "neurons"):
-                bar.done(f"{key}/{step}")
+                run.skip(f"{key}/{step}")
             return entry
-        corruption = Swap(position=at, seed=s.seed)  # the token replaced in place
-        metric = NormRatio(layer, pos=at)
+        # the token replaced in place
+        setup = Setup.of(model, toks, corruption=Swap(position=at, seed=s.seed), metric=NormRatio(layer, pos=at), bos=bos)
         entry.update(at=at, prompts=int(toks.shape[0]), prompt_set=described)
-    entry["keyed_on"] = state.run(key + "/keyed", lambda: elsewhere.keyed(model, toks, at, layer, bos, s,
-                                                                         None if where == "P0" else contexts), bar)
+    entry["keyed_on"] = run.step(key + "/keyed", lambda: elsewhere.keyed(model, setup.tokens, at, layer, bos, s,
+                                                                        None if where == "P0" else contexts))
 
     def node_step() -> dict[str, Any]:
-        res, out = steps.nodes(model, toks, bos, corruption, metric, layer, s.threshold, s.exact_nodes, s.seed, at)
+        res, out = steps.nodes(setup, layer, s.threshold, s.exact_nodes, s.seed, at)
         out["corruption_choice"] = choice
-        bar.part(key + "/nodes", "pass")
+        run.bar.part(key + "/nodes", "pass")
         out["faithfulness"] = steps.faithfulness(res)
-        bar.part(key + "/nodes", "curve")
+        run.bar.part(key + "/nodes", "curve")
         out["circuit"] = steps.circuit(res, s.max_edges)
         if onset.get("first"):  # the sensitivity table's other faithfulness targets
             out["circuit_targets"] = steps.circuit_targets(res, out["circuit"], TARGETS)
         return out
 
-    entry.update(state.run(key + "/nodes", node_step, bar))
+    entry.update(run.step(key + "/nodes", node_step))
     entry["edges"] = {}
     entry["neurons"] = {}
     if entry["signal"] and entry["nodes"] and not onset.get("below"):  # a row below the onset: its nodes only
-        e = dict(state.run(key + "/edges", lambda: steps.circuit_edges(
-            model, toks, bos, corruption, metric, layer, entry.get("circuit") or {}, entry["nodes"], s.threshold), bar))
+        e = dict(run.step(key + "/edges", lambda: steps.circuit_edges(
+            setup, layer, entry.get("circuit") or {}, entry["nodes"], s.threshold)))
         entry["edges"], entry["edge_pass"] = e.pop("edges"), e
     else:
-        bar.done(key + "/edges")
+        run.skip(key + "/edges")
     dims = [d["dim"] for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
     if where != "P0" and entry["signal"]:  # the massive dimension at the sink's own position
-        dims = [d for d in [steps.massive_dim_at(model, toks, layer, at)] if d is not None]
+        dims = [d for d in [steps.massive_dim_at(model, setup.tokens, layer, at)] if d is not None]
     if dims and entry["signal"]:
-        n = state.run(key + "/neurons", lambda: steps.neurons(model, toks, bos, corruption, layer, dims[0],
-                                                              entry["nodes"], s.threshold, s.neurons_keep,
-                                                              s.ig_steps, at), bar)
+        n = run.step(key + "/neurons", lambda: steps.neurons(setup, layer, dims[0], entry["nodes"], s.threshold,
+                                                             s.neurons_keep, s.ig_steps, at))
         entry["neurons"], entry["neuron_pass"] = n.pop("neurons"), n
     else:
         entry["neuron_pass"] = {"note": f"no massive dimension at position {at} after block {layer}" if entry["signal"]
                                 else "no signal at the node pass"}
-        bar.done(key + "/neurons")
+        run.skip(key + "/neurons")
     if where == "P0":
-        entry.update(_p0_studies(model, toks, bos, corruption, layer, entry, summary, dims, s, state, key, bar,
-                                 below=bool(onset.get("below"))))
+        entry.update(_p0_studies(run, setup, layer, entry, summary, dims, key, below=bool(onset.get("below"))))
     return entry
 
 
@@ -599,47 +622,47 @@ def _measured(fn: Callable[[], Any]) -> dict[str, Any]:
         return Unmeasured(error=f"{type(err).__name__}: {err}").to_dict()
 
 
-def _p0_studies(model: Any, toks: Tensor, bos: bool, corruption: Any, layer: int, entry: dict[str, Any],
-                summary: dict[str, Any], dims: list[int], s: AnalysisSettings, state: "_State", key: str,
-                bar: Bar, below: bool = False) -> dict[str, Any]:
+def _p0_studies(run: "_Run", setup: Setup, layer: int, entry: dict[str, Any], summary: dict[str, Any],
+                dims: list[int], key: str, below: bool = False) -> dict[str, Any]:
     """What makes a P0 onset a sink, beyond its norm: what later heads read of the state (edits after the onset),
     whether undiluted attention detects position 0 (self-only attention up to it), the sink's own circuit (the
     attention of the sink heads after it), and the single weights through which its neurons write the massive
     dimension. A block ``below`` the first onset (patched for the sensitivity table) gets what the verdict's parts
-    read only: what the sink reads."""
+    read only: what the sink reads. ``setup``: the onset's (its prompts, BOS choice and corruption)."""
+    model, toks, bos, s = run.model, setup.tokens, setup.bos, run.s
     out: dict[str, Any] = {}
     massive = [d["dim"] for d in summary["massive_dims"]]
     later = layer < model.cfg.n_layers - 1
     if later:
-        out["reads"] = state.run(key + "/reads", lambda: _measured(lambda: sink_reads(
-            model, toks, layer, bos=bos, dims=dims[:MASSIVE_EDITED], seed=s.seed)), bar)
+        out["reads"] = run.step(key + "/reads", lambda: _measured(lambda: sink_reads(
+            model, toks, layer, bos=bos, dims=dims[:MASSIVE_EDITED], seed=s.seed)))
     else:
-        bar.done(key + "/reads")
+        run.skip(key + "/reads")
     if below:
         return out
-    out["detection"] = state.run(key + "/detection", lambda: _measured(lambda: diagonal_attention(
-        model, toks, layer, bos=bos)), bar)
+    out["detection"] = run.step(key + "/detection", lambda: _measured(lambda: diagonal_attention(
+        model, toks, layer, bos=bos)))
     heads = first_readers(summary["alpha"], layer, SINK_EPS)
     if later and heads and entry["signal"]:
         norm_nodes = (entry.get("circuit") or {}).get("nodes") or list(entry["nodes"])
-        out["sink_circuit"] = state.run(key + "/sink", lambda: _measured(lambda: sink_circuit(
-            model, toks, bos, corruption, layer, heads, norm_nodes, threshold=s.threshold, exact_nodes=s.exact_nodes,
-            seed=s.seed, max_edges=s.max_edges)), bar)
+        out["sink_circuit"] = run.step(key + "/sink", lambda: _measured(lambda: sink_circuit(
+            setup, layer, heads, norm_nodes, threshold=s.threshold, exact_nodes=s.exact_nodes, seed=s.seed,
+            max_edges=s.max_edges)))
     else:
         why = ("no block after the onset" if not later else f"no head after block {layer} gives position 0 an alpha_0 "
                f"above {SINK_EPS:g}" if not heads else "no signal at the node pass")
         out["sink_circuit"] = Unmeasured(error=why).to_dict()
-        bar.done(key + "/sink")
+        run.skip(key + "/sink")
     strong = [n for n, v in (entry.get("neurons") or {}).items() if abs(v) >= s.threshold]
     metric = (entry.get("neuron_pass") or {}).get("metric", "")
     if strong and "[" in metric:
         dim = int(metric.split("[")[1].split("]")[0])
-        out["super_weights"] = state.run(key + "/weights", lambda: _measured(lambda: super_weights(
-            model, toks, layer, strong, [dim], bos=bos, massive=massive)), bar)
+        out["super_weights"] = run.step(key + "/weights", lambda: _measured(lambda: super_weights(
+            model, toks, layer, strong, [dim], bos=bos, massive=massive)))
     else:
         out["super_weights"] = Unmeasured(error="no neuron carries the massive dimension's change at the threshold"
                                           if not strong else "no massive dimension's neurons").to_dict()
-        bar.done(key + "/weights")
+        run.skip(key + "/weights")
     return out
 
 
@@ -734,25 +757,30 @@ def _spread(model: Any, bos: bool, row: dict[str, Any], s: AnalysisSettings, sca
     """The first P0 onset's headline numbers on ``s.spread_prompts`` other prompts (:mod:`.spread`), and the length scan
     when ``scan``."""
     toks = prompts(model, s.spread_prompts, s.length, bos, s.seed + 1)
-    corruption = get_corruption(row["corruption"], **row["corruption_params"])
+    setup = Setup.of(model, toks, corruption=get_corruption(row["corruption"], **row["corruption_params"]),
+                     metric=NormRatio(row["layer"]), bos=bos)
     label = prompt_label(model, s.spread_prompts, s.length, bos) + f" (drawn with seed {s.seed + 1})"
     few = max(2, int(s.n_prompts * SCAN_SHARE))
     make = (lambda n: prompts(model, few, n, bos, s.seed)) if scan else None
-    return spread(model, toks, bos, corruption, row["layer"], row, make, line=s.norm_threshold, seed=s.seed, label=label)
+    return spread(setup, row, make, line=s.norm_threshold, seed=s.seed, label=label)
 
 
-def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: AnalysisSettings, state: _State,
-                bar: Bar) -> dict[str, Any]:
+def _variations(run: "_Run", bos: bool, onset: dict[str, Any], chosen: str) -> dict[str, Any]:
     """Every corruption side by side at the first P0 ``onset`` (its own pass is reused for ``chosen``),
     and other prompt lengths patched with ``chosen``: the corruption the analysis chose for this BOS
     setting at that onset."""
+    model, s = run.model, run.s
     tag, layer = SETTINGS[bos], onset["layer"]
     same = onset.get("corruption") == chosen and onset.get("corruption_params") == strict(steps.seeded(chosen, s.seed).params())
     known = {chosen: onset} if "skipped" not in onset and same else {}  # the onset's own pass: the same corruption
-    toks = prompts(model, s.n_prompts, s.length, bos, s.seed)
+
+    def on(tokens: Tensor) -> Setup:
+        """The onset's study (its metric, the chosen corruption) on ``tokens``."""
+        return Setup.of(model, tokens, corruption=get_corruption(chosen, seed=s.seed), metric=NormRatio(layer), bos=bos)
+
     out: dict[str, Any] = {"layer": layer, "chosen_corruption": chosen}
-    out["corruption"] = state.run(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
-        model, toks, bos, layer, steps.corruption_variants(bos), s.threshold, s.seed, known, s.exact_nodes), bar)
+    out["corruption"] = run.step(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
+        on(prompts(model, s.n_prompts, s.length, bos, s.seed)), layer, steps.corruption_variants(bos), s.threshold, s.seed, known, s.exact_nodes))
     out["length"] = {}
     for n in s.lengths:
         def length_step(n: int = n) -> dict[str, Any]:
@@ -761,10 +789,9 @@ def _variations(model: Any, bos: bool, onset: dict[str, Any], chosen: str, s: An
             row: dict[str, Any] = {k: summary[k] for k in ("sink_rate", "norm_stages")}
             row["prompts"] = prompt_label(model, s.n_prompts, n, bos)
             if layer < model.cfg.n_layers:
-                _, nodes = steps.nodes(model, t, bos, get_corruption(chosen, seed=s.seed), NormRatio(layer), layer,
-                                       s.threshold, s.exact_nodes, s.seed)
+                _, nodes = steps.nodes(on(t), layer, s.threshold, s.exact_nodes, s.seed)
                 row.update({k: nodes[k] for k in ("corruption", "metric", "clean", "corrupted", "signal",
                                                   "normalization")}, nodes=dict(list(nodes["nodes"].items())[:8]))
             return row
-        out["length"][str(n)] = state.run(f"{tag}/length{n}", length_step, bar)
+        out["length"][str(n)] = run.step(f"{tag}/length{n}", length_step)
     return out

@@ -18,10 +18,9 @@ with it for the sink heads' attention and restores about half of it at most, wha
 nothing about the circuit, only about the corruption.
 """
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
-from torch import Tensor
 
 from p0circuit.core.defaults import SINK_EPS
 from p0circuit.studies.findings import SinkRates, SinkCircuit
@@ -29,7 +28,6 @@ from p0circuit.core.shares import share
 from p0circuit.core.types import Input, Kind, Node
 from p0circuit.patching import AttnToP0, SinkRate, candidate_edges, path_patch
 from p0circuit.patching.circuit_search import Noising, search_job
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.edges import among
 from p0circuit.patching.inputs import Setup
 from p0circuit.patching.ops import node_op
@@ -37,11 +35,11 @@ from p0circuit.patching.sites import named_positions, site_of
 from p0circuit.studies.analysis import steps
 
 
-def _rates(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, blocks: list[int], eps: float,
-           candidates: list[str], kept: Optional[list[str]]) -> SinkRates:
-    """Sink_0^eps of ``blocks`` on the clean and corrupted runs, and with only ``kept`` of ``candidates`` clean."""
-    setup = Setup.of(model, tokens, corruption=corruption, metric=SinkRate(blocks, eps), bos=bos)
-    job = search_job(setup)
+def _rates(setup: Setup, blocks: list[int], eps: float, candidates: list[str], kept: Optional[list[str]]) -> SinkRates:
+    """Sink_0^eps of ``blocks`` on the clean and corrupted runs of ``setup``, and with only ``kept`` of ``candidates``
+    clean."""
+    model = setup.model
+    job = search_job(setup.measuring(SinkRate(blocks, eps)))
     nodes = [Node.parse(n) for n in candidates]
     live = [n for n in nodes if job.reaches(site_of(n, model).hook)]
     job.cache({site_of(n, model).read.name for n in live})
@@ -54,8 +52,8 @@ def _rates(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, blocks
     return SinkRates(clean=job.clean_metric, corrupted=corrupted, circuit=circuit)
 
 
-def _into_keys(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, heads: list[tuple[int, int]],
-               nodes: Sequence[str], threshold: float) -> tuple[dict[str, float], int]:
+def _into_keys(setup: Setup, heads: list[tuple[int, int]], nodes: Sequence[str],
+               threshold: float) -> tuple[dict[str, float], int]:
     """Each edge from a circuit node at P0 into a sink head's key at P0 (its key/value head's, under grouped-query
     attention), path patched alone with the sink heads' attention to P0 as the metric: those at ``threshold`` or
     above (edge -> normalized effect), and how many there were."""
@@ -64,31 +62,32 @@ def _into_keys(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, he
     if not senders:
         return {}, 0
     blocks = {l for l, _ in heads}
+    model = setup.model
     receivers = [Node(Kind.HEAD, l, h, 0) for l, h in heads]
     cands = [e for e in among(model, candidate_edges(model, senders, qkv=("k",), receiver_layers=max(blocks) + 1),
                               receivers) if e.dst.layer in blocks and e.input == Input.K]
     if not cands:
         return {}, 0
-    res = path_patch(model, tokens, edges=cands, corruption=corruption, metric=AttnToP0(heads=heads), bos=bos,
-                     min_signal=0.0)
+    res = path_patch(setup=setup.measuring(AttnToP0(heads=heads)), edges=cands, min_signal=0.0)
     return steps.strong(res, threshold), len(cands)
 
 
-def sink_circuit(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int,
-                 heads: list[tuple[int, int]], norm_nodes: Sequence[str], *, threshold: float, exact_nodes: int,
-                 seed: int, max_edges: Optional[int], eps: float = SINK_EPS) -> SinkCircuit:
-    """The circuit of the attention ``heads`` (the sink heads after the onset at block ``layer``) give P0, found with
-    ``corruption`` as the module docstring says; ``norm_nodes``: the onset's norm circuit, compared with it."""
+def sink_circuit(setup: Setup, layer: int, heads: list[tuple[int, int]], norm_nodes: Sequence[str], *,
+                 threshold: float, exact_nodes: int, seed: int, max_edges: Optional[int],
+                 eps: float = SINK_EPS) -> SinkCircuit:
+    """The circuit of the attention ``heads`` (the sink heads after the onset at block ``layer``) give P0, found on
+    ``setup``'s prompts with its corruption as the module docstring says; ``norm_nodes``: the onset's norm circuit,
+    compared with it."""
     blocks = sorted({l for l, _ in heads})
     # screened, the norm circuit's nodes are patched exactly whatever attribution says: attribution at P0's massive
     # state can rank the node that matters most far down (SmolLM2 with BOS, block 12: A2.H2@0, +0.69, missed without)
-    res, found = steps.nodes(model, tokens, bos, corruption, AttnToP0(heads=heads), max(blocks), threshold,
-                             exact_nodes, seed, include=norm_nodes, included="the norm circuit's nodes")
+    res, found = steps.nodes(setup.measuring(AttnToP0(heads=heads)), max(blocks), threshold, exact_nodes, seed,
+                             include=norm_nodes, included="the norm circuit's nodes")
     circuit = steps.circuit(res, max_edges, require_denoising=False)  # the corrupted run's own sink: module docstring
     nodes = circuit.get("nodes") or []
-    rates = _rates(model, tokens, bos, corruption, blocks, eps, list(res.raw), nodes if "nodes" in circuit else None)
+    rates = _rates(setup, blocks, eps, list(res.raw), nodes if "nodes" in circuit else None)
     targets = {f"A{l}.H{h}" for l, h in heads}
-    into_keys, into_candidates = _into_keys(model, tokens, bos, corruption, heads, nodes, threshold)
+    into_keys, into_candidates = _into_keys(setup, heads, nodes, threshold)
     norm = set(norm_nodes)
     shared = [n for n in nodes if n in norm]
     only_sink = [n for n in nodes if n not in norm]

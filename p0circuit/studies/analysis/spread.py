@@ -23,7 +23,6 @@ from p0circuit.measures.positions import token_text
 from p0circuit.measures.spread import RESAMPLES, cosine_interval, interval
 from p0circuit.patching import NormRatio, PerPrompt, ResidDim
 from p0circuit.patching.circuit_search import Noising, search_job
-from p0circuit.patching.corruptions import Corruption
 from p0circuit.patching.engine import run_groups
 from p0circuit.patching.inputs import Setup
 from p0circuit.patching.metrics import RunView
@@ -52,11 +51,10 @@ class _Runs:
     """One corruption and one per-prompt metric on the spread's prompts: the clean and corrupted per-prompt values,
     and any set of nodes corrupted (or one node patched), per prompt."""
 
-    def __init__(self, model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: Any,
-                 candidates: Sequence[str]) -> None:
+    def __init__(self, setup: Setup, metric: Any, candidates: Sequence[str]) -> None:
         self.capture = PerPrompt(metric)
-        setup = Setup.of(model, tokens, corruption=corruption, metric=self.capture, bos=bos)
-        self.job = job = search_job(setup)
+        model = setup.model
+        self.job = job = search_job(setup.measuring(self.capture))
         self.nodes = [Node.parse(n) for n in candidates]
         self.live = [n for n in self.nodes if job.reaches(site_of(n, model).hook)]
         job.cache({site_of(n, model).read.name for n in self.live})
@@ -128,11 +126,11 @@ def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengt
     return rows
 
 
-def spread(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int, row: dict[str, Any],
-           make: Optional[Any], *, line: float, seed: int, label: str) -> Spread:
-    """The headline numbers of the P0 onset at block ``layer`` (its analysis ``row``: circuit, candidates, neurons) on
-    ``tokens`` (the spread's prompts, ``label`` in words), as the module docstring says; ``make(n)``: prompts of ``n``
-    text tokens for the length scan (None: no scan); ``line``: the onset line."""
+def spread(setup: Setup, row: dict[str, Any], make: Optional[Any], *, line: float, seed: int, label: str) -> Spread:
+    """The headline numbers of the P0 onset at block ``row["layer"]`` (its analysis ``row``: circuit, candidates,
+    neurons) on ``setup``'s prompts (the spread's, ``label`` in words) with its corruption, as the module docstring
+    says; ``make(n)``: prompts of ``n`` text tokens for the length scan (None: no scan); ``line``: the onset line."""
+    model, tokens, bos, layer = setup.model, setup.tokens, bool(setup.bos), row["layer"]
     name = hooks.resid_post(layer)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
@@ -150,14 +148,14 @@ def spread(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer:
     circuit = (row.get("circuit") or {}).get("nodes")
     candidates = list(row.get("effects") or {})
     if circuit and candidates:
-        runs = _Runs(model, tokens, bos, corruption, NormRatio(layer), candidates)
+        runs = _Runs(setup, NormRatio(layer), candidates)
         faith = _share(runs, runs.kept(circuit), seed, removed=False)
     npass = row.get("neuron_pass") or {}
     neurons = row.get("neurons") or {}
     if neurons and "[" in npass.get("metric", ""):
         neuron_name = max(neurons, key=lambda n: abs(neurons[n]))
         dim = int(npass["metric"].split("[")[1].split("]")[0])
-        runs = _Runs(model, tokens, bos, corruption, ResidDim(layer, dim), [neuron_name])
+        runs = _Runs(setup, ResidDim(layer, dim), [neuron_name])
         neuron = _share(runs, runs.patched(neuron_name), seed, removed=True)
     h0 = h[:, 0]
     ordinary = float(direction_stability_ordinary(h))

@@ -20,14 +20,14 @@ from p0circuit.measures.norms import massive_activations
 from p0circuit.core.errors import P0CircuitError
 from p0circuit.measures.sink_report import SinkReport, sink_report
 from p0circuit.patching import (
-    NormRatio, PatchMetric, ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
+    ResidDim, activation_patch, attribution_patch, candidate_edges, candidate_neurons,
     candidate_nodes, faithful_circuit, faithful_edges, faithfulness_curve, path_patch,
 )
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
 from p0circuit.patching.edges import among
+from p0circuit.patching.inputs import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.triage import triage_patch
-from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.result import PatchResult
 from p0circuit.core.types import Kind, Node
 
@@ -104,25 +104,25 @@ def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple
     }
 
 
-def drop(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric) -> float:
-    """``clean - corrupted`` of ``metric`` under ``corruption`` (two forwards up to the metric's block)."""
-    job = PatchJob(model, tokens, PatchOptions(corruption=corruption, metric=metric, bos=bos)).cache(set())
+def drop(setup: Setup) -> float:
+    """``clean - corrupted`` of the setup's metric under its corruption (two forwards up to the metric's block)."""
+    job = PatchJob.of(setup).cache(set())
     return job.clean_metric - job.corrupted_metric([])
 
 
-def choose(model: Any, tokens: Tensor, bos: bool, names: Sequence[str], metric: PatchMetric,
-           seed: int) -> tuple[Corruption, dict[str, Any]]:
-    """Of the corruptions ``names``, the one that lowers ``metric`` most (the sink depends on what
-    it changes), with each one's drop and the reason, for the record."""
-    drops = {n: drop(model, tokens, bos, get_corruption(n, seed=seed), metric) for n in names}
+def choose(setup: Setup, names: Sequence[str], seed: int) -> tuple[Setup, dict[str, Any]]:
+    """Of the corruptions ``names`` (made with ``seed``), the one that lowers the setup's metric most (the sink depends
+    on what it changes), as the setup that uses it, with each one's drop and the reason, for the record."""
+    setups = {n: setup.corrupting(get_corruption(n, seed=seed)) for n in names}
+    drops = {n: drop(v) for n, v in setups.items()}
     best = max(drops, key=lambda n: drops[n])
+    metric = setup.metric
     why = (f"'{best}' lowers {metric.name} most (the drop, clean minus corrupted: "
            + ", ".join(f"{n} {v:+.4g}" + (" (it raises the metric)" if v < 0 else "") for n, v in drops.items()) + ")")
     if drops.get("swap", 0.0) <= 0 < drops.get("shift", 0.0):
         why += ("; replacing the BOS token does not remove the sink, so it is built on position 0, not on the "
                 "BOS token")
-    return get_corruption(best, seed=seed), {"drops": {n: round(v, 4) for n, v in drops.items()}, "chosen": best,
-                                             "why": why}
+    return setups[best], {"drops": {n: round(v, 4) for n, v in drops.items()}, "chosen": best, "why": why}
 
 
 def onset_nodes(model: Any, layer: int, corruption: Corruption, at: int = 0) -> list[Node]:
@@ -132,23 +132,21 @@ def onset_nodes(model: Any, layer: int, corruption: Corruption, at: int = 0) -> 
     return [n for n in candidate_nodes(model, positions=(at,), embed=isinstance(corruption, Swap)) if n.layer <= layer]
 
 
-def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
-          threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0,
+def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0,
           include: Sequence[str] = (), included: str = "named nodes") -> tuple[PatchResult, dict[str, Any]]:
-    """Activation patching of :func:`onset_nodes` with ``metric``: of every one, or, when there are more than
+    """Activation patching of :func:`onset_nodes` (up to block ``layer``) on ``setup`` (its metric): of every one, or, when there are more than
     ``exact_nodes`` (> 0), of the :data:`SCREEN_TOP` strongest attribution estimates, of the candidates among
     ``include`` (nodes another pass found, patched exactly whatever their estimate; ``included`` names them in the
     record) and of :data:`SCREEN_SAMPLE`
     others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
     unexamined: no effect is reported for them, and a circuit search over the result still corrupts them)."""
     t = time.perf_counter()
-    cands = onset_nodes(model, layer, corruption, at)
+    cands = onset_nodes(setup.model, layer, setup.corruption, at)
     screen: dict[str, Any] = {}
     if screened(len(cands), exact_nodes):
         known = set(cands)
         forced = [n for n in include if Node.parse(n) in known]
-        res = triage_patch(model, tokens, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed,
-                           include=forced, corruption=corruption, metric=metric, bos=bos)
+        res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed, include=forced)
         tri = res.settings["triage"]
         screen = {"how": f"attribution patching over all {len(cands)} candidates (one forward and backward), then "
                          f"exact activation patching of the {tri['exact_top']} strongest estimates, "
@@ -158,7 +156,7 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
                      if k in ("exact_top", "included", "sampled", "unexamined", "sample_max_abs_effect",
                               "sample_notable")}}
     else:
-        res = activation_patch(model, tokens, nodes=cands, corruption=corruption, metric=metric, bos=bos)
+        res = activation_patch(setup=setup, nodes=cands)
     return res, {"corruption": res.corruption, "corruption_params": res.settings.get("corruption_params", {}),
                  "metric": res.metric, "clean": res.clean_metric, "corrupted": res.corrupted_metric,
                  "signal": res.signal, "message": res.message, "candidates": len(res.raw),
@@ -167,8 +165,8 @@ def nodes(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric:
                  "screen": screen, "seconds": round(time.perf_counter() - t, 2)}
 
 
-def circuit_edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
-                  found: dict[str, Any], node_effects: dict[str, float], threshold: float) -> dict[str, Any]:
+def circuit_edges(setup: Setup, layer: int, found: dict[str, Any], node_effects: dict[str, float],
+                  threshold: float) -> dict[str, Any]:
     """The onset's edges: those of its faithful circuit ``found`` (searched with it, by :func:`circuit`: each
     edge alone by path patching, then pruned as a set) at or above ``threshold``; where there is no such
     search (the node circuit is not faithful, or it has too many candidate edges), path patching between
@@ -179,25 +177,26 @@ def circuit_edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption,
                           if abs(v) >= threshold},
                 "candidates": ec["candidates"], "signal": True,
                 "of": "the edges between the faithful circuit's nodes and into the metric, each alone"}
-    out = edges(model, tokens, bos, corruption, metric, layer, node_effects, threshold)
+    out = edges(setup, layer, node_effects, threshold)
     out["of"] = "the edges between the 8 strongest single nodes, each alone (a screen: " + \
         (ec.get("note") or ec.get("why") or "no faithful circuit") + ")"
     return out
 
 
-def edges(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, metric: PatchMetric, layer: int,
-          node_effects: dict[str, float], threshold: float, max_nodes: int = 8) -> dict[str, Any]:
+def edges(setup: Setup, layer: int, node_effects: dict[str, float], threshold: float,
+          max_nodes: int = 8) -> dict[str, Any]:
     """Path patching of the edges between the strongest nodes (senders) into the kept nodes' inputs
     (:func:`~p0circuit.patching.edges.among`: a key/value head counts when a query head of its group is kept)."""
     kept = [Node.parse(n) for n in list(node_effects)[:max_nodes]]
     senders = sorted(n for n in kept if n.kind != Kind.EXPERT)
     if not senders:
         return {"edges": {}, "candidates": 0, "note": "no sender among the kept nodes"}
-    cands = among(model, candidate_edges(model, senders, receiver_layers=layer + 1, metric=metric), kept)
+    model = setup.model
+    cands = among(model, candidate_edges(model, senders, receiver_layers=layer + 1, metric=setup.metric), kept)
     if not cands:
         return {"edges": {}, "candidates": 0, "note": "no edge between the kept nodes"}
     t = time.perf_counter()
-    res = path_patch(model, tokens, edges=cands, corruption=corruption, metric=metric, bos=bos)
+    res = path_patch(setup=setup, edges=cands)
     return {"edges": strong(res, threshold), "candidates": len(cands), "signal": res.signal,
             "seconds": round(time.perf_counter() - t, 2)}
 
@@ -212,25 +211,26 @@ def massive_dim_at(model: Any, tokens: Tensor, layer: int, at: int) -> Optional[
     return max(found, key=lambda d: d[2])[0] if found else None
 
 
-def neurons(model: Any, tokens: Tensor, bos: bool, corruption: Corruption, layer: int, dim: int,
-            node_effects: dict[str, float], threshold: float, keep: int, steps: int, at: int = 0) -> dict[str, Any]:
+def neurons(setup: Setup, layer: int, dim: int, node_effects: dict[str, float], threshold: float, keep: int,
+            steps: int, at: int = 0) -> dict[str, Any]:
     """The neurons at the sink's index ``at`` (P0 by default) that write massive dimension ``dim`` at block
-    ``layer``: integrated gradients over every neuron of the MLPs up to the onset that the node pass kept (and
+    ``layer`` (``setup``'s model, prompts and corruption; the metric is that dimension's value): integrated gradients over every neuron of the MLPs up to the onset that the node pass kept (and
     the onset's own MLP), then exact activation patching of the ``keep`` strongest estimates."""
+    model = setup.model
     if model.cfg.attn_only or model.cfg.num_experts:
         return {"neurons": {}, "note": "attention-only model" if model.cfg.attn_only else
                 "mixture of experts: see the expert nodes instead"}
     mlps = sorted({Node.parse(n).layer for n in node_effects if Node.parse(n).kind == Kind.MLP} | {layer})[-4:]
     cands = candidate_neurons(model, mlps, positions=(at,))
     metric = ResidDim(layer, dim, pos=at)
+    setup = setup.measuring(metric)
     t = time.perf_counter()
-    est = attribution_patch(model, tokens, nodes=cands, corruption=corruption, metric=metric, bos=bos, steps=steps,
-                            min_signal=0.0)
+    est = attribution_patch(setup=setup, nodes=cands, steps=steps, min_signal=0.0)
     screen_s = time.perf_counter() - t
     ranked = sorted((n for n in est.normalized if math.isfinite(est.normalized[n])),
                     key=lambda n: -abs(est.normalized[n]))[:keep]
     t = time.perf_counter()
-    exact = activation_patch(model, tokens, nodes=ranked, corruption=corruption, metric=metric, bos=bos)
+    exact = activation_patch(setup=setup, nodes=ranked)
     confirm_s = time.perf_counter() - t
     curve = []
     if exact.signal:
@@ -309,19 +309,17 @@ def seeded(name: str, seed: int) -> Corruption:
     return get_corruption(name, seed=seed) if takes else get_corruption(name)
 
 
-def by_corruption(model: Any, tokens: Tensor, bos: bool, layer: int, names: Sequence[str], threshold: float,
-                  seed: int = 0, known: Optional[dict[str, dict[str, Any]]] = None, exact_nodes: int = 0
-                  ) -> dict[str, Any]:
-    """The onset's nodes under each corruption in ``names`` (made with ``seed``): signal, top effects, or
-    why not. ``known``: corruption name -> the :func:`nodes` summary already measured on these prompts at
+def by_corruption(setup: Setup, layer: int, names: Sequence[str], threshold: float, seed: int = 0,
+                  known: Optional[dict[str, dict[str, Any]]] = None, exact_nodes: int = 0) -> dict[str, Any]:
+    """The onset's nodes (``setup``: its prompts and metric) under each corruption in ``names`` (made with ``seed``):
+    signal, top effects, or why not. ``known``: corruption name -> the :func:`nodes` summary already measured on these prompts at
     this onset with that corruption and seed (the onset's own pass), used instead of measuring it again."""
     out: dict[str, Any] = {}
     for name in names:
         summary = (known or {}).get(name)
         if summary is None:
             try:
-                _, summary = nodes(model, tokens, bos, seeded(name, seed), NormRatio(layer), layer, threshold,
-                                   exact_nodes, seed)
+                _, summary = nodes(setup.corrupting(seeded(name, seed)), layer, threshold, exact_nodes, seed)
             except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
                 out[name] = {"error": f"{type(err).__name__}: {err}"}
                 continue

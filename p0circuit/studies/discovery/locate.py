@@ -12,17 +12,16 @@ suffix forwards of the prompts; :func:`affordable` bounds the node count (defaul
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
-from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from p0circuit.core.defaults import LOCATE_THRESHOLD, NORM_THRESHOLD
 from p0circuit.core import hooks
 from p0circuit.core.args import entry_point
 from p0circuit.measures import SinkReport, norm_ratio, sink_report
-from p0circuit.patching import Corruption, NormRatio, activation_patch, candidate_nodes
+from p0circuit.patching import NormRatio, activation_patch, candidate_nodes
+from p0circuit.patching.inputs import Setup
 from p0circuit.models.tokens import check_tokens
 from p0circuit.core.types import Node
 
@@ -80,24 +79,24 @@ def onset_at(model: Any, tokens: Any, k: int, norm_threshold: float) -> Optional
 
 
 @entry_point
-def locate(
-    model: HookedTransformer, tokens: Tensor, *, report: Optional[SinkReport] = None,
-    corruption: Union[str, Corruption] = "shift", threshold: float = LOCATE_THRESHOLD, bos: Optional[bool] = None,
-    norm_threshold: float = NORM_THRESHOLD,
-) -> Location:
-    """Locate the circuit of the model's sink by activation patching (see the module docstring).
+def locate(setup: Setup, *, report: Optional[SinkReport] = None, threshold: float = LOCATE_THRESHOLD,
+           norm_threshold: float = NORM_THRESHOLD) -> Location:
+    """Locate the circuit of the model's sink by activation patching (see the module docstring), on ``setup``'s
+    model and prompts with its corruption and BOS choice (``p0circuit.Setup.of(model, tokens, corruption="shift",
+    bos=False)``); the metric is the norm ratio at the onset found here, whatever the setup's.
 
     ``report`` (a :func:`sink_report` on the same tokens) is computed when not given. Without a
     sink (no layer reaches ``norm_threshold``) nothing is patched and ``by`` is ``none``.
     """
-    report = report if report is not None else sink_report(model, tokens, bos=bos, norm_threshold=norm_threshold)
+    model, tokens = setup.model, setup.tokens
+    report = report if report is not None else sink_report(model, tokens, bos=setup.bos, norm_threshold=norm_threshold)
     k = report.sink_position
     onset = report.norm_onset_layer if k == 0 else onset_at(model, tokens, k, norm_threshold)
     if onset is None:
         return Location((), "none", note=f"no layer amplifies position {k} past the norm threshold {norm_threshold}")
     metric = NormRatio(onset, pos=k)
     nodes = candidate_nodes(model, positions=range(k + 1))
-    result = activation_patch(model, tokens, nodes=nodes, corruption=corruption, metric=metric, bos=bos)
+    result = activation_patch(setup=setup.measuring(metric), nodes=nodes)
     if not result.signal:
         return Location((), "patching", metric=metric.name, effects=result.normalized, note=result.message)
     kept = [name for name, v in result.normalized.items() if abs(v) >= threshold]
