@@ -483,8 +483,11 @@ def _is_default(value: Any, param: inspect.Parameter) -> bool:
 def valid_kwargs(entry: Entry, c: Ctx) -> dict[str, Any]:
     """A valid value of each required parameter of ``entry`` (the optional ones keep their defaults)."""
     out = {}
-    for p in _params(entry):
-        if p.default is p.empty:
+    params = _params(entry)
+    takes_setup = any(p.name == "setup" for p in params)
+    for p in params:
+        # a patching method's model and tokens default to None only because setup= may give them: filled too
+        if p.default is p.empty or (takes_setup and p.name in ("model", "tokens") and p.default is None):
             kind = kind_of(entry, p)
             out[p.name] = typing.get_args(p.annotation)[0] if kind == "choice" else KINDS[kind].valid(c)  # type: ignore
     return out

@@ -100,9 +100,8 @@ def _from_setup(name: str, setup: Any, model_tokens: list[Any], options: Optiona
                 given: dict[str, Any]) -> tuple[Any, ...]:
     """``(model, tokens)`` and the keywords a method's body gets from ``setup=`` (the checked :class:`~p0circuit.Setup`
     it runs on: nothing is checked again), or an error naming what else was passed that the setup already fixes."""
-    from p0circuit.patching.inputs import Setup  # (inputs imports this module)
-
-    if not isinstance(setup, Setup):
+    # a Setup (inputs.py, which imports this module) is known by what it holds: its checked options and ``but``
+    if not (isinstance(getattr(setup, "options", None), PatchOptions) and callable(getattr(setup, "but", None))):
         raise BadCallError(f"{name}: setup={setup!r:.40} is not a p0circuit.Setup; make one with p0circuit.Setup.of(model, "
                            "tokens, corruption=..., metric=..., bos=...)")
     if any(x is not None for x in model_tokens) or options is not None:

@@ -34,8 +34,8 @@ from p0circuit.core.types import Node, parse_nodes
 @entry_point
 @takes_options()
 def activation_patch(
-    model: Optional[HookedTransformer] = None,
-    tokens: Optional[Tensor] = None,
+    model: HookedTransformer = None,  # type: ignore[assignment]  # (None: setup= gives it)
+    tokens: Tensor = None,  # type: ignore[assignment]
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     positions: str = "split",

@@ -158,8 +158,8 @@ def _targets(ops: Sequence[Any], cache: dict[str, Tensor]) -> dict[str, Tensor]:
 @entry_point
 @takes_options(without=("reference",))
 def attribution_patch(
-    model: Optional[HookedTransformer] = None,
-    tokens: Optional[Tensor] = None,
+    model: HookedTransformer = None,  # type: ignore[assignment]  # (None: setup= gives it)
+    tokens: Tensor = None,  # type: ignore[assignment]
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     edges: Optional[Sequence[Union[Edge, str]]] = None,

@@ -34,8 +34,8 @@ from p0circuit.core.types import Edge
 @entry_point
 @takes_options()
 def path_patch(
-    model: Optional[HookedTransformer] = None,
-    tokens: Optional[Tensor] = None,
+    model: HookedTransformer = None,  # type: ignore[assignment]  # (None: setup= gives it)
+    tokens: Tensor = None,  # type: ignore[assignment]
     *,
     edges: Optional[Sequence[Union[Edge, str]]] = None,
     chunk: int = 512,

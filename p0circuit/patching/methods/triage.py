@@ -45,8 +45,8 @@ NOTABLE = 0.1
 @entry_point
 @takes_options(without=("reference",))
 def triage_patch(
-    model: Optional[HookedTransformer] = None,
-    tokens: Optional[Tensor] = None,
+    model: HookedTransformer = None,  # type: ignore[assignment]  # (None: setup= gives it)
+    tokens: Tensor = None,  # type: ignore[assignment]
     *,
     nodes: Optional[Sequence[Union[Node, str]]] = None,
     top: int = 20,
