@@ -10,7 +10,7 @@ of the total time was from the real one when a quarter, half and three quarters 
 
 A model entry may carry ``analyze`` options after it (``"real:smollm2 --max-onsets 2"``: both of SmolLM2's P0
 onsets). Each run gets torch's default OpenMP wait policy (``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` removed from
-its environment), as a user's would: a passive policy set for a busy machine costs a quiet one about 1.3x.
+its environment), as a user's would: a passive policy set for a busy machine costs a quiet one about 1.2x.
 """
 
 import argparse

@@ -3,6 +3,7 @@ layer guarded like the engine's (p0circuit/patching/inputs.py, circuit_search.py
 faithfulness.py)."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -289,3 +290,32 @@ def test_a_setup_varies_what_a_study_varies(planted, screened):
                        (lambda: setup.rows(3), "slice or a list")):
         with pytest.raises(p0.P0CircuitError, match=said):
             call()
+
+
+def test_a_method_given_a_setup_checks_the_model_is_still_as_it_was(planted):
+    """Review of issue 51: ``setup=`` checked nothing, so a hook added, or a weight changed, after ``Setup.of`` gave a
+    silently wrong number; now both are refused, as the loose call refuses them (and ``measuring`` never
+    re-baselines a stale setup); a setup option the method does not take (``reference``) is refused too."""
+    from p0circuit.patching.methods.triage import triage_patch
+
+    model = p0.build_planted().model
+    toks = p0.probe_tokens(model, 8, 16, seed=0, regular=True)
+    setup = Setup.of(model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    model.blocks[1].hook_resid_pre.add_hook(lambda x, hook: x * 3)
+    with pytest.raises(p0.BadInputError, match="hooks of its own"):
+        p0.activation_patch(setup=setup)
+    model.reset_hooks(including_permanent=True)
+    with torch.no_grad():
+        model.blocks[0].mlp.W_out.mul_(1.01)
+    for call in (lambda: p0.activation_patch(setup=setup), lambda: p0.path_patch(setup=setup, min_signal=0.0),
+                 lambda: setup.measuring(p0.NormRatio(0))):
+        with pytest.raises(p0.BadInputError, match="weights changed since the setup was made"):
+            call()
+    fresh = Setup.of(model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False, reference=True)
+    with pytest.raises(p0.P0CircuitError, match="does not take reference="):
+        triage_patch(setup=fresh)
+    with pytest.raises(p0.P0CircuitError, match=r"setup.measuring\(metric\)"):
+        p0.activation_patch(setup=fresh, metric="norm_ratio:0")
+    for index, said in (([99], "0..7"), ([True, False], "True"), ([1.9], "1.9"), (slice(None, None, -1), "step")):
+        with pytest.raises(p0.BadInputError, match=re.escape(said)):
+            fresh.rows(index)

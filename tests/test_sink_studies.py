@@ -213,7 +213,7 @@ def test_a_sampled_first_token_map_gives_its_share_an_interval(planted_models):
     assert full.sinks_interval is None and full.vocab == pm.spec.d_vocab
     most = pm.spec.d_vocab // 2
     part = p0.first_token_map(pm.model, prompts(pm), onset, most=most, seed=3)
-    assert most <= part.vocab < pm.spec.d_vocab and "95% interval over the" in part.evidence
+    assert most <= part.vocab < pm.spec.d_vocab and "95% Wilson interval" in part.evidence
     low, high = part.sinks_interval
     assert 0.0 <= low < high <= 1.0 and low <= 1 / pm.spec.d_vocab * 4  # almost no draw is a sink here
 
@@ -224,7 +224,7 @@ def test_the_wilson_interval():
     assert low == 0.0 and abs(high - 0.27753) < 1e-4
     low, high = share_interval(8150, 8192)
     assert low < 8150 / 8192 < high and high - low < 0.004
-    for hits, n, said in ((3, 2, "hits <= draws"), (-1, 4, "hits=-1"), (1, 0, "draws"), (1.5, 4, "hits=1.5"),
+    for hits, n, said in ((3, 2, "hits <= draws"), (3, -1, "draws=-1 must be a whole number >= 1"), (-1, 4, "hits=-1"), (1, 0, "draws"), (1.5, 4, "hits=1.5"),
                           (True, 4, "hits=True")):
         with pytest.raises(p0.BadInputError, match=re.escape(said)):
             share_interval(hits, n)

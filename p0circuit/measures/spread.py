@@ -30,10 +30,11 @@ Z95 = 1.959963984540054
 def share_interval(hits: int, draws: int) -> tuple[float, float]:
     """The 95% Wilson score interval of the share ``hits / draws`` of a random sample (Wilson, 1927): it stays inside
     [0, 1] and keeps its width where the share is near 0 or 1, where the normal approximation collapses to a point."""
-    for name, value in (("hits", hits), ("draws", draws)):
-        if value < 0:
-            raise BadInputError(f"share_interval: {name}={value!r} must be a whole number >= 0")
-    if draws < 1 or hits > draws:
+    if draws < 1:
+        raise BadInputError(f"share_interval: draws={draws!r} must be a whole number >= 1 (the sample's size)")
+    if hits < 0:
+        raise BadInputError(f"share_interval: hits={hits!r} must be a whole number >= 0")
+    if hits > draws:
         raise BadInputError(f"share_interval: needs 0 <= hits <= draws and draws >= 1, got hits={hits}, draws={draws}")
     n = draws
     p, z2 = hits / n, Z95 * Z95

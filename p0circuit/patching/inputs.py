@@ -97,7 +97,10 @@ class Setup:
 
     def measuring(self, metric: Any) -> "Setup":
         """The same model, tokens and prepared corruption read by another ``metric`` (an object or a name, checked
-        against the model): a study's second question of the same runs, nothing but the metric checked again."""
+        against the model): a study's second question of the same runs. The model is first checked to be as the setup
+        was made (:meth:`still`: a setup made before a weight edit is refused, never re-baselined); then the weights
+        the new metric's runs read are digested again (a later metric reads more blocks)."""
+        self.still()
         resolved = resolve_metric(metric, self.model)
         if resolved is None:
             raise BadInputError("Setup.measuring needs a metric (an object such as p0circuit.NormRatio(2), or a name)")
@@ -114,9 +117,19 @@ class Setup:
     def rows(self, index: Any) -> "Setup":
         """The same study on a sub-batch of its prompts (``index``: a slice, or a list of rows), checked again, as
         a corruption that draws on the other prompts (``resample``) must be prepared on the rows it is given."""
-        if not isinstance(index, (slice, list, tuple)) or isinstance(index, tuple) and not index:
+        n = self.tokens.shape[0]
+        if isinstance(index, slice):
+            if index.step is not None and (isinstance(index.step, bool) or not isinstance(index.step, int) or index.step < 1):
+                raise BadInputError(f"Setup.rows({index!r:.40}): a slice's step must be a whole number >= 1")
+            picked = self.tokens[index]
+        elif isinstance(index, (list, tuple)):
+            bad = [i for i in index if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n]
+            if bad:
+                raise BadInputError(f"Setup.rows: index={index!r:.60} holds {bad[0]!r:.20}; give prompt rows as whole numbers "
+                                    f"in 0..{n - 1} (the setup has {n} prompts)")
+            picked = self.tokens[list(index)]
+        else:
             raise BadInputError(f"Setup.rows takes a slice or a list of prompt rows, got {index!r:.40}")
-        picked = self.tokens[index if isinstance(index, slice) else list(index)]
         if picked.shape[0] == 0:
             raise BadInputError(f"Setup.rows({index!r:.40}) selects no prompt of the {self.tokens.shape[0]}")
         return Setup.check(self.model, picked, self.options)
@@ -138,15 +151,24 @@ class Setup:
         return out + [f"{k}: {names[0]} {mine[k]!r:.100}, {names[1]} {theirs[k]!r:.100}" for k in mine
                       if mine[k] != theirs[k] and not (k in ("model", "architecture") and out)]
 
-    def unchanged(self) -> "Setup":
+    def unchanged(self, since: str = "the result was computed",
+                  fix: str = "its numbers no longer describe this model; patch again") -> "Setup":
         """``self`` when the weights its runs read are still those it was checked with, else an error naming the
-        tensors that changed (a search runs on the model its result was measured on)."""
+        tensors that changed ``since`` (a search runs on the model its result was measured on; a method given
+        ``setup=`` on the model the setup was checked on)."""
         moved = changed(self.weights, digest(self.model, self.metric, (self.tokens, self.prep.corrupt_tokens)))
         if moved:
-            raise BadInputError(f"the model's weights changed since the result was computed ({', '.join(moved[:4])}"
+            raise BadInputError(f"the model's weights changed since {since} ({', '.join(moved[:4])}"
                                 f"{' and more' if len(moved) > 4 else ''}: tensors its clean or corrupted runs read): "
-                                "its numbers no longer describe this model; patch again")
+                                f"{fix}")
         return self
+
+    def still(self) -> "Setup":
+        """``self`` when its model is still as it was checked (no hook of its own on the fast path, the same weights),
+        else an error saying what changed: what a method given ``setup=`` asks before it runs."""
+        if not self.options.reference:
+            refuse_user_hooks(self.model)
+        return self.unchanged("the setup was made", "make it again (p0circuit.Setup.of(...)) on the model as it is now")
 
     def same_as(self, other: Optional["Setup"], what: str) -> "Setup":
         """``self`` when ``other`` is None or the same study, else an error naming what differs."""

@@ -71,11 +71,11 @@ class PatchJob:
         options, checked here."""
         return cls.of(setup) if setup is not None else cls(model, tokens, options)
 
-    def _start(self, inputs: Setup) -> None:
-        model, options = inputs.model, inputs.options
-        self.inputs = self.setup = inputs
+    def _start(self, setup: Setup) -> None:
+        model, options = setup.model, setup.options
+        self.setup = setup
         self.model, self.tokens, self.metric, self.prep, self.options = (
-            inputs.model, inputs.tokens, inputs.metric, inputs.prep, inputs.options)
+            setup.model, setup.tokens, setup.metric, setup.prep, setup.options)
         self.direction = options.direction
         rows = options.rows_per_forward
         self.rows_per_forward = 8 * self.tokens.shape[0] if rows is None else rows
@@ -222,5 +222,5 @@ class PatchJob:
                candidates: Optional[Sequence[str]] = None, min_signal: Optional[float] = None,
                **settings: Any) -> PatchResult:
         """Normalize ``raw`` against this job's clean and base runs (:func:`p0circuit.patching.result.make_result`)."""
-        return make_result(self.inputs, self.clean_metric, self.base_metric, method, level, raw, corrupted,
+        return make_result(self.setup, self.clean_metric, self.base_metric, method, level, raw, corrupted,
                            candidates, self.min_signal if min_signal is None else min_signal, **settings)

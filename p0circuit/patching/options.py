@@ -97,9 +97,10 @@ HOW = ("direction", "min_signal", "rows_per_forward", "progress", "reference")
 
 
 def _from_setup(name: str, setup: Any, model_tokens: list[Any], options: Optional[PatchOptions],
-                given: dict[str, Any]) -> tuple[Any, ...]:
+                given: dict[str, Any], taken: tuple[str, ...]) -> tuple[Any, ...]:
     """``(model, tokens)`` and the keywords a method's body gets from ``setup=`` (the checked :class:`~p0circuit.Setup`
-    it runs on: nothing is checked again), or an error naming what else was passed that the setup already fixes."""
+    it runs on: only that its model still is as it was checked, :meth:`~p0circuit.Setup.still`), or an error naming
+    what else was passed that the setup already fixes, or an option of the setup's the method does not take."""
     # a Setup (inputs.py, which imports this module) is known by what it holds: its checked options and ``but``
     if not (isinstance(getattr(setup, "options", None), PatchOptions) and callable(getattr(setup, "but", None))):
         raise BadCallError(f"{name}: setup={setup!r:.40} is not a p0circuit.Setup; make one with p0circuit.Setup.of(model, "
@@ -109,9 +110,15 @@ def _from_setup(name: str, setup: Any, model_tokens: list[Any], options: Optiona
                            "its model, tokens and options, checked)")
     fixed = [k for k in given if k not in HOW]
     if fixed:
+        other = {"metric": " or setup.measuring(metric)", "corruption": " or setup.corrupting(corruption)"}
         raise BadCallError(f"{name}: the setup fixes {fixed[0]}= ({fixed[0]}={getattr(setup.options, fixed[0])!r:.60}); for "
-                           f"another, make another p0circuit.Setup.of(...); with setup= only {', '.join(HOW)} may change")
-    setup = setup.but(**given) if given else setup
+                           f"another, make another p0circuit.Setup.of(...){other.get(fixed[0], '')}; with setup= only "
+                           f"{', '.join(k for k in HOW if k in taken)} may change")
+    refused = unused(setup.options, taken)
+    if refused:
+        raise BadCallError(f"{name} does not take {refused[0]}= (the setup's options.{refused[0]}="
+                           f"{getattr(setup.options, refused[0])!r}): it uses {', '.join(taken)}")
+    setup = (setup.but(**given) if given else setup).still()
     return setup.model, setup.tokens, {"options": setup.options, "setup": setup}
 
 
@@ -147,7 +154,7 @@ def takes_options(*, without: tuple[str, ...] = ()) -> Callable[[F], F]:
             setup = kwargs.pop("setup", None) if takes_setup else None
             model_tokens = list(args[:2]) + [kwargs.pop(k) for k in ("model", "tokens") if k in kwargs]
             if setup is not None:
-                model, tokens, extra = _from_setup(name, setup, model_tokens, options, given)
+                model, tokens, extra = _from_setup(name, setup, model_tokens, options, given, taken)
                 return fn(model, tokens, *args[2:], **extra, **kwargs)
             if takes_setup and (len(model_tokens) < 2 or any(x is None for x in model_tokens)):
                 raise BadCallError(f"{name} needs the model and the tokens (or setup=p0circuit.Setup.of(model, tokens, "

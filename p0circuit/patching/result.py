@@ -205,7 +205,7 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
     ``raw`` was not run because it cannot reach the metric, and gets the base run's metric.
     ``min_signal``: the signal threshold (a screen that wants every estimate passes 0). ``inputs`` is the
-    call's :class:`~p0circuit.patching.inputs.PatchInputs`; ``base_metric`` is the metric of the run the
+    call's :class:`~p0circuit.patching.inputs.Setup`; ``base_metric`` is the metric of the run the
     patches went into."""
     names = list(raw) if candidates is None else list(candidates)
     bad = [n for n, v in raw.items() if not math.isfinite(v)]

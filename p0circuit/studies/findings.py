@@ -262,8 +262,9 @@ class FirstTokens(Record):
     sinks: float
     """Share of first tokens whose state reaches the onset line."""
     sinks_interval: Optional[list[float]]
-    """Where the vocabulary was sampled: the 95% Wilson interval of that share over the randomly drawn tokens (the
-    special tokens and the prompts' first tokens, always measured, left out of it); None: every token measured."""
+    """Where the vocabulary was sampled: the 95% Wilson interval of the share over the randomly drawn tokens only (the
+    special tokens and the prompts' first tokens, always measured, are in ``sinks`` but not in it; the evidence gives
+    the drawn tokens' own share beside it); None: every token measured."""
     aligned: float
     """Share of first tokens whose state's cosine reaches the line."""
     not_sinks: int

@@ -66,7 +66,10 @@ def triage_patch(
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
     job = PatchJob.start(model, tokens, options, setup)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
-    forced = parse_nodes(include) if include else []
+    try:
+        forced = parse_nodes(include) if include else []
+    except BadInputError as err:
+        raise BadInputError(f"triage_patch: include={include!r:.60}: {err}") from None
     stray = [n.name for n in forced if n not in set(node_list)]
     if stray:
         raise BadInputError(f"include names {len(stray)} node(s) that are not among the candidates ({', '.join(stray[:4])}"

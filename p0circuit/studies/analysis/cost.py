@@ -111,18 +111,6 @@ def special(model: Any, tokens: int) -> float:
     return float(tokens)
 
 
-MAP_FORWARDS = 32
-"""The most forwards of the batch one first-token map may cost: past it the map draws fewer tokens
-(:func:`map_tokens`). Every map of SmolLM2, Gemma 3 and Qwen2.5 costs less (20, 8 and 31 at their first onsets); a
-Llama-3.2-1B-shaped model's 65,536 tokens at block 3 would cost about 68."""
-
-
-def map_tokens(model: Any, layer: int, settings: Any) -> int:
-    """The vocabulary tokens a first-token map up to ``layer`` runs within :data:`MAP_FORWARDS` (at least 1024)."""
-    per_token = block_cost(model) * (layer + 1) / (settings.n_prompts * settings.length)
-    return max(1024, int(MAP_FORWARDS / per_token))
-
-
 def first_tokens(model: Any, layer: int, settings: Any, most: int) -> float:
     """Forwards of the first-token map at ``layer`` of ``most`` vocabulary ids (0: every one), each once, up to the
     onset, in units of the batch's tokens."""

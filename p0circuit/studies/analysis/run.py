@@ -396,7 +396,7 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
             bar.plan(*_costs(model, plans, s))
             reference = tokens[False] if False in tokens else prompts(model, s.n_prompts, s.length, False, s.seed)
             first_tokens = {str(l): state.run(f"first_tokens@L{l}", lambda l=l: _measured(lambda: first_token_map(
-                model, reference, l, threshold=s.norm_threshold, most=_first_token_count(model, plans, l, s), seed=s.seed)), bar)
+                model, reference, l, threshold=s.norm_threshold, most=_first_token_count(plans, l, s), seed=s.seed)), bar)
                 for l in _p0_layers(plans)}
             massive = sorted({d["dim"] for sk in sinks.values() for d in sk.get("massive_dims", [])})
             weights = state.run("weights", lambda: _weights(model, massive), bar)
@@ -497,18 +497,15 @@ def _p0_layers(plans: dict[bool, list[dict[str, Any]]]) -> list[int]:
     return sorted({o["layer"] for plan in plans.values() for o in plan if o["where"] == "P0"})
 
 
-def _first_token_count(model: Any, plans: dict[bool, list[dict[str, Any]]], layer: int, s: AnalysisSettings) -> int:
+def _first_token_count(plans: dict[bool, list[dict[str, Any]]], layer: int, s: AnalysisSettings) -> int:
     """Vocabulary tokens the first-token map at ``layer`` runs (0: every one): ``first_tokens`` where ``layer`` is the
-    first P0 onset of a BOS setting, else ``later_first_tokens`` (at most ``first_tokens``); either at most what
-    :data:`.cost.MAP_FORWARDS` forwards of the batch buy (:func:`.cost.map_tokens`: a large model's map is sampled)."""
+    first P0 onset of a BOS setting, else ``later_first_tokens`` (at most ``first_tokens``)."""
     if layer in {next((o["layer"] for o in plan if o["where"] == "P0"), None) for plan in plans.values()}:
         asked = s.first_tokens
     else:
         later = s.later_first_tokens or s.first_tokens
         asked = min(later, s.first_tokens) if s.first_tokens else later
-    vocab = int(model.cfg.d_vocab)
-    most = cost.map_tokens(model, layer, s)
-    return asked if min(vocab, asked or vocab) <= most else most
+    return asked
 
 
 def _weights(model: Any, massive: list[int]) -> Any:
@@ -542,7 +539,7 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
     for layer in _p0_layers(plans):
-        out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(model, plans, layer, s))
+        out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(plans, layer, s))
     for b in plans:
         out[f"{SETTINGS[b]}/special"] = cost.special(model, len(special_candidates(model)))
     out["weights"] = 0.0

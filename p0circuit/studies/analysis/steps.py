@@ -148,9 +148,11 @@ def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed
         forced = [n for n in include if Node.parse(n) in known]
         res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed, include=forced)
         tri = res.settings["triage"]
-        screen = {"how": f"attribution patching over all {len(cands)} candidates (one forward and backward), then "
-                         f"exact activation patching of the {tri['exact_top']} strongest estimates, "
-                         + (f"of {tri['included']} more, {included}, " if tri["included"] else "")
+        reach = (f" ({tri['reachable']} of them can change the metric)" if tri["reachable"] < len(cands) else "")
+        screen = {"how": f"attribution patching over all {len(cands)} candidates{reach} (one forward and backward), "
+                         f"then exact activation patching of the {tri['exact_top']} strongest estimates, "
+                         + (f"of {tri['included']} more of {included} (those outside the top {tri['exact_top']}), "
+                            if tri["included"] else "")
                          + f"and of {tri['sampled']} others drawn at random; {tri['unexamined']} unexamined",
                   **{k: ((round(v, 4) if math.isfinite(v) else None) if isinstance(v, float) else v) for k, v in tri.items()
                      if k in ("exact_top", "included", "sampled", "unexamined", "sample_max_abs_effect",

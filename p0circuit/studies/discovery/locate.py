@@ -19,6 +19,7 @@ import torch
 from p0circuit.core.defaults import LOCATE_THRESHOLD, NORM_THRESHOLD
 from p0circuit.core import hooks
 from p0circuit.core.args import entry_point
+from p0circuit.core.errors import BadInputError
 from p0circuit.measures import SinkReport, norm_ratio, sink_report
 from p0circuit.patching import NormRatio, activation_patch, candidate_nodes
 from p0circuit.patching.inputs import Setup
@@ -79,7 +80,7 @@ def onset_at(model: Any, tokens: Any, k: int, norm_threshold: float) -> Optional
 
 
 @entry_point
-def locate(setup: Setup, *, report: Optional[SinkReport] = None, threshold: float = LOCATE_THRESHOLD,
+def locate(setup: Any, *, report: Optional[SinkReport] = None, threshold: float = LOCATE_THRESHOLD,
            norm_threshold: float = NORM_THRESHOLD) -> Location:
     """Locate the circuit of the model's sink by activation patching (see the module docstring), on ``setup``'s
     model and prompts with its corruption and BOS choice (``p0circuit.Setup.of(model, tokens, corruption="shift",
@@ -88,6 +89,10 @@ def locate(setup: Setup, *, report: Optional[SinkReport] = None, threshold: floa
     ``report`` (a :func:`sink_report` on the same tokens) is computed when not given. Without a
     sink (no layer reaches ``norm_threshold``) nothing is patched and ``by`` is ``none``.
     """
+    if not isinstance(setup, Setup):
+        raise BadInputError(f"locate takes a p0circuit.Setup (its model, prompts, corruption and BOS choice), got "
+                            f"setup={type(setup).__name__}: call locate(p0circuit.Setup.of(model, tokens, corruption='shift', "
+                            "bos=False))")
     model, tokens = setup.model, setup.tokens
     report = report if report is not None else sink_report(model, tokens, bos=setup.bos, norm_threshold=norm_threshold)
     k = report.sink_position

@@ -97,6 +97,7 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
     interval = None
     if vocab < full:  # sampled: the share's interval over the random draws only (the always-measured ones are no sample)
         hits = int((~below[torch.tensor([where[int(t)] for t in drawn.tolist()])]).sum())
+        drawn_share = hits / len(drawn)
         interval = [round(v, 6) for v in share_interval(hits, len(drawn))]
     record = dict(
         layer=layer, vocab=vocab, of=full, reference=f"{reference.shape[0]} prompts x {reference.shape[1]} tokens (no BOS): "
@@ -112,8 +113,10 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
          f"{vocab} of the {full} vocabulary tokens (drawn with seed {seed}, the special tokens and the prompts' first "
          "tokens among them)") + f" as a one-token prompt: after block {layer} its P0 state's norm ratio "
         f"(over the reference prompts' ordinary positions) has median {record['quantiles']['0.5']:.3g}, 1% quantile "
-        f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of first "
-        f"tokens" + (f" (95% interval over the {len(drawn)} drawn: {interval[0]:.1%}-{interval[1]:.1%})" if interval else "")
+        f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of the "
+        f"first tokens measured" + (f" (of the {len(drawn)} drawn at random {drawn_share:.1%}, 95% Wilson interval "
+                                    f"{interval[0]:.1%}-{interval[1]:.1%}, binomial: a little wide for a draw without "
+                                    "replacement)" if interval else "")
         + f" reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
         f"prompts' P0 direction; {record['not_sinks']} do not become sink states"
         + (f" (the lowest: {', '.join(f'{p.text!r} {p.ratio:.2f}' for p in low[:5])})" if record["not_sinks"] else ""))
