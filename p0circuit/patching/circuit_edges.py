@@ -185,7 +185,8 @@ def faithful_edges(
             held[e.name] = "a norm follows the sender, so its output is not additive: held as it is, never corrupted"
     cands = [e for e in cands if e.name not in held]
     if not cands or (max_candidates is not None and len(cands) > max_candidates):
-        why = (f"{len(cands)} candidate edges, more than max_candidates={max_candidates}: not searched" if cands else
+        why = (f"{len(cands)} candidate edges, more than max_candidates={max_candidates} (an analysis' --max-edges): not "
+               "searched" if cands else
                "no edge between the circuit's nodes can be corrupted as an edge" if held else
                "no edge between the circuit's nodes")
         return EdgeCircuit([], len(cands), None, None, False, why=why, searched=False, settings=settings,

@@ -112,8 +112,8 @@ def _from_setup(name: str, setup: Any, model_tokens: list[Any], options: Optiona
     if fixed:
         other = {"metric": " or setup.measuring(metric)", "corruption": " or setup.corrupting(corruption)"}
         raise BadCallError(f"{name}: the setup fixes {fixed[0]}= ({fixed[0]}={getattr(setup.options, fixed[0])!r:.60}); for "
-                           f"another, make another p0circuit.Setup.of(...){other.get(fixed[0], '')}; with setup= only "
-                           f"{', '.join(k for k in HOW if k in taken)} may change")
+                           f"another, make another p0circuit.Setup.of(...){other.get(fixed[0], '')}; of the options, only "
+                           f"{', '.join(k for k in HOW if k in taken)} may be given beside setup=")
     refused = unused(setup.options, taken)
     if refused:
         raise BadCallError(f"{name} does not take {refused[0]}= (the setup's options.{refused[0]}="

@@ -153,7 +153,9 @@ def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed
                          f"then exact activation patching of the {tri['exact_top']} strongest estimates, "
                          + (f"of {tri['included']} more of {included} (those outside the top {tri['exact_top']}), "
                             if tri["included"] else "")
-                         + f"and of {tri['sampled']} others drawn at random; {tri['unexamined']} unexamined",
+                         + f"and of {tri['sampled']} others drawn at random; {tri['unexamined']} unexamined (no "
+                           "effect reported; the circuit search still ranks them by their estimate and corrupts those "
+                           "outside its circuit)",
                   **{k: ((round(v, 4) if math.isfinite(v) else None) if isinstance(v, float) else v) for k, v in tri.items()
                      if k in ("exact_top", "included", "sampled", "unexamined", "sample_max_abs_effect",
                               "sample_notable")}}

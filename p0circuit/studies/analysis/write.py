@@ -432,7 +432,8 @@ def _first_token_lines(d: AnalysisRecord) -> list[str]:
         return []
     out = ["## Every first token", "", "Under the causal mask the P0 state depends on the first token alone, so every "
            "vocabulary token is run as a one-token prompt (the prompts above sample a few of them); at a later onset, or "
-           "for a vocabulary larger than the setting, a random sample is, and its share is given with a 95% interval.", ""]
+           "for a vocabulary larger than the setting, a random sample of it is run instead, and the drawn tokens' share "
+           "is given with its 95% interval.", ""]
     for layer, rec in d.first_tokens.items():
         if isinstance(rec, Unmeasured):
             out += [f"- Block {layer}: not measured: {rec.error}.", ""]

@@ -118,6 +118,6 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
                                     f"{interval[0]:.1%}-{interval[1]:.1%}, binomial: a little wide for a draw without "
                                     "replacement)" if interval else "")
         + f" reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
-        f"prompts' P0 direction; {record['not_sinks']} do not become sink states"
+        f"prompts' P0 direction; {record['not_sinks']} {'does' if record['not_sinks'] == 1 else 'do'} not become sink states"
         + (f" (the lowest: {', '.join(f'{p.text!r} {p.ratio:.2f}' for p in low[:5])})" if record["not_sinks"] else ""))
     return FirstTokens(**record)
