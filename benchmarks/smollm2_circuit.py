@@ -1,7 +1,7 @@
 """SmolLM2-135M's P0 circuit, measured: ``p0circuit analyze --model real:smollm2 --max-onsets 2`` (the first
 onset and the second amplification at block 11, and its edges: ``--max-edges 1024``, as the atlas runs it), with the run's ``analysis.md`` copied to
-``docs/smollm2_circuit.md``. Needs ``pip install -e ".[real]"``; about 10 minutes on 2 CPU cores (605 s of steps on
-2026-12-04, both BOS settings, the new studies included). ``--out DIR``
+``docs/smollm2_circuit.md``. Needs ``pip install -e ".[real]"``; about 10 minutes on 2 CPU cores (713 s of steps on
+2026-12-04 beside other work, 762 counted forwards, both BOS settings). ``--out DIR``
 keeps the run elsewhere (default ``runs/atlas/real-smollm2``, the atlas' run: an interrupted or finished run is
 read back there).
 """
