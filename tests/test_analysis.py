@@ -341,7 +341,7 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
         p0.faithful_edges(found, setup=other)
     capped = p0.faithful_edges(found, max_candidates=2)
     assert not capped.searched and capped.faithfulness is None and capped.completeness is None
-    assert "more than max_candidates=2: not searched" in capped.why and capped.edges == []
+    assert "more than max_candidates=2 (an analysis' --max-edges): not searched" in capped.why and capped.edges == []
 
 
 def test_a_circuit_that_cannot_be_faithful_says_so(planted):

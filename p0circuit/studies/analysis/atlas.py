@@ -243,7 +243,7 @@ def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
             first = ("" if f is None else getattr(f, "error", "") if not hasattr(f, "sinks") else
                      f"{f.sinks:.1%} of {f.vocab} become sink states ({f.not_sinks} do not)"
                      + ("" if f.sinks_interval is None else
-                        f"; a sample: 95% interval {f.sinks_interval[0]:.1%}-{f.sinks_interval[1]:.1%}"))
+                        f"; a sample: 95% interval {f.sinks_interval[0]:.2%}-{f.sinks_interval[1]:.2%}"))
             out.append("| " + " | ".join(x.replace("|", "\\|") for x in [d.model, title, reads, detection, sink, weight,
                                                                           first]) + " |")
     return out

@@ -115,7 +115,7 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
         f"(over the reference prompts' ordinary positions) has median {record['quantiles']['0.5']:.3g}, 1% quantile "
         f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of the "
         f"first tokens measured" + (f" (of the {len(drawn)} drawn at random {drawn_share:.1%}, 95% Wilson interval "
-                                    f"{interval[0]:.1%}-{interval[1]:.1%}, binomial: a little wide for a draw without "
+                                    f"{interval[0]:.2%}-{interval[1]:.2%}, binomial: a little wide for a draw without "
                                     "replacement)" if interval else "")
         + f" reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
         f"prompts' P0 direction; {record['not_sinks']} {'does' if record['not_sinks'] == 1 else 'do'} not become sink states"
