@@ -106,7 +106,7 @@ def recall_of_the_screen(model, result: dict, say) -> None:
     that the screen's exact top kept (recall), and both times."""
     from p0circuit.patching import NormRatio
     from p0circuit.patching.corruptions import get_corruption
-    from p0circuit.patching.inputs import Setup
+    from p0circuit.patching.setup import Setup
     from p0circuit.studies.analysis import run as analysis_run, steps
 
     s, onset = result["settings"], next((o for v in result["onsets"].values() for o in v if o["where"] == "P0"), None)

@@ -20,7 +20,7 @@ from p0circuit.core import hooks  # every TransformerLens hook name (p0.hooks.re
 # ``p0circuit --help`` answer at once instead of importing torch and TransformerLens first.
 _WHERE = {
     **dict.fromkeys(['set_threads'], 'p0circuit.core.threads'),
-    **dict.fromkeys(['Setup'], 'p0circuit.patching.inputs'),
+    **dict.fromkeys(['Setup'], 'p0circuit.patching.setup'),
     **dict.fromkeys(['BadCallError', 'BadInputError', 'CheckpointError', 'ConfigError', 'MissingHookError', 'NonFiniteError', 'P0CircuitError'], 'p0circuit.core.errors'),
     **dict.fromkeys(['Analysis', 'AnalysisSettings', 'analyze'], 'p0circuit.studies.analysis'),
     **dict.fromkeys(['discover', 'interpret'], 'p0circuit.studies.discovery.discover'),

@@ -43,6 +43,7 @@ RENAMED = {
     "p0circuit.sweep": "p0circuit.surfaces.sweep",
     "p0circuit.report": "p0circuit.surfaces.sweep_report",
     "p0circuit.measures.report": "p0circuit.measures.sink_report",  # from p0circuit.metrics import report
+    "p0circuit.patching.inputs": "p0circuit.patching.setup",  # the Setup's module, named for what it holds
 }
 """Old module path -> its new path (a package's submodules follow it: ``p0circuit.metrics.norms``
 -> ``p0circuit.measures.norms``)."""

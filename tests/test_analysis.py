@@ -323,7 +323,7 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
     nothing searched, and the record says so (no number it did not measure)."""
     import dataclasses
 
-    from p0circuit.patching.inputs import Setup
+    from p0circuit.patching.setup import Setup
 
     toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
     metric = p0.NormRatio(1)

@@ -1,5 +1,5 @@
 """One checked setup, carried by every result and circuit made from it, and every number of the search
-layer guarded like the engine's (p0circuit/patching/inputs.py, circuit_search.py, circuit_edges.py,
+layer guarded like the engine's (p0circuit/patching/setup.py, circuit_search.py, circuit_edges.py,
 faithfulness.py)."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import p0circuit as p0
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 
 LAYER = 1
 

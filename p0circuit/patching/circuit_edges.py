@@ -42,7 +42,7 @@ from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods import path_patch
 from p0circuit.patching.ops import node_op
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.result import finite
 from p0circuit.patching.sites import named_positions, site_of
 

@@ -39,7 +39,7 @@ from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.types import Circuit, Node
 from p0circuit.patching.engine import run_groups, start_layer
 from p0circuit.core.io import strict
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.result import PatchResult, finite

@@ -22,7 +22,7 @@ from p0circuit.patching.edges import post_norm, receiver_site, sender_hook, send
 from p0circuit.patching.engine import PatchOp, apply_ops, run_groups, stop_layer
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.metrics import RunView
 from p0circuit.patching.ops import node_op, sender_delta
 from p0circuit.patching.result import PatchResult, finite

@@ -26,7 +26,7 @@ from p0circuit.core.progress import tqdm
 
 from p0circuit.core.errors import NonFiniteError, non_finite_fix
 from p0circuit.core.hooks import HookRef
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.engine import (
     BaseRun, PatchOp, apply_ops, base_hooks, cache_run, reaches, run_groups, run_groups_reference, stop_layer,
 )

@@ -101,7 +101,7 @@ def _from_setup(name: str, setup: Any, model_tokens: list[Any], options: Optiona
     """``(model, tokens)`` and the keywords a method's body gets from ``setup=`` (the checked :class:`~p0circuit.Setup`
     it runs on: only that its model still is as it was checked, :meth:`~p0circuit.Setup.still`), or an error naming
     what else was passed that the setup already fixes, or an option of the setup's the method does not take."""
-    # a Setup (inputs.py, which imports this module) is known by what it holds: its checked options and ``but``
+    # a Setup (setup.py, which imports this module) is known by what it holds: its checked options and ``but``
     if not (isinstance(getattr(setup, "options", None), PatchOptions) and callable(getattr(setup, "but", None))):
         raise BadCallError(f"{name}: setup={setup!r:.40} is not a p0circuit.Setup; make one with p0circuit.Setup.of(model, "
                            "tokens, corruption=..., metric=..., bos=...)")

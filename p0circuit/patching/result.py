@@ -52,7 +52,7 @@ class PatchResult:
     settings: dict[str, Any] = field(default_factory=dict)
     """Everything needed to reproduce the result (the setup's description among it: ``Setup.describe``)."""
     setup: Any = field(default=None, repr=False, compare=False)
-    """The checked :class:`~p0circuit.patching.inputs.Setup` it was computed on (model, tokens, BOS choice,
+    """The checked :class:`~p0circuit.patching.setup.Setup` it was computed on (model, tokens, BOS choice,
     corruption and metric with their parameters), which the circuit searches read; None for a result
     rebuilt from its saved numbers or unpickled (records keep only its description)."""
 
@@ -205,7 +205,7 @@ def make_result(inputs: Any, clean_metric: float, base_metric: float, method: st
     ``candidates`` (default: the names in ``raw``) fixes the order; a candidate missing from
     ``raw`` was not run because it cannot reach the metric, and gets the base run's metric.
     ``min_signal``: the signal threshold (a screen that wants every estimate passes 0). ``inputs`` is the
-    call's :class:`~p0circuit.patching.inputs.Setup`; ``base_metric`` is the metric of the run the
+    call's :class:`~p0circuit.patching.setup.Setup`; ``base_metric`` is the metric of the run the
     patches went into."""
     names = list(raw) if candidates is None else list(candidates)
     bad = [n for n, v in raw.items() if not math.isfinite(v)]

@@ -32,7 +32,7 @@ from p0circuit.core.errors import BadInputError, CheckpointError, ConfigError
 from p0circuit.core.args import entry_point
 from p0circuit.studies.discovery.locate import MAX_NODES, Location, affordable, from_norm_profile
 from p0circuit.studies.discovery.locate import locate as locate_circuit
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.figures.plotting import finish, new_figure
 from p0circuit.measures import SinkReport, sink_report
 from p0circuit.models.checkpoints import load_pretrained

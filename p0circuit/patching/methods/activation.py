@@ -21,7 +21,7 @@ from transformer_lens import HookedTransformer
 
 from p0circuit.core import names
 from p0circuit.core.args import entry_point
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.ops import node_op

@@ -35,7 +35,7 @@ from p0circuit.core.errors import ConfigError, BadInputError
 from p0circuit.core.args import entry_point
 from p0circuit.patching.edges import candidate_edges, check_metric_outside_receivers, parse_edges, receiver_site, sender_hook
 from p0circuit.patching.hooking import receiver_hooks
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.options import PatchOptions, takes_options

@@ -28,7 +28,7 @@ from transformer_lens import HookedTransformer
 from p0circuit.core import names
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.activation import patch_nodes
 from p0circuit.patching.methods.attribution import attribute

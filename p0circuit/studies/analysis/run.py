@@ -50,7 +50,7 @@ from p0circuit.core.clock import import_seconds
 from p0circuit.patching import NormRatio, work
 from p0circuit.patching.order import hook_order
 from p0circuit.patching.corruptions import Swap, get_corruption
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.core.entries import check_model_entry
 from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked

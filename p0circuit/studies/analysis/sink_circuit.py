@@ -29,7 +29,7 @@ from p0circuit.core.types import Input, Kind, Node
 from p0circuit.patching import AttnToP0, SinkRate, candidate_edges, path_patch
 from p0circuit.patching.circuit_search import Noising, search_job
 from p0circuit.patching.edges import among
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.sites import named_positions, site_of
 from p0circuit.studies.analysis import steps

@@ -24,7 +24,7 @@ from p0circuit.measures.spread import RESAMPLES, cosine_interval, interval
 from p0circuit.patching import NormRatio, PerPrompt, ResidDim
 from p0circuit.patching.circuit_search import Noising, search_job
 from p0circuit.patching.engine import run_groups
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.metrics import RunView
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.sites import named_positions, site_of

@@ -25,7 +25,7 @@ from p0circuit.patching import (
 )
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
 from p0circuit.patching.edges import among
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.triage import triage_patch
 from p0circuit.patching.result import PatchResult

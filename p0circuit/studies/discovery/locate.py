@@ -22,7 +22,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
 from p0circuit.measures import SinkReport, norm_ratio, sink_report
 from p0circuit.patching import NormRatio, activation_patch, candidate_nodes
-from p0circuit.patching.inputs import Setup
+from p0circuit.patching.setup import Setup
 from p0circuit.models.tokens import check_tokens
 from p0circuit.core.types import Node
 
