@@ -101,7 +101,9 @@ def test_killed_training_resumes_without_lost_steps(tmp_path, straight, sig, see
     rng = random.Random(seed)
     for attempt in range(3):
         out = tmp_path / f"killed{attempt}"
+        # SIGINT back to its default in the child: a suite started in the background passes it on ignored
         proc = subprocess.Popen([sys.executable, "-m", "p0circuit.surfaces.cli", *args, "--out", str(out)],
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline and not list(out.glob("step_*")):

@@ -97,7 +97,9 @@ def test_killed_sweep_resumes(tmp_path, sig):
     cells = 8
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "p0circuit.surfaces.cli", "sweep", str(config_file), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # SIGINT back to its default in the child: a suite started in the background (``cmd &``) passes it on ignored
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not list((out / "cells").glob("*.json")):
         time.sleep(0.05)
