@@ -581,8 +581,8 @@ def test_a_later_p0_onset_samples_its_first_tokens():
     """The first P0 onset of each BOS setting maps ``first_tokens``; a later one ``later_first_tokens`` (at most
     ``first_tokens``; 0: as ``first_tokens``), and the cost model predicts the map it runs."""
     from p0circuit.studies.analysis.run import _first_token_count
-    plans = {False: [{"where": "P0", "layer": 2}, {"where": "P0", "layer": 11}],
-             True: [{"where": "first ','", "layer": 1}, {"where": "P0", "layer": 5}]}
+    plans = {False: [{"where": "P0", "layer": 2, "first": True}, {"where": "P0", "layer": 11}],
+             True: [{"where": "P0", "layer": 5, "first": True}, {"where": "first ','", "layer": 1}]}
     s = p0.AnalysisSettings()
     count = functools.partial(_first_token_count, plans)
     assert [count(layer, s) for layer in (2, 5, 11)] == [65536, 65536, 8192]

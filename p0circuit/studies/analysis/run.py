@@ -500,12 +500,10 @@ def _p0_layers(plans: dict[bool, list[dict[str, Any]]]) -> list[int]:
 def _first_token_count(plans: dict[bool, list[dict[str, Any]]], layer: int, s: AnalysisSettings) -> int:
     """Vocabulary tokens the first-token map at ``layer`` runs (0: every one): ``first_tokens`` where ``layer`` is the
     first P0 onset of a BOS setting, else ``later_first_tokens`` (at most ``first_tokens``)."""
-    if layer in {next((o["layer"] for o in plan if o["where"] == "P0"), None) for plan in plans.values()}:
-        asked = s.first_tokens
-    else:
-        later = s.later_first_tokens or s.first_tokens
-        asked = min(later, s.first_tokens) if s.first_tokens else later
-    return asked
+    if layer in {o["layer"] for plan in plans.values() for o in plan if o.get("first")}:  # (_onset_plan marks it)
+        return s.first_tokens
+    later = s.later_first_tokens or s.first_tokens
+    return min(later, s.first_tokens) if s.first_tokens else later
 
 
 def _weights(model: Any, massive: list[int]) -> Any:
