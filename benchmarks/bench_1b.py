@@ -194,6 +194,11 @@ def main() -> None:
                 f"{t['others_cores']:.1f} cores on average meanwhile; {sum(t['predicted_forwards'].values()):.0f} forwards "
                 f"predicted by the cost model; the progress bar's estimate of the total time at 25% / 50% / 75% of it: "
                 + " / ".join(f"{v:+.0%}" for v in eta_errors(t).values()) + " of the real one")
+            by_kind: dict = {}
+            for key, fw in t["forwards_by_step"].items():  # the counted work of each step kind, largest first
+                by_kind[kind(key)] = by_kind.get(kind(key), 0.0) + (fw or 0.0)
+            say("its counted forwards by step kind: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(
+                by_kind.items(), key=lambda kv: -kv[1]) if v >= 0.05))
             mem = result["memory"]
             if mem["steps"] and all(v is not None for v in mem["steps"].values()):
                 peaks: dict = {}

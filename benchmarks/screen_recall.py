@@ -55,6 +55,7 @@ def case(model, toks, bos, corruption, label, metric, depth, s, include=()):
            "circuits": [{k: c.get(k) for k in ("size", "faithful", "faithfulness", "why")} |
                         {"evaluations": c.get("settings", {}).get("evaluations")} for c in circuits],
            "shared": len(shared), "included": summary["screen"].get("included", 0),
+           "top_patched": summary["screen"]["exact_top"],
            "screened_circuit": circuits[1].get("nodes") or list(summary["nodes"])}
     print(json.dumps(row, default=float), flush=True)
     return row
@@ -81,17 +82,18 @@ def measure(s):
 def table(rows, cond, s) -> str:
     out = [cond.header("screen_recall.py") + f" SmolLM2-135M, the analysis' prompts ({s.n_prompts} x {s.length} tokens), "
            f"its corruption (shift without BOS; with BOS the one it chooses), the onset at block {LAYER}; the screen: "
-           f"attribution over every candidate, then exact patching of the {steps.SCREEN_TOP} strongest estimates and "
-           f"{steps.SCREEN_SAMPLE} others drawn at random (for the sink's attention, as in the analysis, also the norm "
-           f"circuit's nodes: the count in brackets); kept: |normalized effect| >= {s.threshold}. Circuits: "
+           f"attribution over every candidate, then exact patching of the strongest estimates (the {steps.SCREEN_LEAST} "
+           f"strongest, and of the next up to {steps.SCREEN_TOP} those at |estimate| >= {steps.SCREEN_FLOOR * s.threshold:g}: "
+           f"'top patched') and {steps.SCREEN_SAMPLE} others drawn at random (for the sink's attention, as in the "
+           f"analysis, also the norm circuit's nodes: the count in brackets); kept: |normalized effect| >= {s.threshold}. Circuits: "
            "the faithful-circuit search on each result (size, faithfulness; * faithful within the 20-node budget).", "",
-           "| case | candidates | exact keeps | screen keeps | recall | kept nodes it missed (exact effect) | largest exact "
+           "| case | candidates | top patched | exact keeps | screen keeps | recall | kept nodes it missed (exact effect) | largest exact "
            "effect unexamined | time exact / screen | circuit on exact | circuit on screen | nodes shared |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = ["{}{} ({:.3f})".format(x["size"], "*" if x["faithful"] else "", x["faithfulness"]) for x in r["circuits"]]
         more = f" (+{r['included']})" if r["included"] else ""
-        out.append(f"| {r['case']}{more} | {r['candidates']} | {r['exact_keeps']} | {r['screen_keeps']} | {r['recall']:.2f} | "
+        out.append(f"| {r['case']}{more} | {r['candidates']} | {r['top_patched']} | {r['exact_keeps']} | {r['screen_keeps']} | {r['recall']:.2f} | "
                    f"{', '.join(f'{n} ({v:+.2f})' for n, v in r['missed']) or 'none'} | {r['unexamined_max']:.3f} | "
                    f"{r['exact_s']:.1f} s / {r['screen_s']:.1f} s | {c[0]} | {c[1]} | {r['shared']} |")
     return "\n".join(out)

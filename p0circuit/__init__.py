@@ -29,7 +29,7 @@ _WHERE = {
     **dict.fromkeys(['auroc', 'compare', 'prune'], 'p0circuit.core.circuits'),
     **dict.fromkeys(['to_dot', 'to_networkx', 'to_svg'], 'p0circuit.figures.graphs'),
     **dict.fromkeys(['SinkReport', 'sink_report'], 'p0circuit.measures'),
-    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Copies', 'Corruption', 'FaithfulCircuit', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'PerPrompt', 'ResidDim', 'Shift', 'SinkRate', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'EdgeCircuit', 'expert_routing', 'faithful_circuit', 'faithful_edges', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
+    **dict.fromkeys(['AttnToP0', 'CORRUPTIONS', 'CacheMetric', 'Copies', 'Corruption', 'LogitMetric', 'METHODS', 'Method', 'NormRatio', 'PatchMetric', 'PatchOptions', 'PatchResult', 'PosMean', 'Resample', 'PerPrompt', 'ResidDim', 'Shift', 'SinkRate', 'Swap', 'Zero', 'activation_patch', 'attribution_patch', 'candidate_edges', 'candidate_experts', 'candidate_neurons', 'candidate_nodes', 'check_attribution', 'expert_routing', 'faithful_circuit', 'faithful_edges', 'faithfulness_curve', 'path_patch', 'takes_options'], 'p0circuit.patching'),
     **dict.fromkeys(['ModelSpec', 'load_checkpoint', 'load_pretrained', 'positional_kind'], 'p0circuit.models'),
     **dict.fromkeys(['export_gguf', 'load_gemma3', 'load_gguf', 'load_qwen25', 'load_smollm2'], 'p0circuit.models.gguf'),
     **dict.fromkeys(['load_model'], 'p0circuit.models.resolve'),
@@ -63,6 +63,8 @@ def __getattr__(name: str) -> object:
             value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value
         return value
+    if name in _moved.CLASSES:
+        return _moved.old_class(name)
     if name in _moved.NAMES:
         raise AttributeError(f"p0circuit.{name} was removed; use {_moved.NAMES[name]}")
     raise AttributeError(f"module 'p0circuit' has no attribute {name!r}")

@@ -68,6 +68,22 @@ NAMES = {
 }
 """Old top-level name -> its replacement."""
 
+CLASSES = {
+    "FaithfulCircuit": "faithful_circuit returns the one p0circuit.Circuit; its search's numbers are circuit.search "
+                       "(a p0circuit.patching.NodeSearch)",
+    "EdgeCircuit": "faithful_edges returns the one p0circuit.Circuit; its edge search's numbers are "
+                   "circuit.edge_search (a p0circuit.patching.EdgeSearch)",
+}
+"""Old class names that now resolve to :class:`~p0circuit.Circuit` for this release, with a ``FutureWarning`` saying
+what the searches return instead (an ``isinstance`` check against the old name still holds)."""
+
+
+def old_class(name: str) -> Any:
+    """The class an old name of :data:`CLASSES` resolves to (the one Circuit), after its ``FutureWarning``."""
+    warn_user(f"p0circuit.{name} is gone: {CLASSES[name]}; the old name means p0circuit.Circuit for this release "
+              "only", FutureWarning)
+    return importlib.import_module("p0circuit.core.types").Circuit
+
 
 _LONGEST_FIRST = sorted(RENAMED, key=len, reverse=True)
 

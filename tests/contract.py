@@ -175,9 +175,16 @@ def surface(modules: Optional[list[Any]] = None) -> tuple[list[Entry], dict[str,
             skipped[name] = "a base class users subclass"
         elif obj in results and not getattr(obj, "__no_type_check__", False):
             skipped[name] = "a result (a public callable returns it; it checks no fields of its own)"
+        elif obj.__name__ in ATTACHED:
+            skipped[name] = "a result's record (a search attaches it to the Circuit it returns)"
         else:
             entries.setdefault(id(obj), Entry(name, obj))
     return sorted(entries.values(), key=lambda e: e.name), skipped
+
+
+ATTACHED = {"NodeSearch", "EdgeSearch"}
+"""Records a circuit search attaches to the :class:`~p0circuit.Circuit` it returns (``circuit.search``,
+``circuit.edge_search``): results, read and never made by a user, as a returned class is."""
 
 
 # ---- the kinds of argument --------------------------------------------------------------------------------------
@@ -199,6 +206,7 @@ class Ctx:
         self.tokens = p0.probe_tokens(self.model, 4, 8, seed=0, regular=True)
         self.result = p0.activation_patch(self.model, self.tokens, metric="norm_ratio:1")
         self.faithful = p0.faithful_circuit(self.result)
+        self.pruned = p0.prune(self.faithful, top_k=1)  # a Circuit that lost its search
         self.setup = self.result.setup
         self.larger = p0.build_planted(n_layers=6, d_vocab=48)  # another model: more blocks, a larger vocabulary
         self.other_setup = p0.Setup.of(self.larger.model, p0.probe_tokens(self.larger.model, 4, 8, regular=True),
@@ -294,7 +302,8 @@ KINDS: dict[str, Kind] = {
     "edges": Kind(lambda c: ["M0@0->M1@0.mlp_in"], _names("M0@0->M1@0.mlp_in"),
                   lambda c: [("a larger model's edge", ["M0@0->M9@0.mlp_in"])]),
     "circuit": Kind(lambda c: c.pm.truth, lambda c: [("a string", "c"), ("a dict", {}), ("a planted model", c.pm)]),
-    "faithful": Kind(lambda c: c.faithful, lambda c: [("a string", "c"), ("a Circuit", c.pm.truth),
+    "faithful": Kind(lambda c: c.faithful, lambda c: [("a string", "c"), ("a Circuit no search made", c.pm.truth),
+                                                      ("a pruned search", c.pruned),
                                                       ("a result", c.result)]),
     "result": Kind(lambda c: c.result, lambda c: [("a string", "r"), ("a Circuit", c.pm.truth), ("a model", c.model)]),
     "setup": Kind(lambda c: None, lambda c: [("a number", 3), ("a string", "shift"), ("a result", c.result),
@@ -398,7 +407,7 @@ BY_NAME = {
 
 
 BY_TYPE = {"ModelSpec": "model_spec", "PlantSpec": "plant_spec", "TrainConfig": "train_config",
-           "SweepConfig": "sweep_config", "Method": "method_object", "FaithfulCircuit": "faithful",
+           "SweepConfig": "sweep_config", "Method": "method_object",
            "PatchOptions": "options", "ConeCurve": "curve", "Cell": "cell", "DataFrame": "frame"}
 """A parameter's kind by the class its annotation names (before its name: ``spec: ModelSpec``, ``spec: PlantSpec``)."""
 
@@ -417,6 +426,8 @@ def kind_of(entry: Entry, param: inspect.Parameter) -> Optional[str]:
         return "choice"
     if name in ("nodes", "edges") and name[:-1] in str(hint).lower() and "str" not in str(hint):  # Circuit's fields
         return f"{name}_objects"
+    if name == "circuit" and entry.name.endswith("faithful_edges"):  # a Circuit, but the one faithful_circuit returned
+        return "faithful"
     named_class = [k for k in BY_TYPE if k in str(hint) or getattr(hint, "__name__", "") == k]
     if named_class and name != "setup":
         return BY_TYPE[named_class[0]]

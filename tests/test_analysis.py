@@ -11,6 +11,7 @@
 
 import functools
 import json
+import re
 
 import pytest
 import torch
@@ -263,7 +264,9 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
     chosen = {"swap": p0.Swap(position=0, token=O.FILLER), "shift": p0.Shift(filler=(O.FILLER,))}.get(
         corruption) or get_corruption(corruption)
     res, _ = steps.nodes(p0.Setup.of(pm.model, toks, corruption=chosen, metric=p0.NormRatio(layer), bos=bos), layer, 0.1)
-    found = p0.faithful_circuit(res)
+    circuit = p0.faithful_circuit(res)
+    found = circuit.search  # the search's record: its nodes strongest first, its three shares
+    assert circuit.node_names == set(found.nodes) and circuit.result is res
     truth = {n.name for n in pm.truth.writers}
     if variant == "layer2":  # see below: block 0-1 content heads also write at P0, how much depends on the filler
         extra = set(found.nodes) - truth
@@ -297,7 +300,9 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
 
     # then its edges: the plant's edges into the blocks up to the metric's, and the amplifier's direct
     # write into the residual stream the metric reads
-    edges = p0.faithful_edges(found)
+    with_edges = p0.faithful_edges(circuit)
+    edges = with_edges.edge_search
+    assert with_edges.edge_names >= set(edges.edges) and with_edges.search is found
     amp = pm.truth.writers[-1]
     want = {e.name for e in pm.truth.edges if e.dst.layer <= layer} | {f"{amp.name}->R{layer}@0.resid"}
     if variant == "learned":  # the flag also reaches M1's input through its RMSNorm scale (alone -0.09 of the change)
@@ -333,13 +338,16 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
                      (dict(max_candidates=0), "max_candidates must be")):
         with pytest.raises(p0.BadInputError, match=msg):
             p0.faithful_edges(found, **bad)
-    with pytest.raises(p0.BadInputError, match="carries no result"):
-        p0.faithful_edges(dataclasses.replace(found, result=None))
+    for made in (dataclasses.replace(found, result=None), p0.prune(found, top_k=2), res.to_circuit()):
+        with pytest.raises(p0.BadInputError, match="carries no node search and result"):
+            p0.faithful_edges(made)
+    with pytest.raises(p0.BadInputError, match=r"is not Circuit; pass a p0circuit.Circuit \(from faithful_circuit"):
+        p0.faithful_edges(res)
     other = Setup.of(planted.model, analysis_run.prompts(planted.model, 8, 16, False, 1), corruption="shift",
                      metric=metric, bos=False)
     with pytest.raises(p0.BadInputError, match="another setup .*tokens"):
         p0.faithful_edges(found, setup=other)
-    capped = p0.faithful_edges(found, max_candidates=2)
+    capped = p0.faithful_edges(found, max_candidates=2).edge_search
     assert not capped.searched and capped.faithfulness is None and capped.completeness is None
     assert "more than max_candidates=2 (an analysis' --max-edges): not searched" in capped.why and capped.edges == []
 
@@ -349,7 +357,7 @@ def test_a_circuit_that_cannot_be_faithful_says_so(planted):
     toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
     metric = p0.NormRatio(1)
     res = p0.activation_patch(planted.model, toks, corruption="shift", metric=metric, bos=False)
-    found = p0.faithful_circuit(res, max_size=2)
+    found = p0.faithful_circuit(res, max_size=2).search
     assert not found.faithful and "more than the budget of 2" in found.why and found.size == 3
     zero = p0.Setup.of(planted.model, toks, corruption="zero", metric=metric, bos=False)
     with pytest.raises(p0.BadInputError, match="corruption: the result's 'shift', given 'zero'"):
@@ -591,3 +599,25 @@ def test_a_later_p0_onset_samples_its_first_tokens():
     assert count(11, p0.AnalysisSettings(first_tokens=0)) == 8192
     with pytest.raises(p0.ConfigError, match="later_first_tokens"):
         p0.AnalysisSettings(later_first_tokens=-1)
+
+
+def test_a_sampled_first_token_map_is_predicted_at_one_round_and_its_margin_is_checked():
+    """``first_tokens_margin``: a sampled map (a vocabulary larger than ``first_tokens``) is predicted at one round of
+    draws, where a share near 0 or 1 stops it; 0 draws (and predicts) all ``first_tokens``; a vocabulary no larger is
+    mapped whole either way. A bad margin is refused naming its option, before any model is loaded."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from p0circuit.studies.analysis import cost
+    from p0circuit.studies.experiments.first_tokens import ROUND
+
+    def model(vocab: int) -> HookedTransformer:
+        return HookedTransformer(HookedTransformerConfig(n_layers=4, d_model=16, d_head=4, n_heads=4, d_mlp=64,
+                                                         d_vocab=vocab, n_ctx=32, act_fn="gelu"))
+    big, small = model(200_000), model(30_000)
+    per_token = cost.first_tokens(big, 2, p0.AnalysisSettings(first_tokens=0), 0) / 200_000
+    assert cost.first_tokens(big, 2, p0.AnalysisSettings(), 65536) == pytest.approx(per_token * ROUND)
+    assert cost.first_tokens(big, 2, p0.AnalysisSettings(first_tokens_margin=0), 65536) == pytest.approx(per_token * 65536)
+    small_token = cost.first_tokens(small, 2, p0.AnalysisSettings(first_tokens=0), 0) / 30_000
+    assert cost.first_tokens(small, 2, p0.AnalysisSettings(), 65536) == pytest.approx(small_token * 30_000)
+    for bad in (-0.01, 0.5, float("nan"), True, "0.01", None):
+        with pytest.raises(p0.ConfigError, match=re.escape("first_tokens_margin (--first-tokens-margin) must be a number")):
+            p0.AnalysisSettings(first_tokens_margin=bad)

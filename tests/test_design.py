@@ -417,3 +417,23 @@ def test_the_studies_hold_one_setup():
     assert loose == [], f"these take model, tokens, bos and corruption one by one (take a Setup): {loose}"
     bos = [f"{m}:{f}" for m, f, params in functions if "/studies/" in f"/{m}" and "bos" in params]
     assert len(bos) <= BOS_IN_STUDIES, f"{len(bos)} functions of studies/ take bos (at most {BOS_IN_STUDIES}): {bos}"
+
+
+def test_one_circuit_class_in_the_public_api():
+    """Issue 51, item 2: both searches return the one :class:`p0circuit.Circuit` (their typed records attached as
+    ``search``/``edge_search``); no other public class is a circuit; the old class names mean Circuit for a release,
+    with a FutureWarning that says what the searches return."""
+    import warnings
+
+    import p0circuit.patching as patching
+    for search in (p0.faithful_circuit, p0.faithful_edges):
+        assert inspect.signature(search).return_annotation is p0.Circuit, search.__name__
+    assert inspect.signature(p0.faithful_edges).parameters["circuit"].annotation is p0.Circuit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the public names resolve without the old names' warning
+        classes = [n for n in p0.__all__ if isinstance(getattr(p0, n), type) and n.endswith("Circuit")]
+    assert classes == ["Circuit"], classes
+    for name in ("FaithfulCircuit", "EdgeCircuit"):
+        with pytest.warns(FutureWarning, match=f"{name} is gone: faithful_(circuit|edges) returns the one p0circuit.Circuit"):
+            assert getattr(p0, name) is p0.Circuit
+        assert not hasattr(patching, name)

@@ -252,7 +252,8 @@ def test_faithful_circuit_and_its_edges_plain(family, direction):
     nodes = nodes_of(name, model)
     result = p0.activation_patch(model, TOKENS, nodes=nodes, corruption=corruption, metric=metric, min_signal=0,
                                  direction=direction)
-    found = p0.faithful_circuit(result, target=0.6, tolerance=0.4)
+    circuit = p0.faithful_circuit(result, target=0.6, tolerance=0.4)
+    found = circuit.search
     names = list(result.raw)
     om, corr = O.Metric("norm_ratio", layer=METRIC_LAYER), O.Corr("shift")
     gap = result.clean_metric - result.corrupted_metric
@@ -267,7 +268,7 @@ def test_faithful_circuit_and_its_edges_plain(family, direction):
                  result.corrupted_metric + found.denoising * gap, result.clean_metric), (name, found)
     if direction == "denoise":
         return  # the edge search runs on the noising job whatever the screen's direction: checked once
-    edges = p0.faithful_edges(found, target=0.6, tolerance=0.4)
+    edges = p0.faithful_edges(circuit, target=0.6, tolerance=0.4).edge_search
     held = edges.settings.get("held", [])  # a norm after the heads: their edges are held, never corrupted as edges
     assert all(e.startswith("A") for e in held) and (not held or name in POST_NORM_HEADS), (name, held)
     assert not set(held) & (set(edges.effects) | set(edges.edges))

@@ -272,9 +272,9 @@ def test_a_node_name_has_one_spelling(name, meant):
 def test_a_search_over_a_node_past_the_last_block_names_it(planted):
     toks = p0.probe_tokens(planted.model, 4, 8, seed=0, regular=True)
     found = p0.faithful_circuit(p0.activation_patch(planted.model, toks, metric="norm_ratio:1"))
-    found.nodes.append("A9.H0@0")
+    found.search.nodes.append("A9.H0@0")
     said = _no_forward(planted.model, lambda: p0.faithful_edges(found))
-    assert "circuit.nodes holds 'A9.H0@0'" in said and "layers 0..3" in said and "no edge between" not in said
+    assert "circuit.search.nodes holds 'A9.H0@0'" in said and "layers 0..3" in said and "no edge between" not in said
 
 
 def test_set_threads_names_the_bound_it_breaks():

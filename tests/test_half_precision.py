@@ -81,7 +81,7 @@ def test_bfloat16_circuit_numbers_equal_plain_hooks(family_bf16):
     metric, corr, om = p0.NormRatio(METRIC_LAYER), p0.Shift(filler=(O.FILLER,)), O.Metric("norm_ratio", layer=METRIC_LAYER)
     result = p0.activation_patch(model, TOKENS, nodes=nodes_of(name, model), corruption=corr, metric=metric,
                                  min_signal=0)
-    found = p0.faithful_circuit(result, target=0.6, tolerance=0.4)
+    found = p0.faithful_circuit(result, target=0.6, tolerance=0.4).search
     names, gap, scale = list(result.raw), result.clean_metric - result.corrupted_metric, abs(result.clean_metric)
     rest = [n for n in names if n not in found.nodes]
     for value, plain in ((result.corrupted_metric + found.faithfulness * gap,

@@ -181,7 +181,7 @@ def test_patching_finds_the_secondary_truth(secondary):
     effects = result.normalized
     assert all(effects[n] > 0.95 for n in writers), {n: effects[n] for n in writers}
     assert max(abs(v) for n, v in effects.items() if n not in writers) < 0.05
-    found = p0.faithful_circuit(result)
+    found = p0.faithful_circuit(result).search
     assert set(found.nodes) == writers and found.faithful, (found.nodes, found.why)
 
 

@@ -35,7 +35,7 @@ def test_the_readme_quick_look_runs_on_the_planted_model(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(code, str(README), "exec"), scope)  # noqa: S102 - the README's own code
     assert scope["p0"].compare(scope["circuit"], scope["pm"].truth)["edge_recall"] == 1.0
-    assert scope["found"].faithful and scope["edges"].faithful
+    assert scope["found"].search.faithful and scope["edges"].edge_search.faithful
 
 
 @pytest.mark.real

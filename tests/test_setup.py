@@ -26,12 +26,12 @@ def test_a_result_carries_its_setup_and_a_circuit_its_result(planted, screened):
     assert res.setup.model is planted.model and torch.equal(res.setup.tokens, toks) and res.setup.options.bos is False
     assert res.settings["bos"] is False and res.settings["tokens"]["sha256"] == res.setup.describe()["tokens"]["sha256"]
     found = p0.faithful_circuit(res)
-    assert found.result is res and found.setup is res.setup and found.faithful
-    assert found.settings["setup"]["corruption_params"]["k"] == 1
+    assert found.result is res and found.setup is res.setup and found.search.faithful
+    assert found.search.settings["setup"]["corruption_params"]["k"] == 1 == found.settings["setup"]["corruption_params"]["k"]
     edges = p0.faithful_edges(found)
-    assert edges.circuit is found and edges.setup is res.setup
-    assert "result" not in found.to_dict() and "circuit" not in edges.to_dict()  # records keep the description only
-    assert "setup" in found.to_dict()["settings"]
+    assert edges.search is found.search and edges.result is res and edges.setup is res.setup
+    assert "result" not in found.search.to_dict() and "circuit" not in edges.edge_search.to_dict()  # descriptions only
+    assert "setup" in found.search.to_dict()["settings"] and "search" not in found.to_dict()
 
 
 def test_a_search_given_another_setup_is_refused_naming_what_differs(planted, screened):
@@ -125,17 +125,19 @@ def test_a_non_finite_search_step_raises_the_engines_error(planted):
     toks = p0.probe_tokens(planted.model, 12, 16, seed=3, regular=True)
     fn = _FailsOnNewRuns()
     res = p0.activation_patch(planted.model, toks, corruption="shift", metric=_metric(fn), bos=False)
+    # a second result: a search of ``res`` again would reuse its first search's evaluations, not run them
+    unsearched = p0.activation_patch(planted.model, toks, corruption="shift", metric=_metric(fn), bos=False)
     fn.learning = False  # from here on only the clean, corrupted and single-node runs are known
     found = p0.faithful_circuit(res)  # every value finite: a circuit
     fn.strict = True
     with pytest.raises(p0.NonFiniteError, match=r"after corrupting \d+ of \d+ candidate nodes together"):
-        p0.faithful_circuit(res)
+        p0.faithful_circuit(unsearched)
     with pytest.raises(p0.NonFiniteError, match="faithfulness_curve at fraction"):
         p0.faithfulness_curve(res, fractions=(0.05, 0.5))
     # the edge search: every single edge's value known (learned from path patching its candidates alone), so
     # the NaN comes from the search's own evaluations of many edges together
     fn.strict = False
-    candidates = list(p0.faithful_edges(found).effects)
+    candidates = list(p0.faithful_edges(found).edge_search.effects)
     fn.learning = True
     p0.path_patch(planted.model, toks, edges=candidates, corruption="shift", metric=_metric(fn), bos=False,
                   min_signal=0)
@@ -161,9 +163,10 @@ def test_one_circuit_type_scored_without_a_plotting_library(planted, screened):
     import sys
 
     _, res = screened
-    found = p0.faithful_circuit(res)
-    edges = p0.faithful_edges(found)
-    nodes_c, edges_c = found.to_circuit(), edges.to_circuit()
+    nodes_c = p0.faithful_circuit(res)
+    edges_c = p0.faithful_edges(nodes_c)
+    found, edges = nodes_c.search, edges_c.edge_search
+    assert isinstance(nodes_c, p0.Circuit) and isinstance(edges_c, p0.Circuit) and not hasattr(nodes_c, "to_circuit")
     assert nodes_c.level == "node" and edges_c.level == "edge" and nodes_c.node_names == set(found.nodes)
     assert edges_c.edge_names == set(edges.edges) and edges_c.settings["faithfulness"] == found.faithfulness
     assert edges_c.settings["edge_faithfulness"] == edges.faithfulness
@@ -319,3 +322,30 @@ def test_a_method_given_a_setup_checks_the_model_is_still_as_it_was(planted):
     for index, said in (([99], "0..7"), ([True, False], "True"), ([1.9], "1.9"), (slice(None, None, -1), "step")):
         with pytest.raises(p0.BadInputError, match=re.escape(said)):
             fresh.rows(index)
+
+
+def test_searches_of_one_result_share_their_evaluations_bit_for_bit(planted):
+    """A second search of the same result (another target, or the same again) reruns no evaluation an earlier one ran
+    on the same fixed base, and finds exactly what a search of a fresh result finds; the store goes with the result."""
+    import gc
+    from p0circuit.patching import circuit_search
+    toks = p0.probe_tokens(planted.model, 12, 16, seed=3, regular=True)
+
+    def make():
+        return p0.activation_patch(planted.model, toks, corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    shared, alone = make(), make()
+    first = p0.faithful_circuit(shared).search
+    assert first.settings["reused"] == 0 and first.settings["evaluations"] > 3
+    again = p0.faithful_circuit(shared).search
+    assert again.settings["reused"] == again.settings["evaluations"]  # every evaluation (denoising too) reused
+    for target, tolerance in ((0.8, 0.05), (0.95, 0.02)):
+        other = p0.faithful_circuit(shared, target=target, tolerance=tolerance).search
+        fresh = p0.faithful_circuit(alone, target=target, tolerance=tolerance).search
+        assert 0 < other.settings["reused"] <= other.settings["evaluations"] == fresh.settings["evaluations"]
+        for name in ("nodes", "faithfulness", "denoising", "completeness", "faithful", "why"):
+            assert getattr(other, name) == getattr(fresh, name), name  # equal, not close
+    key = id(shared)
+    assert key in circuit_search._MEMOS
+    del shared, first, again, other
+    gc.collect()
+    assert key not in circuit_search._MEMOS

@@ -218,6 +218,38 @@ def test_a_sampled_first_token_map_gives_its_share_an_interval(planted_models):
     assert 0.0 <= low < high <= 1.0 and low <= 1 / pm.spec.d_vocab * 4  # almost no draw is a sink here
 
 
+def test_a_sampled_map_with_a_margin_stops_drawing_once_its_interval_is_that_narrow(planted_models, monkeypatch):
+    """``margin``: a sampled map draws in rounds (a prefix of one seeded order) and stops once the share's 95% interval
+    is within ``margin`` either side; each token's ratio is the one a full draw measures. The BOS plant's share is
+    near 0 (only its BOS token makes a sink), so a wide margin stops after the first round and a tiny one draws all."""
+    from p0circuit.measures.spread import share_interval
+    from p0circuit.studies.experiments import first_tokens as ft
+    pm = planted_models("bos")
+    onset, vocab = pm.spec.circuit_layer + 1, pm.spec.d_vocab
+    monkeypatch.setattr(ft, "ROUND", 8)
+    most = vocab - 2
+    every = p0.first_token_map(pm.model, prompts(pm), onset, most=most, seed=5)
+    short = p0.first_token_map(pm.model, prompts(pm), onset, most=most, seed=5, margin=0.3)
+    tight = p0.first_token_map(pm.model, prompts(pm), onset, most=most, seed=5, margin=1e-6)
+    # never narrow enough: every draw, as without a margin (measured in rounds: equal ratios to float rounding)
+    assert (tight.vocab, tight.sinks, tight.sinks_interval) == (every.vocab, every.sinks, every.sinks_interval)
+    assert [p.id for p in tight.lowest] == [p.id for p in every.lowest]
+    assert "rounds of 8" in short.evidence and short.vocab < every.vocab
+    low, high = short.sinks_interval
+    assert (high - low) / 2 <= 0.3
+    drawn = len(torch.randperm(vocab, generator=torch.Generator().manual_seed(5))[:most][:8])  # one round's draws
+    # over one round's draws: the interval of some count of hits among 8
+    assert (low, high) in [tuple(round(v, 6) for v in share_interval(h, drawn)) for h in range(drawn + 1)]
+    assert (low, high) not in [tuple(round(v, 6) for v in share_interval(h, 16)) for h in range(17)]
+    full = {p.id: p.ratio for p in every.lowest + every.prompts + every.special}
+    for point in short.lowest + short.prompts + short.special + tight.lowest:
+        if point.id in full:
+            assert close(point.ratio, full[point.id], 1e-6)
+    for bad in (-0.1, 0.5, float("nan"), True, "0.1"):
+        with pytest.raises(p0.BadInputError, match="first_token_map: margin="):
+            p0.first_token_map(pm.model, prompts(pm), onset, most=most, margin=bad)
+
+
 def test_the_wilson_interval():
     from p0circuit.measures.spread import share_interval
     low, high = share_interval(0, 10)  # the textbook case: 0 of 10 -> [0, 0.278]

@@ -368,7 +368,7 @@ def test_a_search_on_a_triage_result_corrupts_the_nodes_it_left_unexamined():
     assert len(unexamined) > len(nodes) // 2 and set(tri.settings["estimates"]) >= set(unexamined)
     om, named = O.Metric("norm_ratio", layer=2), O.named_of(nodes)
     gap = tri.clean_metric - tri.corrupted_metric
-    found = p0.faithful_circuit(tri, target=0.6, tolerance=0.3)
+    found = p0.faithful_circuit(tri, target=0.6, tolerance=0.3).search
     rest = [n for n in nodes if n not in found.nodes]
     assert set(rest) & set(unexamined), "some unexamined node is outside the circuit"
     assert close(O.together(model, TOKENS, rest, O.Corr("shift"), om, named),
@@ -447,3 +447,57 @@ def test_triage_patches_included_nodes_exactly_whatever_their_estimate(planted):
     assert tri.settings["triage"]["unexamined"] == plain.settings["triage"]["unexamined"] - 1
     with pytest.raises(p0.BadInputError, match="not among the candidates"):
         triage_patch(planted.model, toks, nodes=["M0@0", "M1@0"], top=1, sample=0, include=["A0.H0@0"], **kw)
+
+
+def test_triage_with_a_floor_patches_the_strong_estimates_and_at_least_least(planted):
+    """``floor``/``least``: of the ``top`` by estimate, the ``least`` strongest are patched exactly whatever they say,
+    the next only at |normalized estimate| >= ``floor``; what is patched equals activation patching's value and plain
+    TransformerLens hooks'; (0, 0) patches the whole ``top``; bad values are refused before any work."""
+    from p0circuit.patching.methods.triage import triage_patch
+
+    toks = p0.regular_prompts(torch.randint(0, 32, (8, 16), generator=torch.Generator().manual_seed(0)))
+    kw = dict(corruption="shift", metric=p0.NormRatio(1), min_signal=0)
+    every = triage_patch(planted.model, toks, top=8, sample=0, **kw)
+    unreachable = {n for n, v in triage_patch(planted.model, toks, top=0, sample=0, **kw).normalized.items() if v == v}
+    est = every.settings["estimates"]
+
+    def patched_by(result):
+        return {n for n, v in result.normalized.items() if v == v} - unreachable
+    ranked = sorted(patched_by(every), key=lambda n: -abs(est[n]))
+    assert len(ranked) == 8 and every.settings["triage"]["exact_top"] == 8
+    assert min(abs(est[n]) for n in ranked) >= max(abs(v) for n, v in est.items() if n not in ranked and n not in unreachable)
+    floor = (abs(est[ranked[4]]) + abs(est[ranked[5]])) / 2  # five estimates above it
+    assert abs(est[ranked[4]]) > floor > abs(est[ranked[5]])
+    for least, patched in ((2, 5), (7, 7), (0, 5)):
+        tri = triage_patch(planted.model, toks, top=8, sample=0, floor=floor, least=least, **kw)
+        exact = patched_by(tri)
+        assert exact == set(ranked[:patched]) and tri.settings["triage"]["exact_top"] == patched, least
+        assert tri.settings["floor"] == floor and tri.settings["least"] == least
+        for n in exact:
+            assert tri.normalized[n] == every.normalized[n]
+    full = p0.activation_patch(planted.model, toks, **kw)
+    one = ranked[0]
+    clean, corrupted = full.clean_metric, full.corrupted_metric
+    plain = O.together(planted.model, toks, [one], O.Corr("shift"), O.Metric("norm_ratio", layer=1),
+                       O.named_of(list(full.raw)))
+    assert close(every.normalized[one], (clean - plain) / (clean - corrupted)) and close(every.normalized[one],
+                                                                                         full.normalized[one])
+    for name, bad in (("floor", -0.1), ("floor", float("inf")), ("floor", True), ("floor", "0.1"), ("least", -1),
+                      ("least", 1.5), ("least", True)):
+        with pytest.raises(p0.BadInputError, match=f"{name}(=| must be)"):
+            triage_patch(planted.model, toks, top=8, sample=0, **{name: bad}, **kw)
+
+
+def test_triage_with_a_floor_and_no_signal_patches_only_the_least(planted):
+    """Without a signal (the call's ``min_signal``) the estimates divide by next to nothing: a floor leaves only the
+    ``least`` strongest to exact patching and draws no sample, where without one the whole ``top`` and the sample are
+    patched."""
+    from p0circuit.patching.methods.triage import triage_patch
+
+    toks = p0.regular_prompts(torch.randint(0, 32, (8, 16), generator=torch.Generator().manual_seed(0)))
+    kw = dict(corruption="shift", metric=p0.NormRatio(1), min_signal=0.999)  # no change is this large
+    assert not triage_patch(planted.model, toks, top=8, sample=0, **kw).signal
+    tri = triage_patch(planted.model, toks, top=8, sample=4, floor=1e-9, least=3, **kw)
+    assert tri.settings["triage"]["exact_top"] == 3 and tri.settings["triage"]["sampled"] == 0
+    every = triage_patch(planted.model, toks, top=8, sample=4, **kw).settings["triage"]
+    assert every["exact_top"] == 8 and every["sampled"] == 4

@@ -32,9 +32,9 @@ _CONF = BeartypeConf(is_pep484_tower=True)
 FIXES: dict[str, str] = {
     "HookedTransformer": "build one with p0circuit.ModelSpec().build(), build_planted() or load_checkpoint()",
     "Tensor": "pass a torch tensor (token ids come from p0circuit.to_tokens, probe_tokens or make_prompts)",
-    "Circuit": "pass a p0circuit.Circuit (from discover, prune or Circuit.from_json)",
-    "CircuitLike": ("or what faithful_circuit, faithful_edges or a patching method returned (a FaithfulCircuit, "
-                    "EdgeCircuit or PatchResult): its own .to_circuit() gives the Circuit"),
+    "Circuit": "pass a p0circuit.Circuit (from faithful_circuit, discover, prune or Circuit.from_json)",
+    "CircuitLike": ("or what a patching method returned (a PatchResult): its own .to_circuit() gives the Circuit; "
+                    "faithful_circuit and faithful_edges return a Circuit"),
     "PatchResult": "pass the PatchResult of activation_patch, path_patch or attribution_patch",
     "PatchOptions": "pass p0circuit.PatchOptions(...), or the options as keywords",
     "PatchMetric": "METRIC_FIX",  # replaced below

@@ -36,7 +36,7 @@ def prune(circuit: AnyCircuit, threshold: Optional[float] = None, top_k: Optiona
     """Keep the circuit's own edges (edge-level circuits) or nodes (node-level) by |effect| >= threshold or the top
     k. The result is a subset of ``circuit``: candidates outside it (their effects are kept in the circuit's
     effects) never join, and a member without an effect is dropped. ``circuit``: a :class:`Circuit`, or any circuit
-    the package returns (a FaithfulCircuit, an EdgeCircuit, a PatchResult), pruned as its ``.to_circuit()``.
+    the package returns (a search's Circuit, or a PatchResult, pruned as its ``.to_circuit()``).
 
     Example::
 
@@ -95,7 +95,7 @@ def compare(circuit: AnyCircuit, truth: AnyCircuit) -> dict[str, float]:
     the nodes whose output matters; receivers only read); AUROC ranks every scored candidate by |effect| (truth items
     never scored count as missed) and is left out when the circuit carries no effects, or when the
     candidates are all in the truth or all outside it (it is then undefined). Either may be a :class:`Circuit` or any
-    circuit the package returns (a FaithfulCircuit, an EdgeCircuit, a PatchResult), scored as its ``.to_circuit()``.
+    circuit the package returns (a search's Circuit, or a PatchResult, scored as its ``.to_circuit()``).
 
     Example::
 
@@ -124,12 +124,15 @@ def compare(circuit: AnyCircuit, truth: AnyCircuit) -> dict[str, float]:
 
 
 def searched_circuit(found: Mapping[str, Any], edges: Optional[Mapping[str, Any]] = None,
-                     node_effects: Mapping[str, float] = {}, **settings: Any) -> Circuit:
+                     node_effects: Mapping[str, float] = {}, *, search: Any = None, edge_search: Any = None,
+                     result: Any = None, **settings: Any) -> Circuit:
     """The one :class:`Circuit` of a circuit search, from its records: ``found`` is a node circuit's
-    (``faithful_circuit(...).to_dict()``, or the same dict in ``analysis.json``), ``edges`` its edge search's
-    (``faithful_edges(...).to_dict()``; edges held as they are, never corrupted, are drawn too). Its settings
+    (``faithful_circuit(...).search.to_dict()``, or the same dict in ``analysis.json``), ``edges`` its edge search's
+    (``faithful_edges(...).edge_search.to_dict()``; edges held as they are, never corrupted, are drawn too). Its settings
     carry the search's numbers (faithfulness, denoising, completeness, faithful; the edges' faithfulness and
-    completeness), its corruption and metric, the setup's description, and ``settings``."""
+    completeness), its corruption and metric, the setup's description, and ``settings``; ``search``, ``edge_search``
+    and ``result``: the typed records and the result, attached as they are (a search passes them; a record read
+    back from a file has none)."""
     edges = edges or {}
     kept = list(edges.get("edges") or [])
     held = [n for n in ((edges.get("settings") or {}).get("held") or {}) if "->" in n]
@@ -140,4 +143,5 @@ def searched_circuit(found: Mapping[str, Any], edges: Optional[Mapping[str, Any]
         settings={"method": "faithful circuit", "level": "edge" if kept else "node", "signal": True,
                   **{k: found.get(k) for k in ("faithful", "faithfulness", "denoising", "completeness")},
                   **{f"edge_{k}": edges.get(k) for k in ("faithful", "faithfulness", "completeness") if edges},
-                  **{k: record[k] for k in ("corruption", "metric", "setup") if k in record}, **settings})
+                  **{k: record[k] for k in ("corruption", "metric", "setup") if k in record}, **settings},
+        search=search, edge_search=edge_search, result=result)

@@ -293,6 +293,15 @@ class Circuit:
     """Effect size per edge name (may cover candidate edges outside the circuit)."""
     settings: Mapping[str, Any] = field(default_factory=dict)
     """How it was obtained: method, corruption, metric, threshold, model, ... (JSON-able)."""
+    search: Any = field(default=None, compare=False, repr=False)
+    """A searched circuit's node search (:class:`~p0circuit.patching.circuit_search.NodeSearch`: faithfulness,
+    denoising, completeness, faithful, why, candidates, evaluations, its nodes strongest first); None otherwise. Not
+    in :meth:`to_dict` (its numbers are in ``settings``; ``search.to_dict()`` is its own record)."""
+    edge_search: Any = field(default=None, compare=False, repr=False)
+    """Its edge search (:class:`~p0circuit.patching.circuit_edges.EdgeSearch`), when
+    :func:`~p0circuit.faithful_edges` made it; None otherwise."""
+    result: Any = field(default=None, compare=False, repr=False)
+    """The patching result a search found it on (its setup with it), or None."""
 
     def __post_init__(self) -> None:
         for name, cls in (("nodes", Node), ("edges", Edge)):
@@ -311,6 +320,13 @@ class Circuit:
             object.__setattr__(self, name, _effects(getattr(self, name), name))
         if not isinstance(self.settings, Mapping):
             raise BadInputError(f"Circuit: settings must be a dict, got {self.settings!r:.60}")
+        # what a search attaches (the patching layer's types, above this one: checked by what they hold)
+        for name, holds in (("search", "nodes"), ("edge_search", "edges"), ("result", "normalized")):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, type) or not hasattr(value, holds)
+                                      or (name != "result" and not hasattr(value, "to_dict"))):
+                raise BadInputError(f"Circuit: {name}= is what a circuit search attaches (faithful_circuit, "
+                                    f"faithful_edges), got {value!r:.60}; leave it out (None) for a circuit made by hand")
 
     @property
     def level(self) -> str:
@@ -320,6 +336,11 @@ class Circuit:
         if recorded in ("node", "edge"):
             return str(recorded)
         return "edge" if self.edge_effects else "node"
+
+    @property
+    def setup(self) -> Any:
+        """The checked setup a search found it with (its result's), or None."""
+        return None if self.result is None else self.result.setup
 
     @property
     def interpretation(self) -> str:
@@ -418,10 +439,10 @@ class Circuit:
 
 @typing.runtime_checkable
 class CircuitLike(typing.Protocol):
-    """What else the package returns as a circuit: a :class:`~p0circuit.FaithfulCircuit` (``faithful_circuit``), an
-    :class:`~p0circuit.EdgeCircuit` (``faithful_edges``) or a :class:`~p0circuit.PatchResult` (the patching
-    methods), each made the one :class:`Circuit` by its own ``.to_circuit()`` (read here by that method alone: the
-    patching layer is above this one)."""
+    """What else the package returns that holds a circuit: a :class:`~p0circuit.PatchResult` (the patching methods),
+    made the one :class:`Circuit` by its own ``.to_circuit()`` (read here by that method alone: the patching layer is
+    above this one). The circuit searches (``faithful_circuit``, ``faithful_edges``) return a :class:`Circuit`
+    itself."""
 
     def to_circuit(self) -> Circuit:
         """The one :class:`Circuit`."""
@@ -433,8 +454,8 @@ makes it the one :class:`Circuit`."""
 
 
 def as_circuit(value: Any, where: str, name: str = "circuit") -> Circuit:
-    """``value`` as the one :class:`Circuit`: a Circuit as it is, a :class:`CircuitLike` (a FaithfulCircuit, an
-    EdgeCircuit, a PatchResult) by its own ``.to_circuit()``, with its defaults (a PatchResult's threshold). Anything
+    """``value`` as the one :class:`Circuit`: a Circuit as it is (what the searches return), a :class:`CircuitLike`
+    (a PatchResult) by its own ``.to_circuit()``, with its defaults (a PatchResult's threshold). Anything
     else is a :class:`BadInputError` naming ``where`` (the function) and ``name`` (its argument) in the words of
     every entry point's check, which list what is accepted. The one place a circuit is converted."""
     if isinstance(value, Circuit):
@@ -444,8 +465,8 @@ def as_circuit(value: Any, where: str, name: str = "circuit") -> Circuit:
     if not isinstance(circuit, Circuit):
         got = (f"the class {value.__name__}" if isinstance(value, type)
                else f"an object ({type(value).__name__}) whose .to_circuit() returned {type(circuit).__name__}")
-        raise BadInputError(f"{where}: {name} is {got}, not a circuit; pass a p0circuit.Circuit, or a FaithfulCircuit, "
-                            "EdgeCircuit or PatchResult (its .to_circuit() gives the Circuit)")
+        raise BadInputError(f"{where}: {name} is {got}, not a circuit; pass a p0circuit.Circuit (what faithful_circuit "
+                            "and faithful_edges return), or a PatchResult (its .to_circuit() gives the Circuit)")
     return circuit
 
 

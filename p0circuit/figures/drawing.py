@@ -408,5 +408,5 @@ class CircuitFigure:
 def circuit_figure(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "") -> CircuitFigure:
     """The figure of ``circuit`` (with ``truth`` overlaid when given): displays interactively in a
     notebook cell; ``.save("circuit.png")`` for a static file. Either may be any circuit the package returns
-    (a FaithfulCircuit, an EdgeCircuit, a PatchResult), drawn as its ``.to_circuit()``."""
+    (a search's Circuit, or a PatchResult, drawn as its ``.to_circuit()``)."""
     return CircuitFigure(circuit, truth, title)

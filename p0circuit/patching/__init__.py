@@ -32,8 +32,8 @@ from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.registry import METHODS, Method, get_method, register
 from p0circuit.patching.check import AttributionCheck, check_attribution
 from p0circuit.patching.faithfulness import faithfulness_curve
-from p0circuit.patching.circuit_search import FaithfulCircuit, faithful_circuit
-from p0circuit.patching.circuit_edges import EdgeCircuit, faithful_edges
+from p0circuit.patching.circuit_search import NodeSearch, faithful_circuit
+from p0circuit.patching.circuit_edges import EdgeSearch, faithful_edges
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_neurons, candidate_nodes
 from p0circuit.patching.experts import candidate_experts, expert_routing
@@ -41,6 +41,7 @@ from p0circuit.patching.experts import candidate_experts, expert_routing
 __all__ = [
     "CORRUPTIONS", "METHODS", "AttnToP0", "SinkRate", "AttributionCheck", "CacheMetric", "Corruption", "LogitMetric", "Method",
     "Copies", "NormRatio", "PatchMetric", "PerPrompt", "PatchOptions", "PatchResult", "PosMean", "Resample", "ResidDim", "RunView", "Shift", "Swap", "Zero", "activation_patch",
-    "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "EdgeCircuit", "faithful_circuit", "faithful_edges", "faithfulness_curve", "FaithfulCircuit",
+    "attribution_patch", "candidate_edges", "candidate_experts", "candidate_neurons", "candidate_nodes", "check_attribution", "EdgeSearch", "faithful_circuit", "faithful_edges", "faithfulness_curve", "NodeSearch",
     "expert_routing", "get_corruption", "get_method", "path_patch", "register", "takes_options",
 ]
+

@@ -31,10 +31,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from p0circuit.core.args import entry_point
+from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.types import Circuit, Edge, Input, Kind, Node
 from p0circuit.patching.circuit_search import (
-    TARGET, TOLERANCE, FaithfulCircuit, _share, acdc_prune, check_bounds, same_clean, search_job, searched,
+    TARGET, TOLERANCE, _share, acdc_prune, check_bounds, same_clean, search_job, searched,
 )
 from p0circuit.patching.edges import among, candidate_edges, post_norm, receiver_site, sender_hook
 from p0circuit.patching.faithfulness import edges_ablated
@@ -48,8 +49,9 @@ from p0circuit.patching.sites import named_positions, site_of
 
 
 @dataclass
-class EdgeCircuit:
-    """What :func:`faithful_edges` found (``to_dict`` is its JSON record)."""
+class EdgeSearch:
+    """The typed record of an edge search (:func:`faithful_edges`), attached to the :class:`Circuit` it returns as
+    ``circuit.edge_search``; ``to_dict`` is its JSON record."""
 
     edges: list[str]
     """The kept edges, strongest single effect first."""
@@ -71,26 +73,13 @@ class EdgeCircuit:
     settings: dict[str, Any] = field(default_factory=dict)
     """target, tolerance, ``held`` (edge or node name -> why it is held as it is, never corrupted as an
     edge), the node circuit's faithfulness in this forward, evaluations, how the search ran."""
-    circuit: Optional[FaithfulCircuit] = field(default=None, repr=False, compare=False)
-    """The node circuit whose edges these are (its result and setup with it); not in :meth:`to_dict`."""
-
-    @property
-    def setup(self) -> Optional[Setup]:
-        """The checked setup the edges were searched with."""
-        return None if self.circuit is None else self.circuit.setup
-
-    def to_circuit(self) -> Circuit:
-        """The one :class:`~p0circuit.core.types.Circuit` type: the node circuit's nodes with these edges."""
-        if self.circuit is None:
-            raise BadInputError("this edge circuit carries no node circuit (made by hand?): use faithful_edges(circuit)")
-        return self.circuit.to_circuit(self)
 
     @property
     def size(self) -> int:
         return len(self.edges)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "circuit"}
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
         out["size"] = self.size
         return out
 
@@ -113,37 +102,40 @@ def _candidates(model: Any, job: PatchJob, senders: list[Node], inside: list[Nod
             and job.reaches(receiver_site(e, model)[0])]
 
 
-def _members(circuit: "FaithfulCircuit", result: Any, model: Any) -> list[Node]:
-    """The circuit's nodes, each a node of the model (:func:`site_of` names what is wrong) and a candidate of the
-    result it was found on: a circuit changed by hand is refused before any work, naming the node."""
+def _members(circuit: Circuit, result: Any, model: Any) -> list[Node]:
+    """The circuit's searched nodes (``circuit.search.nodes``), each a node of the model (:func:`site_of` names what
+    is wrong) and a candidate of the result it was found on: a search record changed by hand is refused before any
+    work, naming the node."""
     out = []
-    for name in circuit.nodes:
+    for name in circuit.search.nodes:
         try:
             node = Node.parse(name)
             site_of(node, model)
         except BadInputError as err:
-            raise BadInputError(f"faithful_edges: circuit.nodes holds {name!r}: {err}; pass the circuit faithful_circuit "
-                                "returned for this model") from None
+            raise BadInputError(f"faithful_edges: circuit.search.nodes holds {name!r}: {err}; pass the circuit "
+                                "faithful_circuit returned for this model") from None
         if name not in result.raw:
-            raise BadInputError(f"faithful_edges: circuit.nodes holds {name!r}, which the result it was found on did not "
-                                "patch: pass the circuit faithful_circuit returned, unchanged")
+            raise BadInputError(f"faithful_edges: circuit.search.nodes holds {name!r}, which the result it was found on "
+                                "did not patch: pass the circuit faithful_circuit returned, unchanged")
         out.append(node)
     return out
 
 
 @entry_point
 def faithful_edges(
-    circuit: FaithfulCircuit,
+    circuit: Circuit,
     *,
     setup: Optional[Setup] = None,
     target: float = TARGET,
     tolerance: float = TOLERANCE,
     max_candidates: Optional[int] = None,
-) -> EdgeCircuit:
+) -> Circuit:
     """The edges of the node ``circuit`` (what :func:`~p0circuit.patching.circuit_search.faithful_circuit`
-    returned: it carries the result it was found on and that result's setup), pruned as the module docstring
-    says. With more than ``max_candidates`` candidate edges (each evaluation of the pruning is a whole forward
-    up to the metric) nothing is searched and the record says so. ``setup``: only to assert which one.
+    returned: it carries its search and the result it was found on, and that result's setup), pruned as the module
+    docstring says: the same :class:`Circuit` with these edges, ``circuit.edge_search`` (the typed
+    :class:`EdgeSearch`) beside its node search. With more than ``max_candidates`` candidate edges (each evaluation
+    of the pruning is a whole forward up to the metric) nothing is searched and the record says so. ``setup``: only
+    to assert which one.
 
     Example::
 
@@ -151,19 +143,19 @@ def faithful_edges(
         >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
         >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
         >>> found = p0.faithful_circuit(p0.activation_patch(pm.model, tokens, corruption="shift", metric="norm_ratio:1"))
-        >>> p0.faithful_edges(found).edges
+        >>> p0.faithful_edges(found).edge_search.edges   # kept, strongest first
         ['A0.H0@0->M0@0.mlp_in', 'M0@0->M1@0.mlp_in', 'M1@0->R1@0.resid']
     """
     if max_candidates is not None and (isinstance(max_candidates, bool) or not isinstance(max_candidates, int)
                                        or max_candidates < 1):
         raise BadInputError(f"max_candidates must be None or an int >= 1, got {max_candidates!r}")
     check_bounds(target, tolerance)
-    if not isinstance(circuit, FaithfulCircuit):
-        raise BadInputError(f"circuit must be what faithful_circuit returned, got {type(circuit).__name__}")
+    if not isinstance(circuit, Circuit):
+        raise BadInputError(f"circuit must be the Circuit faithful_circuit returned, got {type(circuit).__name__}")
     result = circuit.result
-    if result is None:
-        raise BadInputError("this circuit carries no result (made by hand or read back from a file): find it with "
-                            "faithful_circuit(result) first")
+    if result is None or circuit.search is None:
+        raise BadInputError("this circuit carries no node search and result (made by hand, pruned, or read back from "
+                            "a file): find it with faithful_circuit(result) first, and pass that Circuit unchanged")
     setup = searched(result, setup, "faithful_edges")
     model, tokens = setup.model, setup.tokens
     inside = _members(circuit, result, model)
@@ -189,8 +181,8 @@ def faithful_edges(
                "searched" if cands else
                "no edge between the circuit's nodes can be corrupted as an edge" if held else
                "no edge between the circuit's nodes")
-        return EdgeCircuit([], len(cands), None, None, False, why=why, searched=False, settings=settings,
-                           circuit=circuit)
+        return _with_edges(circuit, EdgeSearch([], len(cands), None, None, False, why=why, searched=False,
+                                               settings=settings))
     single = path_patch(model, tokens, edges=cands, corruption=setup.prep.corruption, metric=setup.metric,
                         bos=setup.options.bos, min_signal=0.0)
     effects = {e.name: float(single.normalized[e.name]) for e in cands}
@@ -220,6 +212,12 @@ def faithful_edges(
                            "(path patching, each alone) dropped at once, then ACDC-style pruning of the rest, last "
                            "receiver block first")
     short = "" if faithfulness >= target else f"faithfulness {faithfulness:.3f} < {target}"
-    return EdgeCircuit(edges=[e.name for e in kept], candidates=len(cands), faithfulness=faithfulness,
-                       completeness=completeness, faithful=not short, effects=effects, why=short, settings=settings,
-                       circuit=circuit)
+    return _with_edges(circuit, EdgeSearch(edges=[e.name for e in kept], candidates=len(cands), faithfulness=faithfulness,
+                                           completeness=completeness, faithful=not short, effects=effects, why=short,
+                                           settings=settings))
+
+
+def _with_edges(circuit: Circuit, edges: EdgeSearch) -> Circuit:
+    """The node ``circuit`` with the edges of ``edges`` (and those held as they are), its searches attached."""
+    return searched_circuit(circuit.search.to_dict(), edges.to_dict(), circuit.result.normalized,
+                            search=circuit.search, edge_search=edges, result=circuit.result)

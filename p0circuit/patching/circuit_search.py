@@ -28,6 +28,7 @@ clean-to-corrupted change ``M_clean - M_corrupted`` of the metric:
 """
 
 import copy
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
@@ -58,8 +59,9 @@ MAX_SIZE = 20
 
 
 @dataclass
-class FaithfulCircuit:
-    """What :func:`faithful_circuit` found (``to_dict`` is its JSON record)."""
+class NodeSearch:
+    """The typed record of a node circuit search (:func:`faithful_circuit`), attached to the :class:`Circuit` it
+    returns as ``circuit.search``; ``to_dict`` is its JSON record (``analysis.json`` keeps it per onset)."""
 
     nodes: list[str]
     """The circuit's nodes, strongest single effect first (a node a screen left unexamined: by its estimate)."""
@@ -77,29 +79,16 @@ class FaithfulCircuit:
     """What fell short, when not ``faithful``."""
     settings: dict[str, Any] = field(default_factory=dict)
     """target, tolerance, max_size, corruption, metric, the setup's description, clean and corrupted metric,
-    evaluations."""
-    result: Optional[PatchResult] = field(default=None, repr=False, compare=False)
-    """The activation-patching result it was found on (its setup among it); not in :meth:`to_dict`."""
+    evaluations (and of them ``reused``: answered by an earlier search of the same result)."""
 
     @property
     def size(self) -> int:
         return len(self.nodes)
 
-    @property
-    def setup(self) -> Optional[Setup]:
-        """The checked setup it was found with (the result's)."""
-        return None if self.result is None else self.result.setup
-
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "result"}
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
         out["size"] = self.size
         return out
-
-    def to_circuit(self, edges: Any = None) -> Circuit:
-        """The one :class:`~p0circuit.core.types.Circuit` type (figures draw it, ``p0.compare`` scores it): its
-        nodes with every candidate's effect, and the edges of ``edges`` (what ``faithful_edges`` found for it)."""
-        effects = {} if self.result is None else dict(self.result.normalized)
-        return searched_circuit(self.to_dict(), None if edges is None else edges.to_dict(), effects)
 
 
 def _share(value: float, clean: float, corrupted: float) -> float:
@@ -195,6 +184,23 @@ class Noising:
             return run_groups(self.based, [ops], rows)[0]
 
 
+_MEMOS: dict[int, tuple[Setup, dict[Any, float]]] = {}
+"""Per searched result (by ``id``, dropped with it): the setup it was searched on and every evaluation of its searches,
+so that a search of the same result at another target or tolerance reruns nothing an earlier one ran."""
+
+
+def _memo(result: PatchResult, setup: Setup) -> dict[Any, float]:
+    """The evaluations of earlier searches of ``result`` on ``setup`` (a fresh store for another setup). A value is
+    reused only under the same key: the same nodes corrupted on the same fixed base (:class:`Noising`), so it is the
+    number the evaluation would give again, bit for bit."""
+    held = _MEMOS.get(id(result))
+    if held is None or held[0] is not setup:
+        if held is None:
+            weakref.finalize(result, _MEMOS.pop, id(result), None)
+        held = _MEMOS[id(result)] = (setup, {})
+    return held[1]
+
+
 def check_bounds(target: float, tolerance: float) -> None:
     """Refuse a ``target`` or ``tolerance`` outside (0, 1], before any work."""
     for name, value in (("target", target), ("tolerance", tolerance)):
@@ -253,9 +259,13 @@ def faithful_circuit(
     tolerance: float = TOLERANCE,
     max_size: int = MAX_SIZE,
     require_denoising: bool = True,
-) -> FaithfulCircuit:
+) -> Circuit:
     """The node circuit of an activation-patching ``result``, pruned as the module docstring says, on the
-    setup the result carries (``setup``: only for a result read back from a file, or to assert which one).
+    setup the result carries (``setup``: only for a result read back from a file, or to assert which one). It is
+    the one :class:`~p0circuit.Circuit`: its nodes, every candidate's normalized effect (``node_effects``), the
+    search's numbers in its settings, and ``circuit.search``, the typed :class:`NodeSearch` (faithfulness,
+    denoising, completeness, faithful, why, candidates, evaluations, the nodes strongest first), and
+    ``circuit.result``, the result it was found on (:func:`~p0circuit.faithful_edges` reads both).
     ``require_denoising=False``: ``faithful`` asks faithfulness alone (denoising is still measured and recorded),
     for a corruption whose corrupted run holds a rival of what the metric measures that no circuit restored at
     the clean positions removes (``shift`` and the attention to P0: the shifted run's own first token is a sink
@@ -267,8 +277,10 @@ def faithful_circuit(
         >>> pm = p0.build_planted()                          # the planted model: its circuit is in its weights
         >>> tokens = p0.probe_tokens(pm.model, 8, 16, seed=0, regular=True)
         >>> found = p0.faithful_circuit(p0.activation_patch(pm.model, tokens, corruption="shift", metric="norm_ratio:1"))
-        >>> found.nodes, found.faithful
+        >>> found.search.nodes, found.search.faithful   # the search's record: strongest first, and whether it holds
         (['A0.H0@0', 'M0@0', 'M1@0'], True)
+        >>> sorted(found.node_names) == sorted(found.search.nodes)   # the one Circuit, as every other search returns
+        True
     """
     setup = searched(result, setup, "faithful_circuit")
     if result.level != "node":
@@ -291,13 +303,20 @@ def faithful_circuit(
     evaluations = 0
 
     noising = Noising(noise, named)
+    memo, reused = _memo(result, setup), 0
 
     def noised(dropped: Sequence[Node]) -> float:
-        """The metric of the clean run with ``dropped`` corrupted (a NaN or inf refused, naming the step)."""
-        nonlocal evaluations
+        """The metric of the clean run with ``dropped`` corrupted (a NaN or inf refused, naming the step); one an
+        earlier search of this result evaluated the same way (the same set, on the same fixed base) is reused."""
+        nonlocal evaluations, reused
         evaluations += 1
-        return finite(noising(dropped), setup, f"corrupting {len(dropped)} of {len(live)} candidate nodes together "
-                                               f"(faithful_circuit's evaluation {evaluations})")
+        key = (frozenset(noising.fixed), frozenset(dropped))
+        if key in memo:
+            reused += 1
+            return memo[key]
+        memo[key] = finite(noising(dropped), setup, f"corrupting {len(dropped)} of {len(live)} candidate nodes "
+                                                    f"together (faithful_circuit's evaluation {evaluations})")
+        return memo[key]
 
     kept, faithfulness, bulk = acdc_prune(live, lambda n: effects[n.name], lambda n: n.layer,
                                      lambda dropped: _share(noised(dropped), clean, corrupted), target, tolerance,
@@ -306,14 +325,18 @@ def faithful_circuit(
     completeness = 1.0 - _share(noised(circuit), clean, corrupted)
     denoising = None
     if not noise.prep.is_ablation:
-        restore = PatchJob.of(setup.but(direction="denoise", reference=False))
-        restore.cache({site_of(n, model).read.name for n in live})
         evaluations += 1
-        with torch.no_grad():
-            value = (run_groups(restore.base(), [[node_op(restore, n, "denoise", named) for n in circuit]], rows)[0]
-                     if circuit else corrupted)
-        denoising = _share(finite(value, setup, f"restoring the circuit's {len(circuit)} nodes into the corrupted run"),
-                           clean, corrupted)
+        key = ("denoise", frozenset(circuit))
+        if key in memo:
+            reused += 1
+        else:
+            restore = PatchJob.of(setup.but(direction="denoise", reference=False))
+            restore.cache({site_of(n, model).read.name for n in live})
+            with torch.no_grad():
+                value = (run_groups(restore.base(), [[node_op(restore, n, "denoise", named) for n in circuit]], rows)[0]
+                         if circuit else corrupted)
+            memo[key] = finite(value, setup, f"restoring the circuit's {len(circuit)} nodes into the corrupted run")
+        denoising = _share(memo[key], clean, corrupted)
     short = []
     if len(circuit) > max_size:
         short.append(f"{len(circuit)} nodes, more than the budget of {max_size}")
@@ -321,15 +344,15 @@ def faithful_circuit(
         short.append(f"faithfulness {faithfulness:.3f} < {target}")
     if denoising is not None and denoising < target and require_denoising:
         short.append(f"denoising the circuit restores {denoising:.3f} < {target} of the change")
-    return FaithfulCircuit(
+    search = NodeSearch(
         nodes=[n.name for n in circuit], candidates=len(live), faithfulness=faithfulness, denoising=denoising,
         completeness=completeness,
         faithful=not short, why="; ".join(short),
         settings={"target": target, "tolerance": tolerance, "max_size": max_size, "require_denoising": require_denoising,
                   "corruption": result.corruption,
                   "metric": result.metric, "setup": setup.describe(), "clean": clean, "corrupted": corrupted,
-                  "evaluations": evaluations, "bulk_dropped": bulk,
+                  "evaluations": evaluations, "reused": reused, "bulk_dropped": bulk,
                   "search": f"the {bulk} weakest candidates dropped at once (binary search), then ACDC-style pruning of "
                             f"the rest: last layer first, weakest single effect first, groups of {CHUNK} split in "
-                            "halves when they move too much"},
-        result=result)
+                            "halves when they move too much"})
+    return searched_circuit(search.to_dict(), None, result.normalized, search=search, result=result)

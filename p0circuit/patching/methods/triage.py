@@ -34,7 +34,7 @@ from p0circuit.patching.methods.activation import patch_nodes
 from p0circuit.patching.methods.attribution import attribute
 from p0circuit.patching.options import PatchOptions, takes_options
 from p0circuit.patching.registry import Method, register
-from p0circuit.patching.result import PatchResult
+from p0circuit.patching.result import PatchResult, normalize
 from p0circuit.patching.sites import candidate_nodes, site_of
 from p0circuit.core.types import Node, parse_nodes
 
@@ -53,17 +53,26 @@ def triage_patch(
     sample: int = 20,
     seed: int = 0,
     include: Sequence[Union[Node, str]] = (),
+    floor: float = 0.0,
+    least: int = 0,
     setup: Optional[Setup] = None,
     options: PatchOptions,
 ) -> PatchResult:
     """Attribution over ``nodes`` (default :func:`candidate_nodes`), exact activation patching of
     the ``top`` by estimate, of ``include`` whatever their estimate (nodes known to matter from another
     measurement: attribution can rank a node that matters far down, see the module docstring), and of
-    ``sample`` others drawn with ``seed``. Both passes share one job: the clean and corrupted runs are
-    cached once."""
-    for name, value in (("top", top), ("sample", sample)):
+    ``sample`` others drawn with ``seed``. Of the ``top``, those whose estimate is below ``floor`` (its |normalized
+    estimate|, a share of the clean-to-corrupted change) are left to the sample once ``least`` are patched: the
+    exact pass then costs what the estimates say matters, not ``top`` whatever they say (0, 0: the ``top`` always;
+    without a signal, as the call's ``min_signal`` judges it, a floor leaves the ``least`` strongest and draws no
+    sample: no effect can be credited, so none can be missed).
+    Both passes share one job: the clean and corrupted runs are cached once."""
+    for name, value in (("top", top), ("sample", sample), ("least", least)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
+        raise BadInputError(f"floor must be a number >= 0 (an |estimate| as a share of the clean-to-corrupted change; "
+                            f"0: every one of the top), got {floor!r:.40}")
     job = PatchJob.start(model, tokens, options, setup)
     node_list = parse_nodes(nodes if nodes is not None else candidate_nodes(model))
     try:
@@ -78,17 +87,25 @@ def triage_patch(
     live = [n for n in node_list if job.reaches(site_of(n, model).hook)]
     base = job.base_metric
     ranked = sorted(live, key=lambda n: -abs(approx.raw[n.name] - base))
-    chosen = ranked[:top]
+    # |normalized estimate| ranks as |raw - base| does (one denominator); without a signal (the job's min_signal) the
+    # estimates divide by next to nothing and no effect can be credited: a floor then leaves the ``least`` strongest
+    # (their raw changes are still measured)
+    signal = normalize(approx.clean_metric, approx.corrupted_metric, {}, job.direction, job.min_signal, "",
+                       job.setup.metric.signal_unit)[1]
+    chosen = [n for i, n in enumerate(ranked[:top])
+              if not floor or i < least or (signal and abs(approx.normalized[n.name]) >= floor)]
+    strongest = len(chosen)
     chosen += [n for n in forced if n in set(live) and n not in set(chosen)]
     rest = [n for n in ranked if n not in set(chosen)]
-    sampled = random.Random(seed).sample(rest, min(sample, len(rest)))
+    drawn = sample if signal or not floor else 0  # no signal, no effect to miss: a floor draws no sample
+    sampled = random.Random(seed).sample(rest, min(drawn, len(rest)))
     exact = patch_nodes(job, chosen + sampled or node_list[:1], candidates=node_list)  # normalized against every candidate
     unexamined = len(rest) - len(sampled)
     seen = [abs(exact.normalized[n.name]) for n in sampled if not math.isnan(exact.normalized[n.name])]
     mean_seen = sum(seen) / len(seen) if seen else math.nan
     notable = sum(v >= NOTABLE for v in seen)
-    report = {"candidates": len(node_list), "reachable": len(live), "exact_top": min(top, len(ranked)),
-              "included": len(chosen) - min(top, len(ranked)), "sampled": len(sampled),
+    report = {"candidates": len(node_list), "reachable": len(live), "exact_top": strongest,
+              "included": len(chosen) - strongest, "sampled": len(sampled),
               "unexamined": unexamined, "sample_max_abs_effect": max(seen, default=math.nan),
               "sample_mean_abs_effect": mean_seen, "sample_notable": notable,
               "estimated_missed_abs_effect": mean_seen * unexamined if seen else (0.0 if not unexamined else math.nan)}
@@ -110,6 +127,7 @@ def triage_patch(
         clean_metric=exact.clean_metric, corrupted_metric=exact.corrupted_metric, raw=raw, normalized=normalized,
         signal=exact.signal, message=message,
         settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed,
+                  **({"floor": floor, "least": least} if floor else {}),
                   "estimates": {n: float(v) for n, v in approx.normalized.items() if math.isfinite(v)}},
         setup=exact.setup,
     )

@@ -30,6 +30,7 @@ from typing import Any
 
 from p0circuit.patching.work import forward_work, shares
 from p0circuit.studies.analysis.steps import screened as is_screened  # the rule, defined once
+from p0circuit.studies.experiments.first_tokens import ROUND
 from p0circuit.studies.experiments.reads import READ_BLOCKS as WINDOW  # the sink circuit's blocks (from the first reader)
 
 SINK = 1.5
@@ -106,6 +107,23 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
     return out
 
 
+SPREAD_RUNS = 1 + KEYED + 3 + 3
+"""Runs up to the onset, per batch of the spread's prompts (:mod:`.spread`): the P0 state, the keyed test, and the
+faithfulness and the strongest neuron's share (a clean, a corrupted and a patched run each)."""
+
+
+def spread(model: Any, layer: int, settings: Any, scan: bool) -> float:
+    """Forwards of the spread over ``settings.spread_prompts`` prompts at the onset at ``layer``, and of the length scan
+    (``scan``: every block, at each length of :data:`~.spread.SCAN` within the context, on half the analysis' prompts)."""
+    from p0circuit.studies.analysis.spread import SCAN, SCAN_SHARE  # (spread imports torch; this module need not)
+    b, batch = block_cost(model), settings.n_prompts * settings.length
+    out = b * SPREAD_RUNS * (layer + 1) * settings.spread_prompts / settings.n_prompts
+    if scan:
+        few = max(2, int(settings.n_prompts * SCAN_SHARE))
+        out += b * model.cfg.n_layers * sum(few * n for n in SCAN if n < model.cfg.n_ctx) / batch
+    return out
+
+
 def special(model: Any, tokens: int) -> float:
     """Forwards of the special-token step: one whole forward of the batch per token tested."""
     return float(tokens)
@@ -113,8 +131,11 @@ def special(model: Any, tokens: int) -> float:
 
 def first_tokens(model: Any, layer: int, settings: Any, most: int) -> float:
     """Forwards of the first-token map at ``layer`` of ``most`` vocabulary ids (0: every one), each once, up to the
-    onset, in units of the batch's tokens."""
+    onset, in units of the batch's tokens; a sampled map with a margin (``settings.first_tokens_margin``) is predicted
+    at one round (:data:`~p0circuit.studies.experiments.first_tokens.ROUND`), where a share near 0 or 1 stops it."""
     tokens = min(model.cfg.d_vocab, most or model.cfg.d_vocab)
+    if tokens < model.cfg.d_vocab and settings.first_tokens_margin:
+        tokens = min(tokens, ROUND)
     return block_cost(model) * (layer + 1) * tokens / (settings.n_prompts * settings.length)
 
 

@@ -250,7 +250,7 @@ def _left_out(model: Any, sinks: dict[str, Any], s: AnalysisSettings) -> dict[st
         later = _p0_onsets(summary)[s.max_onsets:]
         for o in later:
             cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
-            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_TOP + steps.SCREEN_SAMPLE, 0, False)
+            costs = cost.step_costs(model, o["layer"], cands, s, steps.SCREEN_EXPECTED, 0, False)
             o["predicted_forwards"] = round(sum(costs.values()), 1)
         if later:
             out[tag] = later
@@ -396,7 +396,8 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
             bar.plan(*_costs(model, plans, s))
             reference = tokens[False] if False in tokens else prompts(model, s.n_prompts, s.length, False, s.seed)
             first_tokens = {str(l): state.run(f"first_tokens@L{l}", lambda l=l: _measured(lambda: first_token_map(
-                model, reference, l, threshold=s.norm_threshold, most=_first_token_count(plans, l, s), seed=s.seed)), bar)
+                model, reference, l, threshold=s.norm_threshold, most=_first_token_count(plans, l, s), seed=s.seed,
+                margin=s.first_tokens_margin)), bar)
                 for l in _p0_layers(plans)}
             massive = sorted({d["dim"] for sk in sinks.values() for d in sk.get("massive_dims", [])})
             weights = state.run("weights", lambda: _weights(model, massive), bar)
@@ -528,7 +529,7 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
         first = next((o for o in plan if o["where"] == "P0"), None)
         for o in plan:
             cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
-            screened = steps.SCREEN_TOP + steps.SCREEN_SAMPLE
+            screened = steps.SCREEN_EXPECTED
             costs = cost.step_costs(model, o["layer"], cands, s, screened, len(steps.corruption_variants(b)) - 1,
                                     o is first, o["where"] == "P0")
             for name, value in costs.items():
@@ -536,6 +537,8 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
                        f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
+        if first is not None and s.spread_prompts:  # (the length scan in the first setting only, as _analyze runs it)
+            out[f"{SETTINGS[b]}/spread@L{first['layer']}"] = cost.spread(model, first["layer"], s, b == next(iter(plans)))
     for layer in _p0_layers(plans):
         out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(plans, layer, s))
     for b in plans:

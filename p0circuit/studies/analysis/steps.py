@@ -37,8 +37,16 @@ WEAK_SIGNAL = 0.05
 """Share of the metric (the larger of its clean and corrupted values) below which the clean-to-corrupted
 change is too small to divide by: a row's effects are then reported raw, and flagged."""
 SCREEN_TOP, SCREEN_SAMPLE = 64, 16
-"""A screened onset's nodes patched exactly: the strongest attribution estimates, and others drawn at random (the
-check of what the ranking missed)."""
+"""A screened onset's nodes patched exactly: the strongest attribution estimates (at most ``SCREEN_TOP``), and
+others drawn at random (the check of what the ranking missed)."""
+SCREEN_LEAST, SCREEN_FLOOR = 16, 0.1
+"""Of the ``SCREEN_TOP`` strongest estimates, the ``SCREEN_LEAST`` strongest are patched exactly whatever they say, the
+rest only at |estimate| >= ``SCREEN_FLOOR`` x the analysis' threshold (a tenth of the line a node is kept at): a pass
+costs what its estimates say matters. Attribution can underestimate an early head several times over (SmolLM2's
+block-11 onset without BOS: A0.H0@0 estimated 0.025, exact 0.137, ranked 19th; at a quarter of the line the screen
+missed it), hence a tenth. docs/performance.md gives the measured recall."""
+SCREEN_EXPECTED = SCREEN_LEAST + SCREEN_SAMPLE
+"""Nodes the cost model expects a screen to patch exactly (a real onset's estimates are mostly near zero)."""
 
 
 def screened(candidates: int, exact_nodes: int) -> bool:
@@ -135,7 +143,8 @@ def onset_nodes(model: Any, layer: int, corruption: Corruption, at: int = 0) -> 
 def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0,
           include: Sequence[str] = (), included: str = "named nodes") -> tuple[PatchResult, dict[str, Any]]:
     """Activation patching of :func:`onset_nodes` (up to block ``layer``) on ``setup`` (its metric): of every one, or, when there are more than
-    ``exact_nodes`` (> 0), of the :data:`SCREEN_TOP` strongest attribution estimates, of the candidates among
+    ``exact_nodes`` (> 0), of the strongest attribution estimates (:data:`SCREEN_LEAST`, and up to :data:`SCREEN_TOP`
+    those at or above :data:`SCREEN_FLOOR` x ``threshold``), of the candidates among
     ``include`` (nodes another pass found, patched exactly whatever their estimate; ``included`` names them in the
     record) and of :data:`SCREEN_SAMPLE`
     others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
@@ -146,11 +155,15 @@ def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed
     if screened(len(cands), exact_nodes):
         known = set(cands)
         forced = [n for n in include if Node.parse(n) in known]
-        res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed, include=forced)
+        floor = SCREEN_FLOOR * threshold
+        res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed, include=forced,
+                           floor=floor, least=SCREEN_LEAST)
         tri = res.settings["triage"]
         reach = (f" ({tri['reachable']} of them can change the metric)" if tri["reachable"] < len(cands) else "")
         screen = {"how": f"attribution patching over all {len(cands)} candidates{reach} (one forward and backward), "
-                         f"then exact activation patching of the {tri['exact_top']} strongest estimates, "
+                         f"then exact activation patching of the {tri['exact_top']} strongest estimates (the "
+                         f"{SCREEN_LEAST} strongest, and of the next those at |estimate| >= {floor:g}, at most "
+                         f"{SCREEN_TOP} in all), "
                          + (f"of {tri['included']} more of {included} (those outside the top {tri['exact_top']}), "
                             if tri["included"] else "")
                          + f"and of {tri['sampled']} others drawn at random; {tri['unexamined']} unexamined (no "
@@ -268,16 +281,17 @@ def circuit(result: PatchResult, max_edges: Optional[int] = None, require_denois
         return {"note": f"no signal: {result.message}"}
     t = time.perf_counter()
     circuit_ = faithful_circuit(result, require_denoising=require_denoising)
-    found = circuit_.to_dict()
+    search = circuit_.search
+    found = search.to_dict()
     found["seconds"] = round(time.perf_counter() - t, 2)
-    target = circuit_.settings["target"]
-    keeps = circuit_.faithfulness >= target and (circuit_.denoising is None or circuit_.denoising >= target
-                                                 or not require_denoising)
+    target = search.settings["target"]
+    keeps = search.faithfulness >= target and (search.denoising is None or search.denoising >= target
+                                               or not require_denoising)
     if not keeps:  # over the node budget but faithful, its edges are still searched: they may fit an edge budget
         found["edge_circuit"] = {"note": "the node circuit is not faithful, so its edges were not searched"}
         return found
     t = time.perf_counter()
-    found["edge_circuit"] = faithful_edges(circuit_, max_candidates=max_edges).to_dict()
+    found["edge_circuit"] = faithful_edges(circuit_, max_candidates=max_edges).edge_search.to_dict()
     found["edge_circuit"]["seconds"] = round(time.perf_counter() - t, 2)
     return found
 
@@ -294,7 +308,7 @@ def circuit_targets(result: PatchResult, found: dict[str, Any], targets: Sequenc
         if t == found["settings"]["target"]:
             c = found
         else:
-            c = faithful_circuit(result, target=t, require_denoising=require_denoising).to_dict()
+            c = faithful_circuit(result, target=t, require_denoising=require_denoising).search.to_dict()
         out[f"{t:g}"] = {k: c[k] for k in keys}
     return out
 

@@ -35,6 +35,8 @@ CHUNK_BYTES = 64 * 2**20
 """The largest activation one forward of the map may hold (float32): the one-token sequences per forward are as
 many as fit it in the widest layer (the MLP's hidden width, as a rule), so the step's peak memory stays a small
 share of the model's whatever its size (Qwen2.5 0.5B: 3449 per forward; 8192 took +1.15 GiB there)."""
+ROUND = 4096
+"""Tokens drawn per round of a sampled map with a ``margin``: after each round the share's 95% interval is checked."""
 
 
 def chunk_rows(model: Any) -> int:
@@ -46,11 +48,16 @@ def chunk_rows(model: Any) -> int:
 
 @entry_point
 def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: float = NORM_THRESHOLD,
-                    cos: float = DIRECTION_COS, most: int = 0, seed: int = 0) -> FirstTokens:
+                    cos: float = DIRECTION_COS, most: int = 0, seed: int = 0, margin: float = 0.0) -> FirstTokens:
     """Every vocabulary id as a one-token sequence up to block ``layer``: its P0 state's norm ratio and direction
     against the ``reference`` prompts (no BOS: their first tokens are text), as the module docstring says. ``most``
     (> 0): a vocabulary larger than that is sampled: ``most`` ids drawn with ``seed``, the special tokens and the
-    reference prompts' first tokens always among them (the record says so)."""
+    reference prompts' first tokens always among them (the record says so). ``margin`` (> 0, a sampled map only):
+    the ids are drawn in rounds of :data:`ROUND` (a prefix of the same seeded order, so a longer draw holds a
+    shorter one), and the drawing stops once the 95% Wilson interval of the share that reaches ``threshold`` is at
+    most ``margin`` either side, or at ``most``. A share near 0 or 1 is then settled in one round; a share near a
+    half takes about ``(1.96 / 2 / margin)^2`` draws. Stopping on the interval's width makes its coverage a little
+    less exact than a fixed draw's (the width depends on the share drawn)."""
     check_model(model)
     reference = check_tokens(model, reference, min_len=2, bos=False, what="reference")
     check_block(model, layer, "first_token_map")
@@ -59,6 +66,9 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
         raise BadInputError(f"first_token_map: cos={cos!r} must lie in (0, 1]")
     if isinstance(most, bool) or not isinstance(most, int) or most < 0:
         raise BadInputError(f"first_token_map: most={most!r} must be a whole number >= 0 (0: every token)")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 0.5:
+        raise BadInputError(f"first_token_map: margin={margin!r:.40} must be a number in [0, 0.5): the half-width of the "
+                            "share's 95% interval at which a sampled map stops drawing (0: draw all `most`)")
     name = hooks.resid_post(layer)
     with torch.no_grad():
         _, cache = model.run_with_cache(reference, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
@@ -67,20 +77,33 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
         direction = torch.nn.functional.normalize(torch.nn.functional.normalize(h[:, 0], dim=-1).mean(0), dim=0)
         full = int(model.cfg.d_vocab)
         firsts = list(dict.fromkeys(int(t) for t in reference[:, 0].tolist()))
-        every = torch.arange(full)
-        drawn = every
-        if most and full > most:
-            drawn = torch.randperm(full, generator=torch.Generator().manual_seed(seed))[:most]
-            every = torch.unique(torch.cat([drawn, torch.tensor(special_ids(model) + firsts, dtype=torch.long)]))
-        vocab = len(every)
-        norms, cosines = torch.empty(vocab), torch.empty(vocab)
+        sampled = bool(most) and full > most
+        order = (torch.randperm(full, generator=torch.Generator().manual_seed(seed))[:most] if sampled
+                 else torch.arange(full))
+        forced = torch.tensor(special_ids(model) + firsts, dtype=torch.long) if sampled else order[:0]
+        all_norms, all_cosines = torch.full((full,), float("nan")), torch.full((full,), float("nan"))
         rows = chunk_rows(model)
-        for start in range(0, vocab, rows):
-            ids = every[start:start + rows].to(reference.device)[:, None]
-            _, c = model.run_with_cache(ids, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
-            state = c[name][:, 0].float()
-            norms[start:start + len(ids)] = state.norm(dim=-1).cpu()
-            cosines[start:start + len(ids)] = (torch.nn.functional.normalize(state, dim=-1) @ direction).cpu()
+        step = ROUND if sampled and margin else len(order)
+        drawn, interval, rounds = order, None, 0
+        while True:  # a round: the next ``step`` draws (and the always-measured tokens, once)
+            drawn = order[:min(len(order), (rounds + 1) * step)]
+            rounds += 1
+            every = torch.unique(torch.cat([drawn, forced])) if sampled else drawn
+            todo = every[all_norms[every].isnan()]
+            for start in range(0, len(todo), rows):
+                ids = todo[start:start + rows]
+                _, c = model.run_with_cache(ids.to(reference.device)[:, None], names_filter=lambda n: n == name,
+                                            stop_at_layer=layer + 1)
+                state = c[name][:, 0].float()
+                all_norms[ids] = state.norm(dim=-1).cpu()
+                all_cosines[ids] = (torch.nn.functional.normalize(state, dim=-1) @ direction).cpu()
+            if sampled:  # the share's interval over the random draws only (the always-measured ones are no sample)
+                hits = int((all_norms[drawn] / ordinary >= threshold).sum())
+                interval = share_interval(hits, len(drawn))
+            if len(drawn) == len(order) or (interval[1] - interval[0]) / 2 <= margin:
+                break
+        vocab = len(every)
+        norms, cosines = all_norms[every], all_cosines[every]
     ratios = norms / ordinary
     where = {int(t): i for i, t in enumerate(every.tolist())}
     order = torch.argsort(ratios)
@@ -94,11 +117,9 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
 
     q = torch.tensor(QUANTILES)
     below = ratios < threshold
-    interval = None
-    if vocab < full:  # sampled: the share's interval over the random draws only (the always-measured ones are no sample)
-        hits = int((~below[torch.tensor([where[int(t)] for t in drawn.tolist()])]).sum())
+    if interval is not None:
         drawn_share = hits / len(drawn)
-        interval = [round(v, 6) for v in share_interval(hits, len(drawn))]
+        interval = [round(v, 6) for v in interval]
     record = dict(
         layer=layer, vocab=vocab, of=full, reference=f"{reference.shape[0]} prompts x {reference.shape[1]} tokens (no BOS): "
         "the ratio's denominator is their ordinary positions' mean norm, the direction their P0 states' mean direction",
@@ -116,7 +137,9 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
         f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of the "
         f"first tokens measured" + (f" (of the {len(drawn)} drawn at random {drawn_share:.1%}, 95% Wilson interval "
                                     f"{interval[0]:.2%}-{interval[1]:.2%}, binomial: a little wide for a draw without "
-                                    "replacement)" if interval else "")
+                                    "replacement" + (f"; drawn in rounds of {ROUND} until the interval was within "
+                                                     f"{margin:.2%} either side, or {most} were drawn" if margin else "")
+                                    + ")" if interval else "")
         + f" reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
         f"prompts' P0 direction; {record['not_sinks']} {'does' if record['not_sinks'] == 1 else 'do'} not become sink states"
         + (f" (the lowest: {', '.join(f'{p.text!r} {p.ratio:.2f}' for p in low[:5])})" if record["not_sinks"] else ""))
