@@ -437,3 +437,50 @@ def test_one_circuit_class_in_the_public_api():
         with pytest.warns(FutureWarning, match=f"{name} is gone: faithful_(circuit|edges) returns the one p0circuit.Circuit"):
             assert getattr(p0, name) is p0.Circuit
         assert not hasattr(patching, name)
+
+
+SHAPE_FACTS = {"parallel_attn_mlp", "attn_only", "num_experts", "experts_per_token", "gated_mlp",
+               "use_normalization_before_and_after", "n_key_value_heads"}
+"""The configuration fields that say what a block is made of: :class:`p0circuit.patching.shape.BlockShape` reads
+them, and no other module of the package does (``models/`` writes them when it builds a configuration)."""
+
+
+def test_block_shapes_are_read_in_one_place():
+    """Issue 51, item 5: one home for block shapes. An AST scan for ``<anything>.cfg.<fact>`` and ``cfg.<fact>`` reads
+    of :data:`SHAPE_FACTS` outside ``patching/shape.py`` and ``models/``; and BlockShape gives what the configuration
+    says on a grouped-query, a parallel, an attention-only and a post-norm configuration."""
+    import ast
+    from transformer_lens import HookedTransformerConfig
+    from p0circuit.patching.shape import BlockShape
+
+    package = Path(p0.__file__).resolve().parent
+    reads = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel == "patching/shape.py" or rel.startswith("models/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in SHAPE_FACTS:
+                owner = node.value
+                if (isinstance(owner, ast.Attribute) and owner.attr == "cfg") or (
+                        isinstance(owner, ast.Name) and owner.id == "cfg"):
+                    reads.append(f"{rel}:{node.lineno} .{node.attr}")
+    assert reads == [], f"read the block's shape through BlockShape.of(model): {reads}"
+
+    class M:  # BlockShape reads the configuration alone
+        def __init__(self, **kw):
+            self.cfg = HookedTransformerConfig(n_layers=2, d_model=16, d_head=4, n_heads=4, d_mlp=32, n_ctx=8,
+                                               d_vocab=10, act_fn="silu", **kw)
+    gqa = BlockShape.of(M(n_key_value_heads=2, gated_mlp=True))
+    assert (gqa.kv_heads, gqa.kv_weights, gqa.gated, gqa.parallel, gqa.mlp_sees_heads) == (2, 2, True, False, True)
+    ungrouped = M(n_key_value_heads=2)
+    ungrouped.cfg.ungroup_grouped_query_attention = True
+    assert (BlockShape.of(ungrouped).kv_heads, BlockShape.of(ungrouped).kv_weights) == (4, 2)
+    par = BlockShape.of(M(parallel_attn_mlp=True))
+    assert par.parallel and not par.mlp_sees_heads and par.mlp_input(1) == "blocks.1.hook_resid_pre"
+    assert BlockShape.of(M()).mlp_input(1) == "blocks.1.hook_resid_mid"
+    only = BlockShape.of(M(attn_only=True))
+    assert only.attn_only and not only.has_mlp and not only.mlp_sees_heads
+    around = BlockShape.of(M(use_normalization_before_and_after=True))
+    assert around.norms_around and around.output_norms and not around.post_norm
+    assert BlockShape.of(M(original_architecture="Olmo2ForCausalLM")).post_norm

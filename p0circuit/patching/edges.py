@@ -23,6 +23,7 @@ from p0circuit.patching.engine import output_norm
 from p0circuit.patching.metrics import PatchMetric
 from p0circuit.patching.sites import site_of
 from p0circuit.core.types import Edge, Input, Kind, Node, parse_list
+from p0circuit.patching.shape import BlockShape
 
 _QKV = {Input.Q: "q", Input.K: "k", Input.V: "v"}
 
@@ -52,10 +53,7 @@ def receiver_site(edge: Edge, model: Any) -> tuple[HookRef, Optional[int]]:
 
 def kv_heads(model: Any) -> int:
     """Key/value heads per block: fewer than the query heads under grouped-query attention."""
-    n_kv = model.cfg.n_key_value_heads
-    if n_kv is None or model.cfg.ungroup_grouped_query_attention:
-        return int(model.cfg.n_heads)
-    return int(n_kv)
+    return BlockShape.of(model).kv_heads
 
 
 def is_valid_edge(edge: Edge, parallel: bool) -> bool:
@@ -104,7 +102,8 @@ def candidate_edges(
             site_of(node, model)
         except BadInputError as err:
             raise BadInputError(f"candidate_edges: senders holds {node.name}: {err}") from None
-    parallel = bool(model.cfg.parallel_attn_mlp)
+    shape = BlockShape.of(model)
+    parallel = shape.parallel
     layers = range(model.cfg.n_layers if receiver_layers is None else min(receiver_layers, model.cfg.n_layers))
     direct = [] if metric is None else [l for l in metric.residual_reads(model.cfg.n_layers) if l in layers]
     edges = []
@@ -118,7 +117,7 @@ def candidate_edges(
                     e = Edge(src, Node(kind, layer, h, p), Input(which))
                     if is_valid_edge(e, parallel):
                         edges.append(e)
-            if not model.cfg.attn_only:
+            if shape.has_mlp:
                 e = Edge(src, Node(Kind.MLP, layer, pos=p), Input.MLP)
                 if is_valid_edge(e, parallel):
                     edges.append(e)

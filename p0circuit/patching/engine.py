@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
-from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
@@ -37,6 +36,7 @@ from p0circuit.core.threads import adapt
 from p0circuit.patching.metrics import PatchMetric, RunView
 from p0circuit.patching.hooking import attached
 from p0circuit.patching.order import hook_order
+from p0circuit.patching.shape import BlockShape
 
 
 @dataclass(frozen=True)
@@ -128,26 +128,22 @@ def skippable(model: Any, group: Sequence[PatchOp], metric: PatchMetric) -> bool
         return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
     if layer < 0 or output_norm(model, "mlp") is not None:
         return False
-    if op.hook.name == hooks.mlp_in(layer) and (model.cfg.parallel_attn_mlp or op.head is not None):
+    if op.hook.name == hooks.mlp_in(layer) and (BlockShape.of(model).parallel or op.head is not None):
         return False
     if op.hook.name not in (hooks.head_z(layer), hooks.mlp_out(layer), hooks.mlp_post(layer), hooks.mlp_in(layer)):
         return False
     return all(h.layer != layer or h.name in allowed for h in metric.needs(model.cfg.n_layers))
 
 
-POST_NORM = tuple(POST_NORM_ARCHITECTURES)
-"""Architectures whose blocks normalize each sublayer's output instead of its input (TransformerLens'
-list): :func:`skip_block`'s ``ln2`` before the MLP does not hold there."""
-
 
 def output_norm(model: Any, sublayer: str) -> Optional[Any]:
     """The norm block outputs of ``sublayer`` ("attn" or "mlp") pass through before the residual
     stream, one module per block (a list), or None: Gemma 2/3's ``ln1_post``/``ln2_post`` (norms
     before and after), OLMo 2/3's ``ln1``/``ln2`` (post-norm only)."""
-    name = {"attn": "ln1", "mlp": "ln2"}[sublayer]
-    if model.cfg.use_normalization_before_and_after:
+    name, shape = {"attn": "ln1", "mlp": "ln2"}[sublayer], BlockShape.of(model)
+    if shape.norms_around:
         name += "_post"
-    elif model.cfg.original_architecture not in POST_NORM:
+    elif not shape.post_norm:  # (there, skip_block's ln2 before the MLP does not hold)
         return None
     return [getattr(block, name) for block in model.blocks]
 
@@ -179,7 +175,7 @@ def skip_block(model: Any, base_cache: dict[str, Tensor], op: PatchOp) -> Tensor
     z = base[:, pos, op.head]
     delta_z = op.value if op.add else op.value - z
     delta = delta_z @ model.blocks[layer].attn.W_O[op.head]  # (B, P, d_head) x (d_head, d_model) -> (B, P, d_model)
-    if model.cfg.parallel_attn_mlp or model.cfg.attn_only:  # no MLP sees the head's change inside the block
+    if not BlockShape.of(model).mlp_sees_heads:  # no MLP sees the head's change inside the block
         out[:, pos] += delta
         return out
     block = model.blocks[layer]
@@ -224,7 +220,7 @@ def skipped_outputs(model: Any, base_cache: dict[str, Tensor], ops: Sequence[Pat
     if not ops:
         return []
     layer = ops[0].hook.layer
-    if model.cfg.parallel_attn_mlp or model.cfg.attn_only:
+    if not BlockShape.of(model).mlp_sees_heads:
         return [skip_block(model, base_cache, op)[:, list(op.positions)] for op in ops]
     post = base_cache[hooks.resid_post(layer)]  # (the ops of one start block: all of block layer, or R nodes of layer)
     out: list[Optional[Tensor]] = [None] * len(ops)

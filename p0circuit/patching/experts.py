@@ -18,22 +18,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from p0circuit.core import hooks
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import as_list, entry_point
 from p0circuit.models.checks import check_model
+from p0circuit.patching.shape import BlockShape
 
 
 def is_moe(model: Any) -> bool:
     """Whether the model's MLPs are mixtures of experts."""
-    return bool(model.cfg.num_experts)
+    return bool(BlockShape.of(model).experts)
 
 
 def mlp_input_hook(model: Any, layer: int) -> str:
     """The residual stream block ``layer``'s MLP reads (before its ``ln2``): ``resid_mid``, or
     ``resid_pre`` in parallel attention + MLP blocks. (``ln2.hook_normalized`` is taken before the
     norm's weight, so it is not the MLP's input.)"""
-    return hooks.resid_pre(layer) if model.cfg.parallel_attn_mlp else hooks.resid_mid(layer)
+    return BlockShape.of(model).mlp_input(layer)
 
 
 def check_experts(model: Any, node: Any) -> None:
@@ -102,7 +102,7 @@ def candidate_experts(model: Any, layers: Sequence[int], positions: Sequence[Any
         Node(Kind.EXPERT, 0, pos=p, neuron=0)  # a position class that is not one is refused here, by its name
     _moe("candidate_experts", model)
     return [Node(Kind.EXPERT, l, pos=p, neuron=e) for l in layers for p in positions
-            for e in range(model.cfg.num_experts)]
+            for e in range(BlockShape.of(model).experts)]
 
 
 @entry_point

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from p0circuit.core.errors import ConfigError
 from p0circuit.core.hooks import OBSERVES
+from p0circuit.patching.shape import BlockShape
 
 
 @contextmanager
@@ -18,7 +19,8 @@ def receiver_hooks(model: Any, split_qkv: bool = True) -> Iterator[Any]:
     """Enable per-head q/k/v input hooks (unless ``split_qkv`` is False) and the MLP input hook
     (blocks with an MLP only) for the duration of the block."""
     cfg = model.cfg
-    grouped = cfg.n_key_value_heads not in (None, cfg.n_heads) and not cfg.ungroup_grouped_query_attention
+    shape = BlockShape.of(model)
+    grouped = shape.kv_heads != shape.n_heads
     if split_qkv and grouped and cfg.positional_embedding_type == "shortformer":
         raise ConfigError(
             "TransformerLens cannot split the query/key/value inputs of a grouped-query model with shortformer "
@@ -26,7 +28,7 @@ def receiver_hooks(model: Any, split_qkv: bool = True) -> Iterator[Any]:
             "and edges into queries, keys and values are patched there: use node-level methods (activation, "
             "attribution) on this model, or model.set_ungroup_grouped_query_attention(True)")
     old_split, old_mlp_in = model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in
-    has_mlp = not model.cfg.attn_only  # TransformerLens refuses the MLP-input flag without MLPs
+    has_mlp = shape.has_mlp  # TransformerLens refuses the MLP-input flag without MLPs
     try:
         model.set_use_split_qkv_input(split_qkv or old_split)
         if has_mlp:

@@ -34,6 +34,7 @@ from p0circuit.patching.hooking import attached
 from p0circuit.patching.options import PatchOptions
 from p0circuit.patching.metrics import RunView
 from p0circuit.patching.result import PatchResult, make_result
+from p0circuit.patching.shape import BlockShape
 
 
 def _check_finite_run(model: Any, run: str, cache: dict[str, Tensor]) -> None:
@@ -106,7 +107,7 @@ class PatchJob:
     def cache(self, extra: set[str]) -> "PatchJob":
         """Run the clean (and corrupted) prompts once, up to the last block the metric reads,
         keeping the engine's hooks and ``extra`` (nothing is rerun when those are cached already)."""
-        names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop, bool(self.model.cfg.attn_only)) | extra
+        names = base_hooks(self.model.cfg.n_layers, self.metric, [], self.stop, BlockShape.of(self.model).attn_only) | extra
         if names <= self._cached:
             return self
         names |= self._cached

@@ -24,6 +24,7 @@ from p0circuit.core.hooks import HookRef
 from p0circuit.core.io import describe
 from p0circuit.core.names import SINK_HEADS_ATTR
 from p0circuit.patching.order import hook_order
+from p0circuit.patching.shape import BlockShape
 
 
 @entry_point
@@ -505,7 +506,7 @@ def _instead(name: str, model: Any) -> str:
         return (f"{prefix}attn.hook_z (per head, before W_O): head h's result is "
                 f"acts['{prefix}attn.hook_z'][:, :, h] @ model.W_O[{block[1] if prefix else 'L'}, h]")
     if name.endswith("hook_mlp_in"):
-        src = "hook_resid_pre" if model.cfg.parallel_attn_mlp else "hook_resid_mid"
+        src = "hook_resid_pre" if BlockShape.of(model).parallel else "hook_resid_mid"
         return f"{prefix}{src}, which holds the same values (the MLP's input before its norm)"
     if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_attn_in")):
         return f"{prefix}hook_resid_pre, which every head takes as its input (the same values, without the head axis)"

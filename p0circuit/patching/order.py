@@ -45,6 +45,7 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from p0circuit.core import hooks
 from p0circuit.patching.hooking import user_hooks
+from p0circuit.patching.shape import BlockShape
 
 _ORDERS: "WeakKeyDictionary[Any, HookOrder]" = WeakKeyDictionary()
 
@@ -250,7 +251,7 @@ def _one_column(unembed: Any) -> Any:
 def _trace(model: Any, forward: Any, how: str) -> HookOrder:
     cfg = model.cfg
     shapes = [(batch, min(length, cfg.n_ctx)) for batch, length in SHAPES]
-    full = {"use_split_qkv_input": not cfg.use_attn_in, "use_hook_mlp_in": not cfg.attn_only, "use_attn_result": True}
+    full = {"use_split_qkv_input": not cfg.use_attn_in, "use_hook_mlp_in": BlockShape.of(model).has_mlp, "use_attn_result": True}
     err: Exception = RuntimeError("no trace")
     for flags in (full, {**full, "use_split_qkv_input": False}, {}):  # a combination TransformerLens cannot run: fewer
         try:

@@ -18,6 +18,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.hooks import HookRef
 from p0circuit.patching.experts import check_experts, mlp_input_hook
 from p0circuit.core.types import REST, Kind, Node
+from p0circuit.patching.shape import BlockShape
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ def site_of(node: Node, model: Any) -> Site:
         if node.head >= n_heads:
             raise BadInputError(f"node {node} names head {node.head}, but layers have heads 0..{n_heads - 1}")
         return Site(HookRef(node.layer, hooks.head_z(node.layer)), node.head)
-    if node.kind in (Kind.MLP, Kind.NEURON, Kind.EXPERT) and model.cfg.attn_only:
+    shape = BlockShape.of(model)
+    if node.kind in (Kind.MLP, Kind.NEURON, Kind.EXPERT) and shape.attn_only:
         raise BadInputError(f"node {node}: this model is attention-only and has no MLPs")
     if node.kind == Kind.MLP:
         return Site(HookRef(node.layer, hooks.mlp_out(node.layer)), None)
-    n_experts = model.cfg.num_experts
+    n_experts = shape.experts
     if node.kind == Kind.EXPERT:
         if not n_experts:
             raise BadInputError(f"node {node}: this model's MLPs are not mixtures of experts; use M{node.layer}@{node.pos}")
@@ -127,7 +129,7 @@ def candidate_nodes(
             nodes.append(Node(Kind.POS_EMBED, pos=p))
         for layer in range(model.cfg.n_layers):
             nodes += [Node(Kind.HEAD, layer, h, p) for h in range(model.cfg.n_heads)]
-            if not model.cfg.attn_only:
+            if BlockShape.of(model).has_mlp:
                 nodes.append(Node(Kind.MLP, layer, pos=p))
             if resid:
                 nodes.append(Node(Kind.RESID, layer, pos=p))
@@ -153,9 +155,10 @@ def candidate_neurons(model: HookedTransformer, layers: Iterable[int], positions
     layers = as_list("candidate_neurons", "layers", layers)
     positions = as_list("candidate_neurons", "positions", positions)
     bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.n_layers)]
-    if bad or model.cfg.attn_only:
+    attn_only = BlockShape.of(model).attn_only
+    if bad or attn_only:
         raise BadInputError(f"candidate_neurons: layers {bad or layers} are not MLP layers of this model "
-                            f"(0..{model.cfg.n_layers - 1}{', attention-only' if model.cfg.attn_only else ''})")
+                            f"(0..{model.cfg.n_layers - 1}{', attention-only' if attn_only else ''})")
     return [Node(Kind.NEURON, l, pos=p, neuron=n) for l in layers for p in positions for n in range(model.cfg.d_mlp)]
 
 

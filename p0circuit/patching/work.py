@@ -23,14 +23,15 @@ import torch
 from torch import Tensor
 
 from p0circuit.core.hooks import OBSERVES
+from p0circuit.patching.shape import BlockShape
 
 
 def shares(model: Any) -> dict[str, float]:
     """Multiply-adds per token of one block's attention (``attn``), one block's MLP (``mlp``) and the
     unembedding (``unembed``), from ``model.cfg``'s shapes."""
-    cfg = model.cfg
-    d, heads, kv = cfg.d_model, cfg.n_heads, getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-    mlp = 0 if cfg.attn_only else d * cfg.d_mlp * (3 if cfg.gated_mlp else 2) * max(1, cfg.experts_per_token or 1)
+    cfg, shape = model.cfg, BlockShape.of(model)
+    d, heads, kv = cfg.d_model, cfg.n_heads, shape.kv_weights
+    mlp = 0 if shape.attn_only else d * cfg.d_mlp * (3 if shape.gated else 2) * shape.experts_per_token
     return {"attn": float(d * cfg.d_head * (2 * heads + 2 * kv)), "mlp": float(mlp), "unembed": float(d * cfg.d_vocab)}
 
 
@@ -68,7 +69,7 @@ class Count:
         s = shares(self.model)
         for block in self.model.blocks:
             self._handles.append(block.attn.register_forward_pre_hook(self._hook("attn", s["attn"]), with_kwargs=True))
-            if not self.model.cfg.attn_only:
+            if BlockShape.of(self.model).has_mlp:
                 self._handles.append(block.mlp.register_forward_pre_hook(self._hook("mlp", s["mlp"]), with_kwargs=True))
         self._handles.append(self.model.unembed.register_forward_pre_hook(self._hook("unembed", s["unembed"]), with_kwargs=True))
         return self

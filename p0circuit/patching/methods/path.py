@@ -29,6 +29,7 @@ from p0circuit.patching.registry import Method, register
 from p0circuit.patching.result import PatchResult
 from p0circuit.patching.sites import candidate_nodes, named_positions, site_of
 from p0circuit.core.types import Edge
+from p0circuit.patching.shape import BlockShape
 
 
 @entry_point
@@ -56,7 +57,7 @@ def path_patch(
     if edges is None:  # receivers past the metric's last block cannot change it: not candidates
         edges = candidate_edges(model, candidate_nodes(model), receiver_layers=job.receiver_layers, metric=job.metric)
     edge_list = parse_edges(edges)
-    parallel = bool(model.cfg.parallel_attn_mlp)
+    parallel = BlockShape.of(model).parallel
     bad = [e for e in edge_list if not is_valid_edge(e, parallel)]
     if bad:
         raise BadInputError(

@@ -32,6 +32,7 @@ from p0circuit.patching.work import forward_work, shares
 from p0circuit.studies.analysis.steps import screened as is_screened  # the rule, defined once
 from p0circuit.studies.experiments.first_tokens import ROUND
 from p0circuit.studies.experiments.reads import READ_BLOCKS as WINDOW  # the sink circuit's blocks (from the first reader)
+from p0circuit.patching.shape import BlockShape
 
 SINK = 1.5
 """Forwards of the sink report (a forward that keeps every attention pattern)."""
@@ -93,13 +94,13 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
     searched = candidates <= settings.max_edges  # the node step searches the circuit's edges: the edge step reads them
     out = {"keyed": b * KEYED * depth, "nodes": sum(parts.values()),
            "edges": 0.0 if searched else b * EDGES * min(depth + 2, n),
-           "neurons": 0.0 if model.cfg.attn_only else b * neurons}
+           "neurons": 0.0 if BlockShape.of(model).attn_only else b * neurons}
     if p0:  # a P0 onset: what the sink reads, detection, the sink's circuit, the super weights
         last = min(layer + WINDOW, n - 1)  # the first block after the onset that holds a sink head, usually the next
         sink_nodes = candidates * (last + 1) / depth
         out.update(reads=b * READS * n, detection=b * (depth + 1) * depth,
                    sink=sum(node_parts(model, last, int(sink_nodes), settings, screened).values()),
-                   weights=0.0 if model.cfg.attn_only else b * WEIGHTS * n)
+                   weights=0.0 if BlockShape.of(model).attn_only else b * WEIGHTS * n)
     if first:
         out["corruptions"] = n_corruptions * node
         for n in settings.lengths:

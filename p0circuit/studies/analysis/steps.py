@@ -30,6 +30,7 @@ from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.triage import triage_patch
 from p0circuit.patching.result import PatchResult
 from p0circuit.core.types import Kind, Node
+from p0circuit.patching.shape import BlockShape
 
 FAITHFULNESS_K = (1, 2, 3, 5, 8, 12, 20)
 """Circuit sizes (top-k components kept clean) of the faithfulness curves."""
@@ -234,8 +235,9 @@ def neurons(setup: Setup, layer: int, dim: int, node_effects: dict[str, float], 
     ``layer`` (``setup``'s model, prompts and corruption; the metric is that dimension's value): integrated gradients over every neuron of the MLPs up to the onset that the node pass kept (and
     the onset's own MLP), then exact activation patching of the ``keep`` strongest estimates."""
     model = setup.model
-    if model.cfg.attn_only or model.cfg.num_experts:
-        return {"neurons": {}, "note": "attention-only model" if model.cfg.attn_only else
+    shape = BlockShape.of(model)
+    if shape.attn_only or shape.experts:
+        return {"neurons": {}, "note": "attention-only model" if shape.attn_only else
                 "mixture of experts: see the expert nodes instead"}
     mlps = sorted({Node.parse(n).layer for n in node_effects if Node.parse(n).kind == Kind.MLP} | {layer})[-4:]
     cands = candidate_neurons(model, mlps, positions=(at,))

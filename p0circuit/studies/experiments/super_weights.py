@@ -31,6 +31,7 @@ from p0circuit.measures.loss import next_token_loss
 from p0circuit.measures.norms import norm_ratio
 from p0circuit.models.checks import check_block, check_dims, check_model
 from p0circuit.models.tokens import check_tokens
+from p0circuit.patching.shape import BlockShape
 
 SUPER_Z = 20.0
 """|z-score| (standard deviations from the mean of its matrix's entries) at which a ``W_out`` entry is listed as a
@@ -69,8 +70,9 @@ def weight_of(model: Any, block: int, neuron: int, dim: int, massive: Sequence[i
 
 
 def _mlps(model: Any, where: str) -> None:
-    if model.cfg.attn_only or getattr(model.cfg, "num_experts", None):
-        raise BadInputError(f"{where}: this model has " + ("no MLPs" if model.cfg.attn_only else "a mixture of "
+    shape = BlockShape.of(model)
+    if shape.attn_only or shape.experts:
+        raise BadInputError(f"{where}: this model has " + ("no MLPs" if shape.attn_only else "a mixture of "
                             "experts (one down projection per expert)") + ": there is no single W_out to read")
 
 
