@@ -341,6 +341,17 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
     for made in (dataclasses.replace(found, result=None), p0.prune(found, top_k=2), res.to_circuit()):
         with pytest.raises(p0.BadInputError, match="carries no node search and result"):
             p0.faithful_edges(made)
+    with pytest.raises(p0.BadInputError, match="are not the ones its search found"):
+        p0.faithful_edges(dataclasses.replace(found, nodes=found.nodes[:1]))
+    assert p0.faithful_edges(p0.faithful_edges(found)).edge_names == p0.faithful_edges(found).edge_names  # again: same
+    pruned = p0.prune(found, top_k=1)  # a part of the circuit: its search's measures are not carried over
+    assert not {"faithful", "faithfulness", "completeness"} & set(pruned.settings) and pruned.settings["pruned"]
+    assert "faithful: faithfulness" in str(found) and "(circuit.search)" in str(found) and "faithfulness" not in str(pruned)
+    with pytest.raises(AttributeError, match="numbers are on circuit.search.faithfulness"):
+        found.faithfulness  # noqa: B018
+    for bad in (found, p0.Circuit, "nodes", {"nodes": ["M0@0"]}):
+        with pytest.raises(p0.BadInputError, match="search= is what a circuit search attaches"):
+            p0.Circuit(nodes=found.nodes, search=bad)
     with pytest.raises(p0.BadInputError, match=r"is not Circuit; pass a p0circuit.Circuit \(from faithful_circuit"):
         p0.faithful_edges(res)
     other = Setup.of(planted.model, analysis_run.prompts(planted.model, 8, 16, False, 1), corruption="shift",

@@ -349,3 +349,29 @@ def test_searches_of_one_result_share_their_evaluations_bit_for_bit(planted):
     del shared, first, again, other
     gc.collect()
     assert key not in circuit_search._MEMOS
+
+
+def test_a_search_with_a_given_setup_refuses_a_model_changed_since_and_keeps_no_model_alive(planted):
+    """A result read back without its setup is searched with ``setup=``: a weight edit since that setup was made is
+    refused (a store of earlier evaluations would otherwise answer with the old model's numbers), and the store holds
+    the setup weakly."""
+    import gc
+    import pickle
+    import weakref
+    from p0circuit.patching import circuit_search
+
+    pm = p0.build_planted()  # its own copy: the weights are edited here
+    toks = p0.probe_tokens(pm.model, 8, 16, seed=3, regular=True)
+    kw = dict(corruption="shift", metric=p0.NormRatio(LAYER), bos=False)
+    bare = pickle.loads(pickle.dumps(p0.activation_patch(pm.model, toks, **kw)))
+    setup = Setup.of(pm.model, toks, **kw)
+    first = p0.faithful_circuit(bare, setup=setup).search
+    with torch.no_grad():
+        pm.model.blocks[0].mlp.W_out.mul_(1.0005)
+    with pytest.raises(p0.BadInputError, match="weights changed since the setup was made"):
+        p0.faithful_circuit(bare, setup=setup)
+    assert first.faithful
+    held = weakref.ref(setup)
+    del setup
+    gc.collect()
+    assert held() is None and id(bare) in circuit_search._MEMOS  # the store lives with the result, not the setup

@@ -483,7 +483,7 @@ def test_triage_with_a_floor_patches_the_strong_estimates_and_at_least_least(pla
     assert close(every.normalized[one], (clean - plain) / (clean - corrupted)) and close(every.normalized[one],
                                                                                          full.normalized[one])
     for name, bad in (("floor", -0.1), ("floor", float("inf")), ("floor", True), ("floor", "0.1"), ("least", -1),
-                      ("least", 1.5), ("least", True)):
+                      ("least", 1.5), ("least", True), ("least", 9)):  # 9: more than top
         with pytest.raises(p0.BadInputError, match=f"{name}(=| must be)"):
             triage_patch(planted.model, toks, top=8, sample=0, **{name: bad}, **kw)
 

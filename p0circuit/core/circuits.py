@@ -15,6 +15,11 @@ from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.types import AnyCircuit, Circuit, Edge, Node, as_circuit
 
 
+SEARCH_MEASURES = ("faithful", "faithfulness", "denoising", "completeness", "edge_faithful", "edge_faithfulness",
+                   "edge_completeness")
+"""The settings a searched circuit carries from its search (:func:`searched_circuit`): true of that circuit only."""
+
+
 def _finite(effects: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in effects.items() if not math.isnan(v)}
 
@@ -48,7 +53,9 @@ def prune(circuit: AnyCircuit, threshold: Optional[float] = None, top_k: Optiona
         ['A0.H0@0', 'M0@0']
     """
     circuit = as_circuit(circuit, "prune")
-    settings = {**circuit.settings, "pruned": {"threshold": threshold, "top_k": top_k}}
+    # a search's measures describe the circuit it found, not a pruned part of it: they are not carried over
+    settings = {**{k: v for k, v in circuit.settings.items() if k not in SEARCH_MEASURES},
+                "pruned": {"threshold": threshold, "top_k": top_k}}
     if circuit.level == "edge":
         edges = tuple(Edge.parse(n) for n in _keep(circuit.edge_effects, circuit.edge_names, threshold, top_k))
         nodes = tuple({e.src for e in edges} | {e.dst for e in edges})
@@ -141,7 +148,7 @@ def searched_circuit(found: Mapping[str, Any], edges: Optional[Mapping[str, Any]
         nodes=tuple(Node.parse(n) for n in found["nodes"]), edges=tuple(Edge.parse(n) for n in kept + held),
         node_effects=dict(node_effects), edge_effects=dict(edges.get("effects") or {}),
         settings={"method": "faithful circuit", "level": "edge" if kept else "node", "signal": True,
-                  **{k: found.get(k) for k in ("faithful", "faithfulness", "denoising", "completeness")},
+                  **{k: found.get(k) for k in SEARCH_MEASURES[:4]},
                   **{f"edge_{k}": edges.get(k) for k in ("faithful", "faithfulness", "completeness") if edges},
                   **{k: record[k] for k in ("corruption", "metric", "setup") if k in record}, **settings},
         search=search, edge_search=edge_search, result=result)

@@ -281,7 +281,10 @@ class Edge:
 @typing.no_type_check  # validates its own fields in __post_init__, with messages that name the fix
 @dataclass(frozen=True)
 class Circuit:
-    """Nodes and edges, with effect sizes and the settings that produced them."""
+    """Nodes and edges, with effect sizes and the settings that produced them: the one circuit type. The circuit
+    searches return it with their typed records attached (``search``, ``edge_search``: faithfulness, denoising,
+    completeness, whether it is faithful and why not) and the result they searched (``result``); ``print`` shows the
+    records' measures."""
 
     nodes: tuple[Node, ...]
     """The circuit's nodes, sorted; every edge's sender and receiver are among them (added when not given)."""
@@ -321,10 +324,16 @@ class Circuit:
         if not isinstance(self.settings, Mapping):
             raise BadInputError(f"Circuit: settings must be a dict, got {self.settings!r:.60}")
         # what a search attaches (the patching layer's types, above this one: checked by what they hold)
-        for name, holds in (("search", "nodes"), ("edge_search", "edges"), ("result", "normalized")):
+        for name, holds, kind in (("search", "nodes", list), ("edge_search", "edges", list),
+                                  ("result", "normalized", dict)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, type) or not hasattr(value, holds)
-                                      or (name != "result" and not hasattr(value, "to_dict"))):
+            if value is None:
+                continue
+            held = getattr(value, holds, None)
+            if (isinstance(value, (type, Circuit)) or not isinstance(held, kind)
+                    or not all(isinstance(x, str) for x in held)
+                    or (name != "result" and not (callable(getattr(value, "to_dict", None))
+                                                  and isinstance(getattr(value, "settings", None), dict)))):
                 raise BadInputError(f"Circuit: {name}= is what a circuit search attaches (faithful_circuit, "
                                     f"faithful_edges), got {value!r:.60}; leave it out (None) for a circuit made by hand")
 
@@ -341,6 +350,18 @@ class Circuit:
     def setup(self) -> Any:
         """The checked setup a search found it with (its result's), or None."""
         return None if self.result is None else self.result.setup
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute the searches' old records had (``faithfulness``, ``faithful``, ...): an AttributeError
+        saying where it is now."""
+        if name in _SEARCH_FIELDS:
+            where = "edge_search" if name == "effects" else "search"
+            raise AttributeError(f"'Circuit' object has no attribute {name!r}: faithful_circuit and faithful_edges "
+                                 f"return the one Circuit, and a search's numbers are on circuit.{where}.{name}"
+                                 + (" (or circuit.edge_search for the edges')" if where == "search" else ""))
+        if name == "to_circuit":
+            raise AttributeError("'Circuit' object has no attribute 'to_circuit': it is the Circuit already")
+        raise AttributeError(f"'Circuit' object has no attribute {name!r}")
 
     @property
     def interpretation(self) -> str:
@@ -424,6 +445,12 @@ class Circuit:
         s = self.settings
         how = ", ".join(f"{k}={s[k]}" for k in ("method", "corruption", "metric", "threshold") if k in s)
         lines = [f"Circuit: {len(self.nodes)} nodes, {len(self.edges)} edges" + (f" ({how})" if how else "")]
+        for name, record in (("search", self.search), ("edge_search", self.edge_search)):
+            if record is not None:  # what the search measured, and where its record is
+                shares = ", ".join(f"{k} {getattr(record, k):.3f}" for k in ("faithfulness", "denoising", "completeness")
+                                   if isinstance(getattr(record, k, None), float))
+                lines.append(f"  {'faithful' if record.faithful else 'not faithful'}: {shares}"
+                             + (f" ({record.why})" if record.why else "") + f" (circuit.{name})")
         effects = self.edge_effects if self.level == "edge" else self.node_effects
         if effects:
             lines.append("  normalized effect: share of the clean-to-corrupted change of the metric that this "
@@ -435,6 +462,11 @@ class Circuit:
             lines.append(f"  edge {e.name}" + (f"  {format_effect(self.edge_effects[e.name])}"
                                                  if e.name in self.edge_effects else ""))
         return "\n".join(lines)
+
+
+_SEARCH_FIELDS = ("faithfulness", "denoising", "completeness", "faithful", "why", "candidates", "size", "effects",
+                  "searched")
+"""Fields of the searches' records that the old FaithfulCircuit / EdgeCircuit had on themselves."""
 
 
 @typing.runtime_checkable

@@ -156,6 +156,11 @@ def faithful_edges(
     if result is None or circuit.search is None:
         raise BadInputError("this circuit carries no node search and result (made by hand, pruned, or read back from "
                             "a file): find it with faithful_circuit(result) first, and pass that Circuit unchanged")
+    searched_nodes, ends = set(circuit.search.nodes), {n.name for e in circuit.edges for n in (e.src, e.dst)}
+    if not searched_nodes <= circuit.node_names or not circuit.node_names - searched_nodes <= ends:
+        raise BadInputError(f"this circuit's nodes ({', '.join(sorted(circuit.node_names))[:120]}) are not the ones its "
+                            f"search found ({', '.join(circuit.search.nodes)[:120]}): it was changed after "
+                            "faithful_circuit (dataclasses.replace?); pass the Circuit faithful_circuit returned, unchanged")
     setup = searched(result, setup, "faithful_edges")
     model, tokens = setup.model, setup.tokens
     inside = _members(circuit, result, model)

@@ -184,20 +184,23 @@ class Noising:
             return run_groups(self.based, [ops], rows)[0]
 
 
-_MEMOS: dict[int, tuple[Setup, dict[Any, float]]] = {}
-"""Per searched result (by ``id``, dropped with it): the setup it was searched on and every evaluation of its searches,
-so that a search of the same result at another target or tolerance reruns nothing an earlier one ran."""
+_MEMOS: dict[int, tuple[Any, dict[Any, float]]] = {}
+"""Per searched result (by ``id``, dropped with it): a weak reference to the setup it was searched on and every
+evaluation of its searches, so that a search of the same result at another target or tolerance reruns nothing an
+earlier one ran. Every search checks the weights first (:func:`searched`), so a store never outlives the model it
+was measured on."""
 
 
 def _memo(result: PatchResult, setup: Setup) -> dict[Any, float]:
     """The evaluations of earlier searches of ``result`` on ``setup`` (a fresh store for another setup). A value is
-    reused only under the same key: the same nodes corrupted on the same fixed base (:class:`Noising`), so it is the
-    number the evaluation would give again, bit for bit."""
+    reused only under the same key: the same nodes corrupted, in the same order, on the same fixed base
+    (:class:`Noising`), so it is the number the evaluation would give again, bit for bit. The setup is held weakly
+    (a result searched with ``setup=`` keeps no model alive)."""
     held = _MEMOS.get(id(result))
-    if held is None or held[0] is not setup:
+    if held is None or held[0]() is not setup:
         if held is None:
             weakref.finalize(result, _MEMOS.pop, id(result), None)
-        held = _MEMOS[id(result)] = (setup, {})
+        held = _MEMOS[id(result)] = (weakref.ref(setup), {})
     return held[1]
 
 
@@ -230,7 +233,7 @@ def searched(result: Any, setup: Optional[Setup], what: str) -> Setup:
     differ = [f"{k}: result {v!r:.100}, setup {mine[k]!r:.100}" for k, v in recorded.items() if strict(v) != strict(mine[k])]
     if differ:
         raise BadInputError(f"the setup is not the one the result was computed with ({'; '.join(differ)}): pass that one")
-    return setup
+    return setup.unchanged("the setup was made", "make it again (p0circuit.Setup.of(...)) on the model as it is now")
 
 
 def search_job(setup: Setup) -> PatchJob:
@@ -310,7 +313,7 @@ def faithful_circuit(
         earlier search of this result evaluated the same way (the same set, on the same fixed base) is reused."""
         nonlocal evaluations, reused
         evaluations += 1
-        key = (frozenset(noising.fixed), frozenset(dropped))
+        key = (frozenset(noising.fixed), tuple(dropped))  # ordered: an expert's patch adds, and order can round
         if key in memo:
             reused += 1
             return memo[key]

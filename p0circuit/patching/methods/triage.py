@@ -3,7 +3,8 @@
 Exact activation patching costs one (partial) forward per node; on a large model with a metric
 read late, that is many forwards. :func:`triage_patch` runs attribution patching over all
 candidates (one forward and one backward), then exact activation patching of the ``top`` nodes by
-estimated effect and of a random ``sample`` of the others. Only exact values are reported:
+estimated effect (with a ``floor``: of those only the ``least`` strongest and the ones whose estimate reaches the
+floor) and of a random ``sample`` of the others. Only exact values are reported:
 
 * the top nodes and the sampled ones carry their exact effect;
 * nodes that cannot reach the metric (causality) carry an exact 0;
@@ -14,7 +15,7 @@ estimated effect and of a random ``sample`` of the others. Only exact values are
 The sample measures what the triage may have missed: its largest |effect|, how many of its nodes
 pass 0.1, and an estimate of the summed |effect| of the unexamined nodes (the sample's mean |effect|
 times their number). All of it is in ``settings["triage"]``, and the result's message warns when a
-sampled node passes 0.1 (raise ``top``). Attribution is a first-order estimate (see
+sampled node passes 0.1 (raise ``top``, or ``least``, or lower ``floor``). Attribution is a first-order estimate (see
 :func:`p0circuit.check_attribution`); the sample is the check that its ranking did not hide a component.
 """
 
@@ -70,6 +71,9 @@ def triage_patch(
     for name, value in (("top", top), ("sample", sample), ("least", least)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise BadInputError(f"{name} must be an integer >= 0, got {value!r}")
+    if least > top:
+        raise BadInputError(f"least={least} is more than top={top}: least counts the strongest of the top patched "
+                            "exactly whatever their estimate; pass least <= top")
     if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < math.inf:
         raise BadInputError(f"floor must be a number >= 0 (an |estimate| as a share of the clean-to-corrupted change; "
                             f"0: every one of the top), got {floor!r:.40}")
@@ -121,13 +125,14 @@ def triage_patch(
     message = exact.message
     if notable:
         message = (f"{notable} of {len(sampled)} sampled nodes outside the {len(chosen)} patched first have |effect| >= {NOTABLE}: "
-                   "the triage may have missed components; raise top (or use method='activation')")
+                   "the triage may have missed components; raise top" + (" or least, or lower floor" if floor else "")
+                   + " (or use method='activation')")
     return PatchResult(
         method="triage", level="node", corruption=exact.corruption, metric=exact.metric, direction=job.direction,
         clean_metric=exact.clean_metric, corrupted_metric=exact.corrupted_metric, raw=raw, normalized=normalized,
         signal=exact.signal, message=message,
         settings={**exact.settings, "triage": report, "top": top, "sample": sample, "seed": seed,
-                  **({"floor": floor, "least": least} if floor else {}),
+                  **({"floor": floor, "least": least} if floor or least else {}),
                   "estimates": {n: float(v) for n, v in approx.normalized.items() if math.isfinite(v)}},
         setup=exact.setup,
     )

@@ -26,7 +26,7 @@ error there is in docs/performance.md. It is an estimate: the circuit search sto
 """
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from p0circuit.patching.work import forward_work, shares
 from p0circuit.studies.analysis.steps import screened as is_screened  # the rule, defined once
@@ -113,16 +113,15 @@ SPREAD_RUNS = 1 + KEYED + 3 + 3
 faithfulness and the strongest neuron's share (a clean, a corrupted and a patched run each)."""
 
 
-def spread(model: Any, layer: int, settings: Any, scan: bool) -> float:
+def spread(model: Any, layer: int, settings: Any, scan: Sequence[int]) -> float:
     """Forwards of the spread over ``settings.spread_prompts`` prompts at the onset at ``layer``, and of the length scan
-    (``scan``: every block, at each length of :data:`~.spread.SCAN` within the context, on half the analysis' prompts)."""
-    from p0circuit.studies.analysis.spread import SCAN, SCAN_SHARE  # (spread imports torch; this module need not)
+    at the prompt lengths ``scan`` (:func:`~.spread.scan_lengths`; empty: no scan): every block, on half the analysis'
+    prompts."""
+    from p0circuit.studies.analysis.spread import SCAN_SHARE  # (spread imports torch; this module need not)
     b, batch = block_cost(model), settings.n_prompts * settings.length
-    out = b * SPREAD_RUNS * (layer + 1) * settings.spread_prompts / settings.n_prompts
-    if scan:
-        few = max(2, int(settings.n_prompts * SCAN_SHARE))
-        out += b * model.cfg.n_layers * sum(few * n for n in SCAN if n < model.cfg.n_ctx) / batch
-    return out
+    few = max(2, int(settings.n_prompts * SCAN_SHARE))
+    return (b * SPREAD_RUNS * (layer + 1) * settings.spread_prompts / settings.n_prompts
+            + b * model.cfg.n_layers * sum(few * n for n in scan) / batch)
 
 
 def special(model: Any, tokens: int) -> float:

@@ -28,7 +28,7 @@ from p0circuit.core.defaults import KEEPS, SINK_EPS
 from p0circuit.studies.analysis import cost, elsewhere, steps
 from p0circuit.studies.analysis.sensitivity import TARGETS, first_onsets, sweeps
 from p0circuit.studies.analysis.sink_circuit import sink_circuit
-from p0circuit.studies.analysis.spread import SCAN_SHARE, spread
+from p0circuit.studies.analysis.spread import SCAN_SHARE, scan_lengths, spread
 from p0circuit.studies.experiments.detection import diagonal_attention
 from p0circuit.studies.experiments.first_tokens import first_token_map
 from p0circuit.studies.experiments.reads import CONTROL, first_readers, sink_reads
@@ -538,7 +538,8 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
         if first is not None and s.spread_prompts:  # (the length scan in the first setting only, as _analyze runs it)
-            out[f"{SETTINGS[b]}/spread@L{first['layer']}"] = cost.spread(model, first["layer"], s, b == next(iter(plans)))
+            scan = scan_lengths(model, b) if b == next(iter(plans)) else []
+            out[f"{SETTINGS[b]}/spread@L{first['layer']}"] = cost.spread(model, first["layer"], s, scan)
     for layer in _p0_layers(plans):
         out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(plans, layer, s))
     for b in plans:

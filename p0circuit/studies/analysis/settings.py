@@ -101,12 +101,12 @@ class AnalysisSettings:
     seed: int = 0
     """Seed of the prompts and of the random corruptions."""
     first_tokens: int = 65536
-    """Vocabulary tokens run as first tokens at the first P0 onset of each BOS setting: every token of a vocabulary no
-    larger, else at most that many drawn with the seed (the special tokens and the prompts' first tokens always among
-    them; ``first_tokens_margin`` says when the drawing stops sooner); 0: every token."""
+    """Vocabulary tokens run as first tokens at the first P0 onset of each BOS setting: the whole vocabulary when it
+    holds no more, else at most this many drawn at random (0: every token). The special tokens and the prompts' first
+    tokens are always among them; ``first_tokens_margin`` says when the drawing stops sooner."""
     first_tokens_margin: float = 0.005
-    """Half-width of the 95% interval of the share of sink-making first tokens at which a sampled first-token map
-    stops drawing (rounds of 4096 tokens; 0: draw all ``first_tokens``). A map costs its onset's depth per token, and
+    """Half-width, a fraction in [0, 0.5), of the 95% interval of the share of sink-making first tokens at which a
+    sampled first-token map stops drawing (rounds of 4096 tokens; 0: draw all of --first-tokens). A map costs its onset's depth per token, and
     a share near 0 or 1 is settled by the first round: a random-weight 1.24B Llama with a planted sink spent 67 of its
     222 counted forwards on 65,536 draws. A share near a half takes about 40,000 draws at 0.005
     (docs/performance.md)."""

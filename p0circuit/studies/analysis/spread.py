@@ -103,15 +103,18 @@ def _share(runs: _Runs, values: Tensor, seed: int, removed: bool) -> Interval:
     return Interval(mean=whole, low=low, high=high, min=float(per.min()) if len(per) else float("nan"), n=len(values))
 
 
+def scan_lengths(model: Any, bos: bool, lengths: Sequence[int] = SCAN) -> list[int]:
+    """The prompt lengths of ``lengths`` the length scan runs: those within the model's context (a BOS token adds one)."""
+    return [n for n in lengths if n + int(bos) <= model.cfg.n_ctx]
+
+
 def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengths: Sequence[int] = SCAN
                 ) -> list[LengthRow]:
     """The P0 norm ratio per block at each prompt length of ``lengths`` within the model's context (``make(n)``: the
     prompts of ``n`` text tokens): where it first reaches ``line``, where it falls back, its value at ``layer``."""
     rows = []
     names = {hooks.resid_post(l) for l in range(model.cfg.n_layers)}
-    for n in lengths:
-        if n + int(bos) > model.cfg.n_ctx:
-            continue
+    for n in scan_lengths(model, bos, lengths):
         toks = make(n)
         with torch.no_grad():
             _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names,

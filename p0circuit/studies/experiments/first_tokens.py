@@ -55,7 +55,7 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
     reference prompts' first tokens always among them (the record says so). ``margin`` (> 0, a sampled map only):
     the ids are drawn in rounds of :data:`ROUND` (a prefix of the same seeded order, so a longer draw holds a
     shorter one), and the drawing stops once the 95% Wilson interval of the share that reaches ``threshold`` is at
-    most ``margin`` either side, or at ``most``. A share near 0 or 1 is then settled in one round; a share near a
+    most ``margin`` (its half-width; the Wilson interval is not symmetric about the share), or at ``most``. A share near 0 or 1 is then settled in one round; a share near a
     half takes about ``(1.96 / 2 / margin)^2`` draws. Stopping on the interval's width makes its coverage a little
     less exact than a fixed draw's (the width depends on the share drawn)."""
     check_model(model)
@@ -137,8 +137,10 @@ def first_token_map(model: Any, reference: Tensor, layer: int, *, threshold: flo
         f"{record['quantiles']['0.01']:.3g}, minimum {record['quantiles']['0']:.3g}; {record['sinks']:.1%} of the "
         f"first tokens measured" + (f" (of the {len(drawn)} drawn at random {drawn_share:.1%}, 95% Wilson interval "
                                     f"{interval[0]:.2%}-{interval[1]:.2%}, binomial: a little wide for a draw without "
-                                    "replacement" + (f"; drawn in rounds of {ROUND} until the interval was within "
-                                                     f"{margin:.2%} either side, or {most} were drawn" if margin else "")
+                                    "replacement" + (f"; drawn in rounds of {ROUND} until the interval's half-width was at "
+                                                     f"most {margin:.2%}, or {most} were drawn; the quantiles and the "
+                                                     "lowest tokens are the measured tokens'" if margin and most > ROUND
+                                                     else "")
                                     + ")" if interval else "")
         + f" reach the onset line ({threshold:g}, a norm ratio) and {record['aligned']:.1%} point within a cosine of {cos:g} of the "
         f"prompts' P0 direction; {record['not_sinks']} {'does' if record['not_sinks'] == 1 else 'do'} not become sink states"
