@@ -272,7 +272,11 @@ def test_a_node_name_has_one_spelling(name, meant):
 def test_a_search_over_a_node_past_the_last_block_names_it(planted):
     toks = p0.probe_tokens(planted.model, 4, 8, seed=0, regular=True)
     found = p0.faithful_circuit(p0.activation_patch(planted.model, toks, metric="norm_ratio:1"))
-    found.search.nodes.append("A9.H0@0")
+    found.search.nodes.append("A9.H0@0")  # the search record edited: refused, naming the node
+    said = _no_forward(planted.model, lambda: p0.faithful_edges(found))
+    assert "are not the ones its search found" in said and "A9.H0@0" in said
+    import dataclasses  # and the circuit edited alike: the node is named, with the model's blocks
+    found = dataclasses.replace(found, nodes=found.nodes + (p0.Node.parse("A9.H0@0"),))
     said = _no_forward(planted.model, lambda: p0.faithful_edges(found))
     assert "circuit.search.nodes holds 'A9.H0@0'" in said and "layers 0..3" in said and "no edge between" not in said
 

@@ -538,7 +538,7 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
                 out[key] = value
             parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
         if first is not None and s.spread_prompts:  # (the length scan in the first setting only, as _analyze runs it)
-            scan = scan_lengths(model, b) if b == next(iter(plans)) else []
+            scan = scan_lengths(model.cfg.n_ctx - int(b)) if b == next(iter(plans)) else []
             out[f"{SETTINGS[b]}/spread@L{first['layer']}"] = cost.spread(model, first["layer"], s, scan)
     for layer in _p0_layers(plans):
         out[f"first_tokens@L{layer}"] = cost.first_tokens(model, layer, s, _first_token_count(plans, layer, s))

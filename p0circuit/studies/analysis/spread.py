@@ -103,9 +103,10 @@ def _share(runs: _Runs, values: Tensor, seed: int, removed: bool) -> Interval:
     return Interval(mean=whole, low=low, high=high, min=float(per.min()) if len(per) else float("nan"), n=len(values))
 
 
-def scan_lengths(model: Any, bos: bool, lengths: Sequence[int] = SCAN) -> list[int]:
-    """The prompt lengths of ``lengths`` the length scan runs: those within the model's context (a BOS token adds one)."""
-    return [n for n in lengths if n + int(bos) <= model.cfg.n_ctx]
+def scan_lengths(room: int, lengths: Sequence[int] = SCAN) -> list[int]:
+    """The prompt lengths of ``lengths`` the length scan runs: those of at most ``room`` tokens of text (the model's
+    context, less one for a BOS token)."""
+    return [n for n in lengths if n <= room]
 
 
 def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengths: Sequence[int] = SCAN
@@ -114,7 +115,7 @@ def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengt
     prompts of ``n`` text tokens): where it first reaches ``line``, where it falls back, its value at ``layer``."""
     rows = []
     names = {hooks.resid_post(l) for l in range(model.cfg.n_layers)}
-    for n in scan_lengths(model, bos, lengths):
+    for n in scan_lengths(model.cfg.n_ctx - int(bos), lengths):
         toks = make(n)
         with torch.no_grad():
             _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names,

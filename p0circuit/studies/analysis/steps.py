@@ -158,7 +158,7 @@ def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed
         forced = [n for n in include if Node.parse(n) in known]
         floor = SCREEN_FLOOR * threshold
         res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed, include=forced,
-                           floor=floor, least=SCREEN_LEAST)
+                           floor=floor, least=min(SCREEN_LEAST, SCREEN_TOP))
         tri = res.settings["triage"]
         reach = (f" ({tri['reachable']} of them can change the metric)" if tri["reachable"] < len(cands) else "")
         screen = {"how": f"attribution patching over all {len(cands)} candidates{reach} (one forward and backward), "
