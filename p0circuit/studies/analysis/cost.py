@@ -43,10 +43,13 @@ CURVE = 10
 SEARCH_BASE, SEARCH = 40, 1.0
 """The node circuit search: about ``2 log2(candidates) + SEARCH_BASE`` evaluations, each ``SEARCH`` of a
 run up to the onset (the bulk drop's later evaluations start past block 0)."""
-EDGE_SEARCH = 110
+EDGE_SEARCH = 45
 """Runs up to the onset of an edge search (each edge alone, then ACDC's pruning; a run that splits every
 head's output costs more than a plain one), counted when the onset has at most ``max_edges`` candidate
-nodes: a larger onset's circuit has had more candidate edges than that, and its edges are not searched."""
+nodes: a larger onset's circuit has had more candidate edges than that, and its edges are not searched. SmolLM2's
+block-2 edge searches took 41 and 42 evaluations (2026-12-05; the constant was 110, from an earlier calibration).
+The sink's own circuit spans the onset and the blocks that read it, and its candidate edges outnumbered
+``max_edges`` in both of SmolLM2's settings (130, 228): its edge search is not counted."""
 EDGES = 20
 """Runs of the path patching into the next blocks' sink heads (and between the strongest nodes)."""
 GRAD = 4
@@ -99,7 +102,7 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
         last = min(layer + WINDOW, n - 1)  # the first block after the onset that holds a sink head, usually the next
         sink_nodes = candidates * (last + 1) / depth
         out.update(reads=b * READS * n, detection=b * (depth + 1) * depth,
-                   sink=sum(node_parts(model, last, int(sink_nodes), settings, screened).values()),
+                   sink=sum(node_parts(model, last, int(sink_nodes), settings, screened, edges=False).values()),
                    weights=0.0 if BlockShape.of(model).attn_only else b * WEIGHTS * n)
     if first:
         out["corruptions"] = n_corruptions * node
@@ -139,12 +142,14 @@ def first_tokens(model: Any, layer: int, settings: Any, most: int) -> float:
     return block_cost(model) * (layer + 1) * tokens / (settings.n_prompts * settings.length)
 
 
-def node_parts(model: Any, layer: int, candidates: int, settings: Any, screened: int) -> dict[str, float]:
+def node_parts(model: Any, layer: int, candidates: int, settings: Any, screened: int,
+               edges: bool = True) -> dict[str, float]:
     """The node step's forwards in the order they run: its patching ``pass`` (:func:`nodes_cost`), the
-    faithfulness ``curve`` and the circuit ``search`` (the progress bar credits each as it ends)."""
+    faithfulness ``curve`` and the circuit ``search`` (the progress bar credits each as it ends); ``edges``: whether
+    an edge search may follow (:data:`EDGE_SEARCH`)."""
     b, depth = block_cost(model), layer + 1
-    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + (EDGE_SEARCH if candidates <= settings.max_edges
-                                                                        else 0)
+    searched = edges and candidates <= settings.max_edges
+    search = (2 * math.log2(candidates + 1) + SEARCH_BASE) * SEARCH + (EDGE_SEARCH if searched else 0)
     return {"pass": nodes_cost(model, layer, candidates, settings.exact_nodes, screened), "curve": b * depth * CURVE,
             "search": b * depth * search}
 
