@@ -482,5 +482,30 @@ def test_block_shapes_are_read_in_one_place():
     only = BlockShape.of(M(attn_only=True))
     assert only.attn_only and not only.has_mlp and not only.mlp_sees_heads
     around = BlockShape.of(M(use_normalization_before_and_after=True))
-    assert around.norms_around and around.output_norms and not around.post_norm
+    assert around.norms_around and not around.post_norm
     assert BlockShape.of(M(original_architecture="Olmo2ForCausalLM")).post_norm
+
+
+def test_block_shape_and_scan_lengths_refuse_what_they_cannot_read():
+    """Hostile input to the helpers added with issue 51/52: BlockShape.of on no model, mlp_input past the blocks,
+    scan_lengths and the spread's cost with lengths that are not token counts: a p0circuit error naming the fix."""
+    from p0circuit.patching.shape import BlockShape
+    from p0circuit.studies.analysis import cost
+    from p0circuit.studies.analysis.spread import scan_lengths
+
+    pm = p0.build_planted()
+    for bad in (None, "real:smollm2", pm, torch.zeros(3)):
+        with pytest.raises(p0.BadInputError, match="BlockShape.of takes a HookedTransformer"):
+            BlockShape.of(bad)
+    shape = BlockShape.of(pm.model)
+    for layer in (-1, shape.n_layers, 1.0, True, "1"):
+        with pytest.raises(p0.BadInputError, match="mlp_input: layer="):
+            shape.mlp_input(layer)
+    assert scan_lengths(64) == [8, 16, 32, 64] and scan_lengths(63) == [8, 16, 32] and scan_lengths(-5) == []
+    for room, lengths in ((1.5, (8,)), (None, (8,)), (64, (0,)), (64, (8.0,)), (64, (True,))):
+        with pytest.raises(p0.BadInputError, match="scan_lengths: "):
+            scan_lengths(room, lengths)
+    with pytest.raises(p0.BadInputError, match="scan_lengths: lengths hold -8"):
+        cost.spread(pm.model, 1, p0.AnalysisSettings(), [-8])
+    s = p0.AnalysisSettings()
+    assert cost.spread(pm.model, 1, s, [8, 10**6]) == cost.spread(pm.model, 1, s, [8])  # past the context: not run

@@ -13,7 +13,10 @@ from typing import Any
 
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
+from transformer_lens import HookedTransformerConfig
+
 from p0circuit.core import hooks
+from p0circuit.core.errors import BadInputError
 
 POST_NORM = tuple(POST_NORM_ARCHITECTURES)
 """Architectures whose blocks normalize each sublayer's output instead of its input (TransformerLens' list)."""
@@ -50,7 +53,10 @@ class BlockShape:
     @classmethod
     def of(cls, model: Any) -> "BlockShape":
         """The shape of ``model``'s blocks, from ``model.cfg``."""
-        cfg = model.cfg
+        cfg = getattr(model, "cfg", None)
+        if not isinstance(cfg, HookedTransformerConfig):
+            raise BadInputError(f"BlockShape.of takes a HookedTransformer (its .cfg is read), got "
+                                f"{type(model).__name__}: load or wrap the model first (p0circuit.load_model)")
         n_kv = cfg.n_key_value_heads
         return cls(n_layers=int(cfg.n_layers), n_heads=int(cfg.n_heads),
                    kv_heads=int(cfg.n_heads if n_kv is None or cfg.ungroup_grouped_query_attention else n_kv),
@@ -69,12 +75,9 @@ class BlockShape:
         """Whether a head's change reaches its own block's MLP (not in parallel or attention-only blocks)."""
         return not (self.parallel or self.attn_only)
 
-    @property
-    def output_norms(self) -> bool:
-        """Whether a norm sits between each sublayer's output and the residual stream (either kind)."""
-        return self.norms_around or self.post_norm
-
-    def mlp_input(self, layer: int) -> str:
+    def mlp_input(self, layer: Any) -> str:  # (checked here: a p0circuit error names the blocks)
         """The residual stream block ``layer``'s MLP reads (before its norm): ``resid_mid``, or ``resid_pre`` in
         parallel blocks."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise BadInputError(f"mlp_input: layer={layer!r:.40} must be a block of this model, 0..{self.n_layers - 1}")
         return hooks.resid_pre(layer) if self.parallel else hooks.resid_mid(layer)

@@ -122,6 +122,7 @@ def candidate_nodes(
     if pos_embed is None:
         pos_embed = has_learned_positions(model)
     nodes: list[Node] = []
+    has_mlp = BlockShape.of(model).has_mlp
     for p in pos_classes:
         if embed:
             nodes.append(Node(Kind.EMBED, pos=p))
@@ -129,7 +130,7 @@ def candidate_nodes(
             nodes.append(Node(Kind.POS_EMBED, pos=p))
         for layer in range(model.cfg.n_layers):
             nodes += [Node(Kind.HEAD, layer, h, p) for h in range(model.cfg.n_heads)]
-            if BlockShape.of(model).has_mlp:
+            if has_mlp:
                 nodes.append(Node(Kind.MLP, layer, pos=p))
             if resid:
                 nodes.append(Node(Kind.RESID, layer, pos=p))

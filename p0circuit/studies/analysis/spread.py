@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.core import hooks
-from p0circuit.core.errors import P0CircuitError
+from p0circuit.core.errors import BadInputError, P0CircuitError
 from p0circuit.core.types import Node
 from p0circuit.measures.norms import direction_stability, direction_stability_ordinary, norm_ratio
 from p0circuit.measures.positions import token_text
@@ -103,9 +103,14 @@ def _share(runs: _Runs, values: Tensor, seed: int, removed: bool) -> Interval:
     return Interval(mean=whole, low=low, high=high, min=float(per.min()) if len(per) else float("nan"), n=len(values))
 
 
-def scan_lengths(room: int, lengths: Sequence[int] = SCAN) -> list[int]:
+def scan_lengths(room: Any, lengths: Sequence[Any] = SCAN) -> list[int]:  # (checked here)
     """The prompt lengths of ``lengths`` the length scan runs: those of at most ``room`` tokens of text (the model's
     context, less one for a BOS token)."""
+    if isinstance(room, bool) or not isinstance(room, int):
+        raise BadInputError(f"scan_lengths: room={room!r:.40} must be a whole number of tokens")
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise BadInputError(f"scan_lengths: lengths hold {bad[0]!r:.40}; pass whole numbers of tokens >= 1")
     return [n for n in lengths if n <= room]
 
 
