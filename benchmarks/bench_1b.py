@@ -4,6 +4,8 @@ same batch timed in the same run.
 
     python benchmarks/bench_1b.py                       # 1.24B parameters, float32 (about 5 GB on disk)
     python benchmarks/bench_1b.py --shape small         # the same code path at 42M parameters (a minute)
+    python benchmarks/bench_1b.py --shape narrow --analyze   # the 1B's depth and heads at d_model 512: the analysis
+                                                        # counts about the 1B's forwards in a tenth of its time
     python benchmarks/bench_1b.py --device cuda --dtype bfloat16    # the GPU check (not for CI)
     python benchmarks/bench_1b.py --analyze             # also p0circuit.analyze, its time and its ETA
 
@@ -39,11 +41,19 @@ SHAPES = {
                rope_theta=500000.0),
     "small": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8,
                   num_key_value_heads=2, vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=2048),
+    # the 1B shape's depth, heads and proportions at a quarter of its width (d_model 512, 73M parameters): the
+    # analysis counts about the 1B's forwards, in a fraction of its time (for working on the analysis' cost)
+    "narrow": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                   num_key_value_heads=8, vocab_size=32064, tie_word_embeddings=True, max_position_embeddings=2048,
+                   rope_theta=500000.0),
     # 124M parameters: large enough that the weights dominate what a load allocates besides them
     # (TransformerLens' causal masks, the logit check's activations: about 70 MB here)
     "medium": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=6, num_attention_heads=16,
                    num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=True, max_position_embeddings=2048),
 }
+INIT_STD = {"narrow": 0.04}
+"""The weights' standard deviation where not 0.02: the narrow shape's doubled so that a query's and a key's products
+at its d_head of 16 spread as the 1B's at 64 do (random heads then attend to a massive P0 state as often)."""
 HERE = Path(__file__).resolve().parent
 BLOCKS = ("1b-cpu-float32", "1b-cuda-bfloat16")
 """The docs blocks this benchmark writes (docs/performance.md): ``1b-<device>-<dtype>``."""
@@ -72,7 +82,7 @@ def make_checkpoint(out: Path, shape: str, seed: int = 0, dtype: str = "float32"
     for i, (key, group) in enumerate(groups.items()):
         shard = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
         tensors = {n: (torch.ones(names[n]) if n.endswith("norm.weight") else
-                       torch.randn(names[n], generator=gen) * 0.02).to(getattr(torch, dtype)) for n in group}
+                       torch.randn(names[n], generator=gen) * INIT_STD.get(shape, 0.02)).to(getattr(torch, dtype)) for n in group}
         save_file(tensors, str(out / shard), metadata={"format": "pt"})
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         weight_map.update({n: shard for n in group})

@@ -527,6 +527,11 @@ def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_ev
     gap = res.clean_metric - res.corrupted_metric
     plain = O.together(model, toks, rest, O.Corr("shift"), O.Metric("norm_ratio", layer=layer), O.named_of(cands))
     assert close(plain, res.corrupted_metric + found["faithfulness"] * gap, res.clean_metric)
+    # a variation (every corruption side by side) screens the same way but draws no sample: the onset's pass checks
+    by = steps.by_corruption(p0.Setup.of(model, toks, corruption=corruption, metric=p0.NormRatio(layer), bos=False),
+                             layer, ["shift", "swap"], 0.1, seed=0, exact_nodes=3)
+    assert [by[c]["screen"]["sampled"] for c in ("shift", "swap")] == [0, 0]
+    assert by["shift"]["screen"]["exact_top"] == 3 and by["shift"]["screen"]["unexamined"] == len(cands) - 3
 
 
 def test_the_progress_bar_counts_each_planned_step_once(planted, monkeypatch):

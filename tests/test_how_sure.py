@@ -125,3 +125,44 @@ def test_discover_says_when_there_is_no_sink():
     pm = p0.build_planted()
     c = p0.discover(pm.model, p0.probe_tokens(pm.model, 8, 16, regular=True), corruption="shift")
     assert c.interpretation.startswith("P0 is identified by attention") and "no_sink" not in c.settings
+
+
+def test_the_positive_control_with_no_share_to_read(planted_models):
+    """Where the reads study recorded its edits but no kept share (no sink heads' excess to divide by: the share is
+    NaN, written as null), the random-direction control says 'not measured' rather than failing to format it."""
+    from p0circuit.studies.analysis.run import _controls
+
+    reads = {"reads": "not applicable (no head after block 1 gives position 0 an alpha_0 above 0.3)",
+             "edits": {"random_direction": {"kept": None, "attention": 0.1}}}
+    out = {c["name"]: c for c in _controls(planted_models("rope").model, False, {"clean": 2.0, "corrupted": 1.0,
+                                                                          "reads": reads}, {})}
+    assert out["random direction"]["passed"] is None and out["random direction"]["meaning"] == "not measured"
+    assert out["random direction"]["observed"].startswith("not applicable")
+
+
+def test_the_length_scan_reads_each_length_on_its_own_prefix(planted_models):
+    """One forward of the longest prompts serves every length: each length's ratios equal a plain TransformerLens run of
+    that length's prompts alone (the first n tokens), P0's norm over the mean of the others computed here by hand."""
+    from p0circuit.studies.analysis.spread import length_scan
+
+    model = planted_models("rope").model
+    made = []
+
+    def make(n):
+        made.append(n)
+        return p0.probe_tokens(model, 4, n, seed=3, regular=True)
+
+    line = 2.0
+    rows = length_scan(model, make, False, 1, line, lengths=(8, 16, 32))
+    assert made == [32] and [r.length for r in rows] == [8, 16, 32]  # one draw, of the longest length
+    longest = make(32)
+    for r in rows:
+        _, cache = model.run_with_cache(longest[:, :r.length])
+        ratios = []
+        for l in range(model.cfg.n_layers):
+            norms = cache[f"blocks.{l}.hook_resid_post"].norm(dim=-1)
+            ratios.append(float((norms[:, 0] / norms[:, 1:].mean(-1)).mean()))
+        assert r.at_onset == pytest.approx(ratios[1], rel=1e-5)
+        assert r.onset == next((l for l, x in enumerate(ratios) if x >= line), None)
+        assert r.peak == pytest.approx(max(ratios), rel=1e-5)
+    assert length_scan(model, make, False, 1, line, lengths=(4096,)) == []  # nothing within the context: no forward

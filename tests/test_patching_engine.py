@@ -295,3 +295,27 @@ def test_skipped_blocks_batch_mixed_positions(generic, metric):
     slow = p0.activation_patch(generic, toks, reference=True, **kw)
     assert results_close(fast, slow)
     assert max(abs(v) for v in fast.raw.values()) > 1e-3  # the patches do something
+
+
+def test_a_forward_ends_at_the_metric_s_last_read(planted):
+    """A metric that reads an attention pattern (the sink heads' attention to P0 in block 2) needs nothing after it:
+    the fast path's patched forwards stop there, so block 2's MLP runs only in the clean and corrupted runs that are
+    cached whole, never in a patched forward, while its attention runs in each; the values equal the reference path's
+    full forwards with ordinary hooks."""
+    model = planted.model
+    toks = random_tokens(4, 12, model.cfg.d_vocab, seed=5)
+    metric = p0.AttnToP0(heads=[(2, 0), (2, 1)])
+    calls = {"attn": 0, "mlp": 0}
+    for part in calls:
+        def forward(*args, _f=getattr(model.blocks[2], part).forward, _p=part, **kw):
+            calls[_p] += 1
+            return _f(*args, **kw)
+        getattr(model.blocks[2], part).forward = forward
+    try:
+        fast = p0.activation_patch(model, toks, corruption=Shift(1), metric=metric, min_signal=0)
+    finally:
+        for part in calls:
+            del getattr(model.blocks[2], part).forward
+    assert calls["mlp"] <= 2 < calls["attn"]  # the cached clean and corrupted runs only
+    slow = p0.activation_patch(model, toks, corruption=Shift(1), metric=metric, min_signal=0, reference=True)
+    assert results_close(fast, slow)

@@ -375,3 +375,33 @@ def test_a_search_with_a_given_setup_refuses_a_model_changed_since_and_keeps_no_
     del setup
     gc.collect()
     assert held() is None and id(bare) in circuit_search._MEMOS  # the store lives with the result, not the setup
+
+
+def test_a_job_read_by_another_metric_shares_its_runs_and_gives_a_fresh_job_s_numbers(planted):
+    """PatchJob.measuring: a second metric of the same block reads the cached clean and corrupted runs (no forward),
+    and every number equals a fresh job's of that metric; a metric of another block runs its own; a bad metric is
+    refused by name before any forward."""
+    from p0circuit.patching.circuit_search import search_job
+    from p0circuit.patching.job import PatchJob
+    from p0circuit.patching.ops import node_op
+    from p0circuit.patching.engine import run_groups
+    from p0circuit.patching.work import Count
+    from p0circuit.core.types import Node
+
+    model = planted.model
+    toks = p0.probe_tokens(model, 4, 12, seed=1, regular=True)
+    setup = Setup.of(model, toks, corruption=p0.Shift(1), metric=p0.NormRatio(1), bos=False)
+    job = search_job(setup).cache({"blocks.0.attn.hook_z", "blocks.0.hook_mlp_out"})
+    with Count(model) as counted:
+        shared = job.measuring(p0.ResidDim(1, 3))
+    assert counted.forwards(48) == 0 and shared.clean is job.clean and shared.corr is job.corr
+    fresh = search_job(setup.measuring(p0.ResidDim(1, 3))).cache({"blocks.0.attn.hook_z", "blocks.0.hook_mlp_out"})
+    assert (shared.clean_metric, shared.base_metric) == (fresh.clean_metric, fresh.base_metric)
+    node = Node.parse("M0@0")
+    patched = [run_groups(j.base(), [[node_op(j, node, "noise", [0])]], j.rows_per_forward)[0] for j in (shared, fresh)]
+    assert patched[0] == patched[1]
+    other = job.measuring(p0.NormRatio(2))  # another block: its own runs, to block 2
+    assert other.clean is not job.clean and isinstance(other, PatchJob)
+    assert other.clean_metric == search_job(setup.measuring(p0.NormRatio(2))).cache(set()).clean_metric
+    with pytest.raises(p0.BadInputError, match="metric"):
+        job.measuring(None)

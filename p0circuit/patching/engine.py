@@ -13,7 +13,9 @@ anything a patch cannot change:
 * positions after the last one the metric reads (:meth:`PatchMetric.last_position`; a metric
   read at P0 reads one): nothing there can reach them, so forwards stop at that position, and a
   patch of later positions only has its exact effect, 0, without a forward;
-* many groups are stacked along the batch dimension in one forward.
+* many groups are stacked along the batch dimension in one forward;
+* a forward ends at the last hook the metric reads: where that is inside a block (an attention pattern), the rest
+  of the block (its MLP) is not run.
 
 Hooks of earlier blocks that the metric reads come from the same cache. The slow, obvious path
 (:func:`run_groups_reference`) runs one full forward per group with ordinary hooks; the tests
@@ -481,6 +483,15 @@ def _keep(into: dict[str, Tensor], name: str, act: Tensor, hook: Any) -> None:
     into[name] = act
 
 
+class _ReadAll(Exception):
+    """Raised by :func:`_read_all` to end a forward once every hook the metric reads has fired."""
+
+
+def _read_all(act: Tensor, hook: Any) -> None:
+    """The last hook the metric reads has fired (after the hooks that keep it): nothing later can change the metric."""
+    raise _ReadAll
+
+
 def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
     model, base_cache, metric, batch = base.model, base.cache, base.metric, base.batch
     groups, start, stop, first = chunk.groups, chunk.start, chunk.stop, chunk.first
@@ -528,13 +539,21 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
     below = [(slice(i * batch, (i + 1) * batch), op) for i, g in enumerate(groups) if not chunk.skipped[i] for op in g
              if op.hook.name in captured]  # ops on a hook the metric reads from before the forward (embeddings)
     captured.update(_with_ops(captured, below))
+    if stop is not None and not metric.needs_logits:  # end the forward where the metric's last read fires
+        reads, fired = [h.name for h in metric.needs(model.cfg.n_layers) if h.layer >= start], hook_order(model).last
+        if reads and all(r in fired for r in reads):  # (each read's place in the forward traced)
+            fwd_hooks.append((max(reads, key=fired.__getitem__), _read_all))
     kv = _prefix_cache(model, base_cache, start, first, n) if first else None
     extra: dict[str, Any] = {}
     end = base.end
     if model.cfg.positional_embedding_type == "shortformer":  # positions enter each block's queries and keys
         extra["shortformer_pos_embed"] = model.W_pos[first:end].unsqueeze(0).expand(resid.shape[0], -1, -1)
-    with attached(model, fwd_hooks):
-        logits = model(resid[:, first:end].contiguous(), start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv, **extra)
+    try:
+        with attached(model, fwd_hooks):
+            logits = model(resid[:, first:end].contiguous(), start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv,
+                           **extra)
+    except _ReadAll:
+        logits = None  # (the metric reads no logits)
     positional = laid_out(model, metric)  # else: one group, whole prompts (run_groups saw to it)
     new_only = hook_order(model).new_only
     for h in metric.needs(model.cfg.n_layers):

@@ -119,6 +119,11 @@ class PatchJob:
                 self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names, self.stop, kv)
         for run, cache in (("clean", self.clean), ("corrupted", self.corr)):
             _check_finite_run(self.model, run, cache or {})
+        self._baseline()
+        return self
+
+    def _baseline(self) -> None:
+        """The clean and base runs' metric, from the cached runs (refused where the metric makes them non-finite)."""
         self.clean_metric = self.metric_of(self.clean, self.clean_logits, 0)
         base = self.base()
         self.base_metric = self.clean_metric if base.cache is self.clean else self.metric_of(base.cache, base.logits,
@@ -127,7 +132,20 @@ class PatchJob:
             if not math.isfinite(value):
                 raise NonFiniteError(f"the metric {self.metric.name} is {value} on the {run} run although every cached "
                                      "activation is finite: the metric itself produces it (e.g. 0/0); fix the metric")
-        return self
+
+    def measuring(self, metric: Any) -> "PatchJob":
+        """This job's runs read by another ``metric`` (:meth:`Setup.measuring`, checked there): the cached clean and
+        corrupted activations are shared, not run again, where the new metric's runs stop at the same block and read
+        nothing this job did not cache; otherwise the new job caches its own runs. Its values are the numbers a fresh
+        job of that setup gives (the same forwards, run once)."""
+        job = PatchJob.of(self.setup.measuring(metric))
+        names = base_hooks(self.model.cfg.n_layers, job.metric, [], job.stop, BlockShape.of(self.model).attn_only)
+        if job.stop != self.stop or job.direction != self.direction or not self._cached or not names <= self._cached:
+            return job.cache(self._cached)
+        job.clean, job.corr, job.clean_logits, job.corr_logits = self.clean, self.corr, self.clean_logits, self.corr_logits
+        job._cached, job._values = set(self._cached), self._values  # the prepared corrupted values too: metric-free
+        job._baseline()
+        return job
 
     @property
     def offset(self) -> int:

@@ -82,10 +82,10 @@ class KeyedOn(Record):
 class Edit(Record):
     """One edit's effect (the clean run's, unedited, has ``kept`` 1)."""
 
-    attention: float
-    """Mean alpha_0 of the window's sink heads (mean over prompts)."""
-    kept: float
-    """Share of the window's sink heads' excess attention to P0 over uniform that is kept."""
+    attention: Optional[float]
+    """Mean alpha_0 of the window's sink heads (mean over prompts; None: the window holds no sink head)."""
+    kept: Optional[float]
+    """Share of the window's sink heads' excess attention to P0 over uniform that is kept (None: no sink head)."""
     kept_min: Optional[float]
     """The lowest share of one prompt (prompts with too little clean excess left out; None: none left)."""
     prompts_kept: Optional[float]

@@ -220,7 +220,8 @@ def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
             if o is None:
                 continue
             r = o.get("reads") or {}
-            reads = (r.get("error") or r.get("reads", "")) if "edits" not in r else (
+            reads = (r.get("error") or r.get("reads", "")) if (r.get("edits") or {}).get(
+                "rescaled", {}).get("kept") is None else (
                 f"**{r['reads']}** ({r['edits']['rescaled']['kept']:.2f} / {r['edits']['direction_replaced']['kept']:.2f}); "
                 f"later: {r['reads_later']}")
             det = o.get("detection") or {}

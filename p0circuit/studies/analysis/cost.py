@@ -84,13 +84,13 @@ def nodes_cost(model: Any, layer: int, candidates: int, exact_nodes: int, screen
 
 
 def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened: int, n_corruptions: int,
-               first: bool, p0: bool = True) -> dict[str, float]:
+               first: bool, p0: bool = True, varied: int = 0) -> dict[str, float]:
     """Forwards of each step of one onset (``keyed``, ``nodes``, ``edges``, ``neurons``; at a P0 onset (``p0``) also
     ``reads``, ``detection``, ``sink``, ``weights``), and, for the first P0 onset (``first``), of its variations
-    (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`."""
+    (``corruptions``, ``length<n>``); ``screened``: as :func:`nodes_cost`, ``varied`` the same for a variation's pass
+    (0: as ``screened``)."""
     b, depth = block_cost(model), layer + 1
     parts = node_parts(model, layer, candidates, settings, screened)
-    node = parts["pass"]
     mlps = range(max(0, layer - 3), layer + 1)
     neurons = sum(GRAD * settings.ig_steps * (layer + 1 - m) for m in mlps) + settings.neurons_keep * depth / 2
     n = model.cfg.n_layers
@@ -101,31 +101,35 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
     if p0:  # a P0 onset: what the sink reads, detection, the sink's circuit, the super weights
         last = min(layer + WINDOW, n - 1)  # the first block after the onset that holds a sink head, usually the next
         sink_nodes = candidates * (last + 1) / depth
+        s = shares(model)  # a patched forward ends at the sink heads' attention: their block's MLP is not run
+        ended = (last + s["attn"] / (s["attn"] + s["mlp"])) / (last + 1) if s["attn"] + s["mlp"] else 1.0
         out.update(reads=b * READS * n, detection=b * (depth + 1) * depth,
-                   sink=sum(node_parts(model, last, int(sink_nodes), settings, screened, edges=False).values()),
+                   sink=ended * sum(node_parts(model, last, int(sink_nodes), settings, screened, edges=False).values()),
                    weights=0.0 if BlockShape.of(model).attn_only else b * WEIGHTS * n)
     if first:
-        out["corruptions"] = n_corruptions * node
+        varied_node = nodes_cost(model, layer, candidates, settings.exact_nodes, varied or screened)
+        out["corruptions"] = n_corruptions * varied_node
         for n in settings.lengths:
-            out[f"length{n}"] = (SINK + node) * n / settings.length
+            out[f"length{n}"] = (SINK + varied_node) * n / settings.length
     return out
 
 
-SPREAD_RUNS = 1 + KEYED + 3 + 3
-"""Runs up to the onset, per batch of the spread's prompts (:mod:`.spread`): the P0 state, the keyed test, and the
-faithfulness and the strongest neuron's share (a clean, a corrupted and a patched run each)."""
+SPREAD_RUNS = KEYED + 2 + 1 + 1
+"""Runs up to the onset, per batch of the spread's prompts (:mod:`.spread`): the keyed test, one clean and one
+corrupted run (the P0 state read on the clean one) shared by the faithfulness and the strongest neuron's share, and
+the run of each with its nodes corrupted or patched."""
 
 
 def spread(model: Any, layer: int, settings: Any, scan: Sequence[int]) -> float:
     """Forwards of the spread over ``settings.spread_prompts`` prompts at the onset at ``layer``, and of the length scan
-    at the prompt lengths ``scan`` (:func:`~.spread.scan_lengths`; empty: no scan): every block, on half the analysis'
-    prompts."""
+    at the prompt lengths ``scan`` (:func:`~.spread.scan_lengths`; empty: no scan): every block of the longest length (the
+    shorter are its prefixes), on half the analysis' prompts."""
     from p0circuit.studies.analysis.spread import SCAN_SHARE, scan_lengths  # (spread imports torch; this module need not)
     scan = scan_lengths(model.cfg.n_ctx, scan)  # (checked: whole numbers, within the context)
     b, batch = block_cost(model), settings.n_prompts * settings.length
     few = max(2, int(settings.n_prompts * SCAN_SHARE))
     return (b * SPREAD_RUNS * (layer + 1) * settings.spread_prompts / settings.n_prompts
-            + b * model.cfg.n_layers * sum(few * n for n in scan) / batch)
+            + b * model.cfg.n_layers * few * max(scan, default=0) / batch)  # one forward of the longest prompts
 
 
 def special(model: Any, tokens: int) -> float:

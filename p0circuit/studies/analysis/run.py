@@ -531,7 +531,7 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
             cands = len(steps.onset_nodes(model, o["layer"], get_corruption("shift")))
             screened = steps.SCREEN_EXPECTED
             costs = cost.step_costs(model, o["layer"], cands, s, screened, len(steps.corruption_variants(b)) - 1,
-                                    o is first, o["where"] == "P0")
+                                    o is first, o["where"] == "P0", varied=steps.VARIATION_EXPECTED)
             for name, value in costs.items():
                 key = (f"{_onset_key(b, o)}/{name}" if name in cost.ONSET_STEPS else
                        f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
@@ -727,7 +727,7 @@ def _controls(model: Any, bos: bool, row: dict[str, Any], variations: dict[str, 
     reads = row.get("reads") or {}
     edit = (reads.get("edits") or {}).get(CONTROL)
     does = "P0's state after the onset replaced by a random direction of the same norm"
-    if edit is None:
+    if edit is None or edit.get("kept") is None:  # no sink heads to read, or too little excess: no share to read
         out.append(Control(name="random direction", kind="positive", does=does,
                            expects="the sink heads lose their attention to P0",
                            observed=reads.get("error") or reads.get("reads", "not measured"), passed=None,
@@ -788,7 +788,7 @@ def _variations(run: "_Run", bos: bool, onset: dict[str, Any], chosen: str) -> d
             row: dict[str, Any] = {k: summary[k] for k in ("sink_rate", "norm_stages")}
             row["prompts"] = prompt_label(model, s.n_prompts, n, bos)
             if layer < model.cfg.n_layers:
-                _, nodes = steps.nodes(on(t), layer, s.threshold, s.exact_nodes, s.seed)
+                _, nodes = steps.nodes(on(t), layer, s.threshold, s.exact_nodes, s.seed, sample=steps.VARIATION_SAMPLE)
                 row.update({k: nodes[k] for k in ("corruption", "metric", "clean", "corrupted", "signal",
                                                   "normalization")}, nodes=dict(list(nodes["nodes"].items())[:8]))
             return row

@@ -7,7 +7,8 @@ the share of the change the onset's faithful circuit keeps (found on the analysi
 out-of-sample check of it), the strongest neuron's share of the massive dimension's change, and h_0's cosine
 across prompts; each with a 95% bootstrap interval (:mod:`p0circuit.measures.spread`) and the lowest single
 prompt. Then the onset's dependence on prompt length: the P0 norm ratio per block at lengths from 8 to 256
-tokens (within the model's context), where it first reaches the line and where it falls back.
+tokens (within the model's context; each length the first tokens of the longest prompts, one forward for all), where
+it first reaches the line and where it falls back.
 """
 
 from typing import Any, Optional, Sequence
@@ -37,8 +38,8 @@ share of the mean change (a share divides by that change)."""
 SCAN = (8, 16, 32, 64, 128, 256)
 """Prompt lengths of the length scan (those within the model's context)."""
 SCAN_SHARE = 0.5
-"""Share of the analysis' prompts the length scan runs at each length (the scan reads a ratio's block, not a
-prompt's spread; its 256-token prompts cost 10 times the analysis' own)."""
+"""Share of the analysis' prompts the length scan runs (the scan reads a ratio's block, not a prompt's spread; its
+256-token prompts cost 5 times the analysis' own)."""
 
 
 def _interval(values: Tensor, seed: int, mean: Optional[float] = None, low_high: Optional[tuple] = None) -> Interval:
@@ -48,16 +49,16 @@ def _interval(values: Tensor, seed: int, mean: Optional[float] = None, low_high:
 
 
 class _Runs:
-    """One corruption and one per-prompt metric on the spread's prompts: the clean and corrupted per-prompt values,
-    and any set of nodes corrupted (or one node patched), per prompt."""
+    """One per-prompt metric on the spread's runs (``job``: their clean and corrupted runs, cached with every
+    candidate's reads and shared, :meth:`~p0circuit.patching.job.PatchJob.measuring`): the clean and corrupted
+    per-prompt values, and any set of nodes corrupted (or one node patched), per prompt."""
 
-    def __init__(self, setup: Setup, metric: Any, candidates: Sequence[str]) -> None:
+    def __init__(self, job: Any, metric: Any, candidates: Sequence[str]) -> None:
         self.capture = PerPrompt(metric)
-        model = setup.model
-        self.job = job = search_job(setup.measuring(self.capture))
+        self.job = job = job.measuring(self.capture)
+        model = job.model
         self.nodes = [Node.parse(n) for n in candidates]
         self.live = [n for n in self.nodes if job.reaches(site_of(n, model).hook)]
-        job.cache({site_of(n, model).read.name for n in self.live})
         self.named = named_positions(self.nodes)
         names = [h.name for h in metric.needs(model.cfg.n_layers)]
         self.clean = metric.per_prompt(RunView({n: job.clean[n] for n in names}, None, 0))
@@ -117,15 +118,23 @@ def scan_lengths(room: Any, lengths: Sequence[Any] = SCAN) -> list[int]:  # (che
 def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengths: Sequence[int] = SCAN
                 ) -> list[LengthRow]:
     """The P0 norm ratio per block at each prompt length of ``lengths`` within the model's context (``make(n)``: the
-    prompts of ``n`` text tokens): where it first reaches ``line``, where it falls back, its value at ``layer``."""
-    rows = []
+    prompts of ``n`` text tokens): where it first reaches ``line``, where it falls back, its value at ``layer``.
+
+    The prompts of each length are the first tokens of the longest ones: in a causal model a position's state reads
+    only the positions before it, so one forward of the longest prompts holds every shorter prompt's states (each
+    length's ratio is read on its own prefix), and the scan costs one forward of its longest length."""
+    scan = scan_lengths(model.cfg.n_ctx - int(bos), lengths)
+    if not scan:
+        return []
     names = {hooks.resid_post(l) for l in range(model.cfg.n_layers)}
-    for n in scan_lengths(model.cfg.n_ctx - int(bos), lengths):
-        toks = make(n)
-        with torch.no_grad():
-            _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names,
-                                            stop_at_layer=model.cfg.n_layers)  # every block, no logits
-        ratios = [float(norm_ratio(cache[hooks.resid_post(l)]).mean()) for l in range(model.cfg.n_layers)]
+    toks = make(max(scan))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names,
+                                        stop_at_layer=model.cfg.n_layers)  # every block, no logits
+    rows = []
+    for n in scan:
+        ratios = [float(norm_ratio(cache[hooks.resid_post(l)][:, :n + int(bos)]).mean())
+                  for l in range(model.cfg.n_layers)]
         onset = next((l for l, r in enumerate(ratios) if r >= line), None)
         erasure = None if onset is None else next((l for l in range(onset, len(ratios)) if ratios[l] < line), None)
         peak = max(range(len(ratios)), key=lambda l: ratios[l])
@@ -141,9 +150,21 @@ def spread(setup: Setup, row: dict[str, Any], make: Optional[Any], *, line: floa
     says; ``make(n)``: prompts of ``n`` text tokens for the length scan (None: no scan); ``line``: the onset line."""
     model, tokens, bos, layer = setup.model, setup.tokens, bool(setup.bos), row["layer"]
     name = hooks.resid_post(layer)
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
-    h = cache[name].float()
+    circuit = (row.get("circuit") or {}).get("nodes")
+    candidates = list(row.get("effects") or {}) if circuit else []
+    npass = row.get("neuron_pass") or {}
+    neurons = row.get("neurons") or {}
+    neuron_name = max(neurons, key=lambda n: abs(neurons[n])) if neurons and "[" in npass.get("metric", "") else ""
+    job = None
+    if candidates or neuron_name:  # one clean and one corrupted run, with every node's reads, for both shares
+        job = search_job(setup.measuring(NormRatio(layer)))
+        job.cache({site_of(Node.parse(n), model).read.name for n in candidates + [neuron_name] if n}
+                  | {name})
+        h = job.clean[name].float()
+    else:
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
+        h = cache[name].float()
     ratios = norm_ratio(h)  # (B,)
     lowest = int(ratios.argmin())
     text = token_text(model)
@@ -153,18 +174,12 @@ def spread(setup: Setup, row: dict[str, Any], make: Optional[Any], *, line: floa
     except P0CircuitError as err:
         keyed = Unmeasured(error=str(err))
     faith = neuron = None
-    neuron_name = ""
-    circuit = (row.get("circuit") or {}).get("nodes")
-    candidates = list(row.get("effects") or {})
-    if circuit and candidates:
-        runs = _Runs(setup, NormRatio(layer), candidates)
+    if candidates:
+        runs = _Runs(job, NormRatio(layer), candidates)
         faith = _share(runs, runs.kept(circuit), seed, removed=False)
-    npass = row.get("neuron_pass") or {}
-    neurons = row.get("neurons") or {}
-    if neurons and "[" in npass.get("metric", ""):
-        neuron_name = max(neurons, key=lambda n: abs(neurons[n]))
+    if neuron_name:
         dim = int(npass["metric"].split("[")[1].split("]")[0])
-        runs = _Runs(setup, ResidDim(layer, dim), [neuron_name])
+        runs = _Runs(job, ResidDim(layer, dim), [neuron_name])
         neuron = _share(runs, runs.patched(neuron_name), seed, removed=True)
     h0 = h[:, 0]
     ordinary = float(direction_stability_ordinary(h))

@@ -48,6 +48,13 @@ block-11 onset without BOS: A0.H0@0 estimated 0.025, exact 0.137, ranked 19th; a
 missed it), hence a tenth. docs/performance.md gives the measured recall."""
 SCREEN_EXPECTED = SCREEN_LEAST + SCREEN_SAMPLE
 """Nodes the cost model expects a screen to patch exactly (a real onset's estimates are mostly near zero)."""
+VARIATION_SAMPLE = 0
+"""Others drawn at random in a variation's screen (every corruption side by side, other prompt lengths): none. A
+variation reports each corruption's or length's signal and strongest nodes beside the onset's own pass, whose screen
+(and the sink circuit's) draws :data:`SCREEN_SAMPLE` as the check of what the ranking missed; the sample would be
+half a variation's exact patching (docs/performance.md)."""
+VARIATION_EXPECTED = SCREEN_LEAST + VARIATION_SAMPLE
+"""Nodes the cost model expects a variation's screen to patch exactly."""
 
 
 def screened(candidates: int, exact_nodes: int) -> bool:
@@ -142,22 +149,24 @@ def onset_nodes(model: Any, layer: int, corruption: Corruption, at: int = 0) -> 
 
 
 def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed: int = 0, at: int = 0,
-          include: Sequence[str] = (), included: str = "named nodes") -> tuple[PatchResult, dict[str, Any]]:
+          include: Sequence[str] = (), included: str = "named nodes", sample: Optional[int] = None
+          ) -> tuple[PatchResult, dict[str, Any]]:
     """Activation patching of :func:`onset_nodes` (up to block ``layer``) on ``setup`` (its metric): of every one, or, when there are more than
     ``exact_nodes`` (> 0), of the strongest attribution estimates (:data:`SCREEN_LEAST`, and up to :data:`SCREEN_TOP`
     those at or above :data:`SCREEN_FLOOR` x ``threshold``), of the candidates among
     ``include`` (nodes another pass found, patched exactly whatever their estimate; ``included`` names them in the
-    record) and of :data:`SCREEN_SAMPLE`
+    record) and of ``sample`` (None: :data:`SCREEN_SAMPLE`)
     others drawn with ``seed`` (:func:`~p0circuit.patching.methods.triage.triage_patch`; the rest are
     unexamined: no effect is reported for them, and a circuit search over the result still corrupts them)."""
     t = time.perf_counter()
+    sample = SCREEN_SAMPLE if sample is None else sample
     cands = onset_nodes(setup.model, layer, setup.corruption, at)
     screen: dict[str, Any] = {}
     if screened(len(cands), exact_nodes):
         known = set(cands)
         forced = [n for n in include if Node.parse(n) in known]
         floor = SCREEN_FLOOR * threshold
-        res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=SCREEN_SAMPLE, seed=seed, include=forced,
+        res = triage_patch(setup=setup, nodes=cands, top=SCREEN_TOP, sample=sample, seed=seed, include=forced,
                            floor=floor, least=min(SCREEN_LEAST, SCREEN_TOP))
         tri = res.settings["triage"]
         reach = (f" ({tri['reachable']} of them can change the metric)" if tri["reachable"] < len(cands) else "")
@@ -167,7 +176,10 @@ def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed
                          f"{SCREEN_TOP} in all), "
                          + (f"of {tri['included']} more of {included} (those outside the top {tri['exact_top']}), "
                             if tri["included"] else "")
-                         + f"and of {tri['sampled']} others drawn at random; {tri['unexamined']} unexamined (no "
+                         + (f"and of {tri['sampled']} others drawn at random" if sample else
+                            "and no others drawn at random (a variation: the sample that checks the ranking is "
+                            "drawn in the onset's own pass, under its own corruption and prompts only)")
+                         + f"; {tri['unexamined']} unexamined (no "
                            "effect reported; the circuit search still ranks them by their estimate and corrupts those "
                            "outside its circuit)",
                   **{k: ((round(v, 4) if math.isfinite(v) else None) if isinstance(v, float) else v) for k, v in tri.items()
@@ -339,7 +351,8 @@ def by_corruption(setup: Setup, layer: int, names: Sequence[str], threshold: flo
         summary = (known or {}).get(name)
         if summary is None:
             try:
-                _, summary = nodes(setup.corrupting(seeded(name, seed)), layer, threshold, exact_nodes, seed)
+                _, summary = nodes(setup.corrupting(seeded(name, seed)), layer, threshold, exact_nodes, seed,
+                                   sample=VARIATION_SAMPLE)
             except P0CircuitError as err:  # a corruption that does not fit the run is reported, not fatal
                 out[name] = {"error": f"{type(err).__name__}: {err}"}
                 continue

@@ -145,11 +145,15 @@ def _share(a: Tensor, clean: Tensor, u: float) -> tuple[float, Tensor]:
 def _edit_record(alpha: Tensor, clean: Tensor, heads: Tensor, later: Tensor, u: float, eps: float, keep: float,
                  loss: Tensor) -> Edit:
     """One run's record: ``alpha`` [B, later blocks, H]; ``heads``/``later`` masks [later blocks, H]."""
-    a, c = alpha[:, heads].mean(-1), clean[:, heads].mean(-1)  # (B,)
-    kept, per = _share(a, c, u)
-    per = per[~torch.isnan(per)]
     later_kept = _share(alpha[:, later].mean(-1), clean[:, later].mean(-1), u)[0] if bool(later.any()) else None
-    return Edit(attention=float(a.mean()), kept=kept, kept_min=float(per.min()) if len(per) else None,
+    attention = kept = None  # no sink head in the window: nothing to average, no share
+    per = torch.zeros(0)
+    if bool(heads.any()):
+        a, c = alpha[:, heads].mean(-1), clean[:, heads].mean(-1)  # (B,)
+        attention = float(a.mean())
+        kept, per = _share(a, c, u)
+        per = per[~torch.isnan(per)]
+    return Edit(attention=attention, kept=kept, kept_min=float(per.min()) if len(per) else None,
                 prompts_kept=float((per >= keep).float().mean()) if len(per) else None, later_kept=later_kept,
                 per_block=[float(x) for x in alpha.mean((0, 2))], sink_rate=float((alpha > eps).float().mean()),
                 loss=float(loss.mean()))
