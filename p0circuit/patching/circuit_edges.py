@@ -38,7 +38,7 @@ from p0circuit.patching.circuit_search import (
     TARGET, TOLERANCE, _share, acdc_prune, check_bounds, same_clean, search_job, searched,
 )
 from p0circuit.patching.edges import among, candidate_edges, post_norm, receiver_site, sender_hook
-from p0circuit.patching.faithfulness import edges_ablated
+from p0circuit.patching.faithfulness import EdgeBase, edges_ablated
 from p0circuit.patching.hooking import receiver_hooks
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods import path_patch
@@ -198,18 +198,27 @@ def faithful_edges(
     clean, corrupted = result.clean_metric, result.corrupted_metric
     evaluations = 0
 
+    senders = {sender_hook(e.src) for e in cands}
+    base: Optional[EdgeBase] = None  # the nodes outside the circuit corrupted, and after the bulk drop its edges too
+
+    def fix(dropped: list[Edge]) -> None:
+        nonlocal base
+        base = EdgeBase(job, dropped, named, ops, senders)
+
     def share(dropped: list[Edge], node_ops: Any = ops) -> float:
         nonlocal evaluations
         evaluations += 1
-        value = finite(edges_ablated(job, dropped, named, node_ops), setup,
+        value = finite(edges_ablated(job, dropped, named, node_ops, base=base), setup,
                        f"corrupting {len(dropped)} of {len(cands)} candidate edges together (faithful_edges' evaluation "
                        f"{evaluations})")
         return _share(value, clean, corrupted)
 
     strength = {e: abs(effects[e.name]) if math.isfinite(effects[e.name]) else 0.0 for e in cands}
     with receiver_hooks(model, split_qkv=True):
+        fix([])
         nodes_only = share([])
-        kept, faithfulness, bulk = acdc_prune(cands, strength.__getitem__, lambda e: e.dst.layer, share, target, tolerance)
+        kept, faithfulness, bulk = acdc_prune(cands, strength.__getitem__, lambda e: e.dst.layer, share, target, tolerance,
+                                              on_bulk=fix)
         completeness = 1.0 - share(kept, ())
     kept = sorted(kept, key=lambda e: -strength[e])
     settings.update(nodes_only_faithfulness=nodes_only, evaluations=evaluations, bulk_dropped=bulk,

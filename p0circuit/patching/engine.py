@@ -483,13 +483,25 @@ def _keep(into: dict[str, Tensor], name: str, act: Tensor, hook: Any) -> None:
     into[name] = act
 
 
-class _ReadAll(Exception):
-    """Raised by :func:`_read_all` to end a forward once every hook the metric reads has fired."""
+class ReadAll(Exception):
+    """Raised by the hook of :func:`ended_at_last_read` to end a forward once every hook the metric reads has fired."""
 
 
 def _read_all(act: Tensor, hook: Any) -> None:
     """The last hook the metric reads has fired (after the hooks that keep it): nothing later can change the metric."""
-    raise _ReadAll
+    raise ReadAll
+
+
+def ended_at_last_read(model: Any, metric: PatchMetric, start: int, stop: Optional[int]) -> list[tuple[str, Callable]]:
+    """The hook that ends a forward from block ``start`` (catch :class:`ReadAll`) where the last hook ``metric`` reads
+    fires, by the traced hook order; to be attached after the hooks that keep what the metric reads. None (an empty
+    list) where the forward runs to the logits, or a read's place was not traced."""
+    if stop is None or metric.needs_logits:
+        return []
+    reads, fired = [h.name for h in metric.needs(model.cfg.n_layers) if h.layer >= start], hook_order(model).last
+    if not reads or not all(r in fired for r in reads):
+        return []
+    return [(max(reads, key=fired.__getitem__), _read_all)]
 
 
 def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
@@ -539,10 +551,7 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
     below = [(slice(i * batch, (i + 1) * batch), op) for i, g in enumerate(groups) if not chunk.skipped[i] for op in g
              if op.hook.name in captured]  # ops on a hook the metric reads from before the forward (embeddings)
     captured.update(_with_ops(captured, below))
-    if stop is not None and not metric.needs_logits:  # end the forward where the metric's last read fires
-        reads, fired = [h.name for h in metric.needs(model.cfg.n_layers) if h.layer >= start], hook_order(model).last
-        if reads and all(r in fired for r in reads):  # (each read's place in the forward traced)
-            fwd_hooks.append((max(reads, key=fired.__getitem__), _read_all))
+    fwd_hooks += ended_at_last_read(model, metric, start, stop)
     kv = _prefix_cache(model, base_cache, start, first, n) if first else None
     extra: dict[str, Any] = {}
     end = base.end
@@ -552,7 +561,7 @@ def _run_chunk(base: BaseRun, chunk: Chunk) -> list[float]:
         with attached(model, fwd_hooks):
             logits = model(resid[:, first:end].contiguous(), start_at_layer=start, stop_at_layer=stop, past_kv_cache=kv,
                            **extra)
-    except _ReadAll:
+    except ReadAll:
         logits = None  # (the metric reads no logits)
     positional = laid_out(model, metric)  # else: one group, whole prompts (run_groups saw to it)
     new_only = hook_order(model).new_only

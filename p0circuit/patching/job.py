@@ -114,7 +114,13 @@ class PatchJob:
         self._cached = names
         with torch.no_grad():
             kv = not self.reference  # the fast path's suffix forwards attend to these keys and values
-            self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop, kv)
+            kept = self.setup.clean.take(names, self.stop, kv)  # the same clean run under another corruption
+            if kept is None:
+                self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop, kv)
+                self.setup.clean.keep(names, self.stop, kv, self.clean, self.clean_logits)
+            else:
+                held, self.clean, self.clean_logits = kept
+                self._cached = names = set(held)
             if self.prep.corrupt_tokens is not None:
                 self.corr, self.corr_logits = cache_run(self.model, self.prep.corrupt_tokens, names, self.stop, kv)
         for run, cache in (("clean", self.clean), ("corrupted", self.corr)):

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
 from p0circuit.core.args import entry_point
@@ -25,7 +26,7 @@ from p0circuit.patching.corruptions import Prepared, get_corruption
 from p0circuit.patching.hooking import user_hooks
 from p0circuit.patching.metrics import PatchMetric, check_metric, default_metric, resolve_metric
 from p0circuit.patching.options import HOW, PatchOptions
-from p0circuit.patching.weights import changed, digest
+from p0circuit.patching.weights import EMBEDDING, changed, digest, embedding_rows
 
 
 def refuse_user_hooks(model: Any, fix: str = ", or pass reference=True, which runs every patch as a full forward "
@@ -39,6 +40,38 @@ def refuse_user_hooks(model: Any, fix: str = ", or pass reference=True, which ru
             "fast path runs only the blocks and positions a patch can change and reuses cached activations, so "
             "those hooks would fire on other tensors than in a full forward. Remove them (model.reset_hooks("
             f"including_permanent=True)){fix}")
+
+
+class CleanRuns:
+    """What a setup's clean run gave, kept for the setups that share it (:meth:`Setup.corrupting`): cached activations
+    (:meth:`take`/:meth:`keep`, by the hooks kept, the block the run stopped before and whether it filled a key-value
+    cache) and the metric's gradients (``grads``, by the hooks and the stop block). A later request is served by a kept
+    entry that holds every hook it asks for."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[frozenset, Any, bool, dict, Any]] = []
+        self.grads: dict[tuple[frozenset, Any], tuple[float, dict]] = {}
+
+    def take(self, names: set, stop: Any, kv: bool) -> Optional[tuple[frozenset, dict, Any]]:
+        """(the hooks held, their activations, the logits) of a kept clean run that holds ``names``, or None."""
+        for held, s, k, acts, logits in self.runs:
+            if s == stop and k == kv and names <= held:
+                return held, acts, logits
+        return None
+
+    def gradients(self, names: set, stop: Any, compute: Any) -> tuple[float, dict]:
+        """(the metric's value, its gradient at each hook of ``names``) of the clean run up to ``stop``: kept ones
+        that hold ``names``, else ``compute()``'s, kept."""
+        for (held, s), (value, grads) in self.grads.items():
+            if s == stop and names <= held:
+                return value, grads
+        value, grads = compute()
+        self.grads[(frozenset(names), stop)] = (value, grads)
+        return value, grads
+
+    def keep(self, names: set, stop: Any, kv: bool, acts: dict, logits: Any) -> None:
+        """Keep a clean run (the newest first: it holds the most hooks)."""
+        self.runs.insert(0, (frozenset(names), stop, kv, acts, logits))
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,6 +92,9 @@ class Setup:
     weights: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     """What the setup's runs read of the model's weights when it was checked, as a digest per tensor
     (:mod:`p0circuit.patching.weights`): a search refuses a model whose digest moved since (:meth:`unchanged`)."""
+    clean: "CleanRuns" = dataclasses.field(default_factory=lambda: CleanRuns(), repr=False, compare=False)
+    """The clean run's cached activations and gradients, shared by the setups :meth:`corrupting` makes of this one
+    (the same model, weights, prompts and metric: the same clean run under every corruption)."""
 
     @classmethod
     @entry_point
@@ -106,13 +142,22 @@ class Setup:
             raise BadInputError("Setup.measuring needs a metric (an object such as p0circuit.NormRatio(2), or a name)")
         check_metric(resolved, self.model)
         options = dataclasses.replace(self.options, metric=metric)
-        return dataclasses.replace(self, metric=resolved, options=options,
+        return dataclasses.replace(self, metric=resolved, options=options, clean=CleanRuns(),
                                    weights=digest(self.model, resolved, (self.tokens, self.prep.corrupt_tokens)))
 
     def corrupting(self, corruption: Any) -> "Setup":
         """The same model, tokens, metric and BOS choice under another ``corruption`` (a name or object), prepared and
-        checked as :meth:`of` would."""
-        return Setup.check(self.model, self.tokens, self.options.but(corruption=corruption))
+        checked as :meth:`of` would; the clean run's products (:attr:`clean`) are shared where the weights it reads
+        are still those this setup was checked with."""
+        other = Setup.check(self.model, self.tokens, self.options.but(corruption=corruption))
+        # the blocks' digests compare directly; the embedding's covers each setup's own corrupted rows too, so this
+        # setup's rows are digested again (an edit since it was checked starts a store of its own)
+        moved = [n for n in changed(self.weights, other.weights) if n != EMBEDDING]
+        rows = self.weights.get(EMBEDDING)
+        if moved or not torch.equal(other.prep.clean_tokens, self.prep.clean_tokens) or (
+                rows is not None and rows != embedding_rows(self.model, (self.tokens, self.prep.corrupt_tokens))):
+            return other
+        return dataclasses.replace(other, clean=self.clean)
 
     def rows(self, index: Any) -> "Setup":
         """The same study on a sub-batch of its prompts (``index``: a slice, or a list of rows), checked again, as

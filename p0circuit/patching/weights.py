@@ -46,6 +46,14 @@ def digest(model: Any, metric: PatchMetric, runs: Sequence[Optional[Tensor]]) ->
     return out
 
 
+def embedding_rows(model: Any, runs: Sequence[Optional[Tensor]]) -> int:
+    """The :func:`digest` entry of the token embedding for the token tensors ``runs``: the CRC-32 of the rows they
+    read (cheap next to the blocks': a setup under another corruption checks its predecessor's rows with it)."""
+    ids = torch.unique(torch.cat([t.reshape(-1) for t in runs if t is not None]))
+    tensor = dict(model.named_parameters())[EMBEDDING]
+    return _crc(tensor[ids.to(tensor.device)])
+
+
 def changed(before: dict[str, int], now: dict[str, int]) -> list[str]:
     """The tensors whose digest differs (or that one side lacks), in the model's order."""
     return [k for k in now if before.get(k) != now[k]] + [k for k in before if k not in now]

@@ -57,8 +57,8 @@ GRAD = 4
 KEYED = 5
 """Runs up to the onset of the position/token/context test (:func:`~p0circuit.studies.experiments.keyed.keyed_on`)."""
 READS = 6
-"""Whole forwards of the edits of the P0 state (:func:`~p0circuit.studies.experiments.reads.sink_reads`: the clean
-run and five edits, stacked in one batch)."""
+"""Forwards of the edits of the P0 state (:func:`~p0circuit.studies.experiments.reads.sink_reads`): the clean run, whole,
+and five edits, each of the blocks after the onset only."""
 WEIGHTS = 7
 """Whole forwards of the super-weight step (the model as it is, each weight zeroed alone, the strongest together)."""
 ONSET_STEPS = ("keyed", "nodes", "edges", "neurons", "reads", "detection", "sink", "weights")
@@ -103,7 +103,7 @@ def step_costs(model: Any, layer: int, candidates: int, settings: Any, screened:
         sink_nodes = candidates * (last + 1) / depth
         s = shares(model)  # a patched forward ends at the sink heads' attention: their block's MLP is not run
         ended = (last + s["attn"] / (s["attn"] + s["mlp"])) / (last + 1) if s["attn"] + s["mlp"] else 1.0
-        out.update(reads=b * READS * n, detection=b * (depth + 1) * depth,
+        out.update(reads=b * (n + (READS - 1) * (n - depth)), detection=b * (depth + 1) * depth,
                    sink=ended * sum(node_parts(model, last, int(sink_nodes), settings, screened, edges=False).values()),
                    weights=0.0 if BlockShape.of(model).attn_only else b * WEIGHTS * n)
     if first:

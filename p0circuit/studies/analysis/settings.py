@@ -106,7 +106,7 @@ class AnalysisSettings:
     tokens are always among them; ``first_tokens_margin`` says when the drawing stops sooner."""
     first_tokens_margin: float = 0.005
     """Half-width, a fraction in [0, 0.5), of the 95% interval of the share of sink-making first tokens at which a
-    sampled first-token map stops drawing (rounds of 4096 tokens; 0: draw all of --first-tokens). A map costs its onset's depth per token, and
+    sampled first-token map stops drawing (rounds of 1024 tokens; 0: draw all of --first-tokens). A map costs its onset's depth per token, and
     a share near 0 or 1 is settled by the first round: a random-weight 1.24B Llama with a planted sink spent 67 of its
     222 counted forwards on 65,536 draws. A share near a half takes about 40,000 draws at 0.005
     (docs/performance.md)."""

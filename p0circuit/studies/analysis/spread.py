@@ -29,7 +29,7 @@ from p0circuit.patching.setup import Setup
 from p0circuit.patching.metrics import RunView
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.sites import named_positions, site_of
-from p0circuit.studies.experiments.keyed import keyed_on
+from p0circuit.studies.experiments.keyed import _keyed_on
 from p0circuit.studies.findings import Interval, LengthRow, Spread, Unmeasured
 
 OWN_CHANGE = 0.1
@@ -170,7 +170,8 @@ def spread(setup: Setup, row: dict[str, Any], make: Optional[Any], *, line: floa
     text = token_text(model)
     keyed: Any
     try:
-        keyed = keyed_on(model, tokens, 0, layer, bos=bos, seed=seed, threshold=line)
+        keyed = _keyed_on(model, tokens, 0, layer, bos=bos, seed=seed, threshold=line,
+                          state=None if job is None else job.clean[name])  # the shared clean run's state
     except P0CircuitError as err:
         keyed = Unmeasured(error=str(err))
     faith = neuron = None

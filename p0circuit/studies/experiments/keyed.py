@@ -75,13 +75,15 @@ def sink_rows(model: Any, tokens: Tensor, at: int, layer: int, threshold: float 
     return ratio >= threshold
 
 
-def _ratios(model: Any, tokens: Tensor, layer: int, *indices: Tensor) -> list[Tensor]:
+def _ratios(model: Any, tokens: Tensor, layer: int, *indices: Tensor, state: Optional[Tensor] = None) -> list[Tensor]:
     """Per prompt, the position norm ratio after block ``layer`` at each of ``indices`` (one index per prompt each),
-    from one forward."""
+    from one forward (``state``: that block's output for ``tokens``, held already: no forward)."""
     name = hooks.resid_post(layer)
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
-    ratios = position_ratios(cache[name][None])[0]  # (B, T)
+    if state is None or tuple(state.shape[:2]) != tuple(tokens.shape):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name, stop_at_layer=layer + 1)
+        state = cache[name]
+    ratios = position_ratios(state[None])[0]  # (B, T)
     rows = torch.arange(tokens.shape[0])
     return [ratios[rows, at].double() for at in indices]
 
@@ -165,6 +167,14 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
         >>> p0.keyed_on(pm.model, tokens, 0, 1, bos=False).verdict   # the plant's P0 state, after block 1
         'position'
     """
+    return _keyed_on(model, tokens, at, layer, bos=bos, seed=seed, threshold=threshold, keep=keep, contexts=contexts)
+
+
+def _keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed: int = 0,
+              threshold: float = NORM_THRESHOLD, keep: float = KEEPS, contexts: Optional[Tensor] = None,
+              state: Optional[Tensor] = None) -> KeyedOn:
+    """:func:`keyed_on`, with ``state``: the clean prompts' residual stream after block ``layer`` when the caller holds
+    it already (the spread's cached clean run), so its forward is not run again."""
     check_model(model)
     tokens = check_tokens(model, tokens, min_len=2, bos=bos)
     batch, seq = tokens.shape
@@ -190,7 +200,7 @@ def keyed_on(model: Any, tokens: Tensor, at: int, layer: int, *, bos: bool, seed
             raise BadInputError(f"keyed_on: contexts have {contexts.shape[1]} tokens, the prompts {seq}: pass windows of "
                                 "the same length")
     here = torch.full((batch,), at)
-    (clean,) = _ratios(model, tokens, layer, here)
+    (clean,) = _ratios(model, tokens, layer, here, state=state)
     sink = clean >= threshold
     if int(sink.sum()) < 2:
         raise BadInputError(f"keyed_on: position {at} is a sink state (position norm ratio >= {threshold:g}) after block "

@@ -28,7 +28,6 @@ attention, the direction-replaced state loses it), **the norm** (the reverse), *
 """
 
 import math
-from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -166,7 +165,8 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
     module docstring says how). ``dims``: the massive dimensions ``massive_removed`` removes (none: that edit is
     left out); ``bos``: the prompts' BOS choice; ``eps``: alpha_0 above which a head sinks; ``keep``: the line of the
     answers; ``window``: blocks read first (from the first after the onset that holds a sink head); ``seed``: the random
-    directions. One forward of the prompts per edit, and one unedited.
+    directions. One forward of the prompts unedited, and per edit one of the blocks after ``layer`` (from the unedited
+    run's state there).
 
     Example::
 
@@ -193,10 +193,15 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
 
     wanted = {hooks.pattern(l) for l in later_layers}
     alphas, losses = [], []
+    state: Optional[Tensor] = None  # the blocks up to the onset run once: each edit runs on from its output
     for name in ["clean"] + names:  # one forward each: a model's logits over a large vocabulary are the memory
-        fwd = [] if name == "clean" else [(resid, partial(_edited, EDITS[name], dims, gen))]
-        with torch.no_grad(), model.hooks(fwd_hooks=fwd):
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
+        with torch.no_grad():
+            if state is None:
+                logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted or n == resid)
+                state = cache[resid]
+            else:
+                logits, cache = model.run_with_cache(_edited(EDITS[name], dims, gen, state, None),
+                                                     names_filter=lambda n: n in wanted, start_at_layer=layer + 1)
         patterns = torch.stack([cache[hooks.pattern(l)] for l in later_layers])  # (Llater, B, H, T, T)
         alphas.append(attention_to_position(patterns.float(), 0))  # (B, Llater, H)
         losses.append(next_token_loss(logits, tokens))
