@@ -408,33 +408,42 @@ def test_a_job_read_by_another_metric_shares_its_runs_and_gives_a_fresh_job_s_nu
 
 
 def test_a_setup_under_another_corruption_shares_its_clean_run(planted):
-    """Setup.corrupting keeps the clean run's activations and gradients (the same model, weights, prompts and metric):
-    a job and an attribution under the second corruption run no clean forward of their own, and every number equals
-    a fresh setup's; another metric, or weights edited in between, start a store of their own."""
+    """Inside sharing_clean, Setup.corrupting keeps the clean run's activations and gradients (the same model, weights,
+    prompts and metric): an attribution under the second corruption runs no clean forward or backward of its own, and
+    every number equals a fresh setup's; another metric, weights edited in between, or the block's end start nothing
+    shared (a result made inside keeps no activations, and a model changed afterwards is never answered from before)."""
     from p0circuit.patching.circuit_search import search_job
+    from p0circuit.patching.setup import sharing_clean
     from p0circuit.patching.work import Count
 
     model = planted.model
     toks = p0.probe_tokens(model, 4, 12, seed=2, regular=True)
-    first = Setup.of(model, toks, corruption=p0.Shift(1), metric=p0.NormRatio(1), bos=False)
-    p0.attribution_patch(setup=first, min_signal=0)  # the clean run and its gradients, kept
-    second = first.corrupting(p0.Swap())
-    assert second.clean is first.clean and first.measuring(p0.NormRatio(2)).clean is not first.clean
-    with Count(model) as shared:
-        estimate = p0.attribution_patch(setup=second, min_signal=0)
+    origin = Setup.of(model, toks, corruption=p0.Shift(1), metric=p0.NormRatio(1), bos=False)
+    assert origin.clean is None and origin.corrupting(p0.Swap()).clean is None  # outside the block: nothing shared
     fresh_setup = Setup.of(model, toks, corruption=p0.Swap(), metric=p0.NormRatio(1), bos=False)
     with Count(model) as fresh:
         alone = p0.attribution_patch(setup=fresh_setup, min_signal=0)
+    with sharing_clean(origin) as first:
+        p0.attribution_patch(setup=first, min_signal=0)  # the clean run and its gradients, kept
+        second = first.corrupting(p0.Swap())
+        assert second.clean is first.clean and first.measuring(p0.NormRatio(2)).clean is None
+        with Count(model) as shared:
+            estimate = p0.attribution_patch(setup=second, min_signal=0)
+        job, own = search_job(second).cache(set()), search_job(fresh_setup).cache(set())
+        assert (job.clean_metric, job.base_metric) == (own.clean_metric, own.base_metric)
+        w = model.blocks[0].mlp.W_out
+        old = w.data[0, 0].item()
+        try:
+            w.data[0, 0] += 1.0  # an edit between two corruptions: the clean run is not shared
+            assert first.corrupting(p0.Zero()).clean is None
+        finally:
+            w.data[0, 0] = old
     assert estimate.raw == alone.raw and estimate.clean_metric == alone.clean_metric
     assert shared.forwards(48) < fresh.forwards(48) and fresh.with_grad(48) > 0 == shared.with_grad(48)
-    job, own = search_job(second).cache(set()), search_job(fresh_setup).cache(set())
-    assert (job.clean_metric, job.base_metric) == (own.clean_metric, own.base_metric)
-    w = model.blocks[0].mlp.W_out
-    old = w.data[0, 0].item()
-    try:
-        w.data[0, 0] += 1.0  # an edit between two corruptions: the clean run is not shared, and the old setup refuses
-        assert first.corrupting(p0.Zero()).clean is not first.clean
-        with pytest.raises(p0.BadInputError, match="weights changed"):
-            p0.attribution_patch(setup=second, min_signal=0)
-    finally:
-        w.data[0, 0] = old
+    assert not first.clean.runs and not first.clean.grads and not first.clean.open  # closed: nothing held
+    again = p0.attribution_patch(setup=second, min_signal=0)  # after the block: its own runs
+    assert again.raw == alone.raw and not second.clean.runs
+    for bad in (None, model, toks, "shift"):
+        with pytest.raises(p0.BadInputError, match="sharing_clean takes a p0circuit.Setup"):
+            with sharing_clean(bad):
+                pass

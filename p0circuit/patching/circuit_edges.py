@@ -202,8 +202,8 @@ def faithful_edges(
     base: Optional[EdgeBase] = None  # the nodes outside the circuit corrupted, and after the bulk drop its edges too
 
     def fix(dropped: list[Edge]) -> None:
-        nonlocal base
-        base = EdgeBase(job, dropped, named, ops, senders)
+        nonlocal base  # in the candidates' order, as a whole forward subtracts them (an edge's sum depends on it)
+        base = EdgeBase(job, [e for e in cands if e in set(dropped)], named, ops, senders)
 
     def share(dropped: list[Edge], node_ops: Any = ops) -> float:
         nonlocal evaluations

@@ -114,10 +114,12 @@ class PatchJob:
         self._cached = names
         with torch.no_grad():
             kv = not self.reference  # the fast path's suffix forwards attend to these keys and values
-            kept = self.setup.clean.take(names, self.stop, kv)  # the same clean run under another corruption
+            store = self.setup.clean  # inside sharing_clean: the same clean run under another corruption
+            kept = None if store is None else store.take(names, self.stop, kv)
             if kept is None:
                 self.clean, self.clean_logits = cache_run(self.model, self.prep.clean_tokens, names, self.stop, kv)
-                self.setup.clean.keep(names, self.stop, kv, self.clean, self.clean_logits)
+                if store is not None:
+                    store.keep(names, self.stop, kv, self.clean, self.clean_logits)
             else:
                 held, self.clean, self.clean_logits = kept
                 self._cached = names = set(held)

@@ -11,8 +11,9 @@ never the model itself.
 """
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -43,18 +44,27 @@ def refuse_user_hooks(model: Any, fix: str = ", or pass reference=True, which ru
 
 
 class CleanRuns:
-    """What a setup's clean run gave, kept for the setups that share it (:meth:`Setup.corrupting`): cached activations
-    (:meth:`take`/:meth:`keep`, by the hooks kept, the block the run stopped before and whether it filled a key-value
-    cache) and the metric's gradients (``grads``, by the hooks and the stop block). A later request is served by a kept
-    entry that holds every hook it asks for."""
+    """What a setup's clean run gave, kept for the setups that share it inside :func:`sharing_clean` (their
+    :meth:`Setup.corrupting`): cached activations (:meth:`take`/:meth:`keep`, by the hooks kept, the block the run
+    stopped before and whether it filled a key-value cache) and the metric's gradients (by the hooks and the stop
+    block). A later request is served by a kept entry that holds every hook it asks for. Closed when the block ends:
+    nothing is kept or given after it (a result made inside holds no activations, and a model changed afterwards --
+    its configuration, a hook, its device -- is never answered from a run of before)."""
 
     def __init__(self) -> None:
         self.runs: list[tuple[frozenset, Any, bool, dict, Any]] = []
         self.grads: dict[tuple[frozenset, Any], tuple[float, dict]] = {}
+        self.open = True
+
+    def close(self) -> None:
+        """Drop everything kept, and keep nothing more."""
+        self.runs.clear()
+        self.grads.clear()
+        self.open = False
 
     def take(self, names: set, stop: Any, kv: bool) -> Optional[tuple[frozenset, dict, Any]]:
         """(the hooks held, their activations, the logits) of a kept clean run that holds ``names``, or None."""
-        for held, s, k, acts, logits in self.runs:
+        for held, s, k, acts, logits in self.runs if self.open else ():
             if s == stop and k == kv and names <= held:
                 return held, acts, logits
         return None
@@ -62,16 +72,35 @@ class CleanRuns:
     def gradients(self, names: set, stop: Any, compute: Any) -> tuple[float, dict]:
         """(the metric's value, its gradient at each hook of ``names``) of the clean run up to ``stop``: kept ones
         that hold ``names``, else ``compute()``'s, kept."""
-        for (held, s), (value, grads) in self.grads.items():
+        for (held, s), (value, grads) in self.grads.items() if self.open else ():
             if s == stop and names <= held:
                 return value, grads
         value, grads = compute()
-        self.grads[(frozenset(names), stop)] = (value, grads)
+        if self.open:
+            self.grads[(frozenset(names), stop)] = (value, grads)
         return value, grads
 
     def keep(self, names: set, stop: Any, kv: bool, acts: dict, logits: Any) -> None:
-        """Keep a clean run (the newest first: it holds the most hooks)."""
-        self.runs.insert(0, (frozenset(names), stop, kv, acts, logits))
+        """Keep a clean run in place of those whose hooks it holds."""
+        if self.open:
+            held = frozenset(names)
+            self.runs = [(held, stop, kv, acts, logits)] + [r for r in self.runs if not (
+                r[1] == stop and r[2] == kv and r[0] <= held)]
+
+
+@contextmanager
+def sharing_clean(setup: Any) -> Iterator["Setup"]:  # (checked here)
+    """``setup`` with a store of its clean run (:class:`CleanRuns`) that the setups :meth:`Setup.corrupting` makes of
+    it inside the block share: one clean forward (and one gradient) for every corruption compared, the same numbers.
+    The store is closed when the block ends."""
+    if not isinstance(setup, Setup):
+        raise BadInputError(f"sharing_clean takes a p0circuit.Setup (Setup.of(model, tokens, ...)), got "
+                            f"{type(setup).__name__}")
+    store = CleanRuns()
+    try:
+        yield dataclasses.replace(setup, clean=store)
+    finally:
+        store.close()
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,9 +121,10 @@ class Setup:
     weights: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     """What the setup's runs read of the model's weights when it was checked, as a digest per tensor
     (:mod:`p0circuit.patching.weights`): a search refuses a model whose digest moved since (:meth:`unchanged`)."""
-    clean: "CleanRuns" = dataclasses.field(default_factory=lambda: CleanRuns(), repr=False, compare=False)
-    """The clean run's cached activations and gradients, shared by the setups :meth:`corrupting` makes of this one
-    (the same model, weights, prompts and metric: the same clean run under every corruption)."""
+    clean: Optional[CleanRuns] = dataclasses.field(default=None, repr=False, compare=False)
+    """Inside :func:`sharing_clean`: the clean run's cached activations and gradients, shared by the setups
+    :meth:`corrupting` makes of this one (the same model, weights, prompts and metric: the same clean run under every
+    corruption). None elsewhere: each call runs its own."""
 
     @classmethod
     @entry_point
@@ -142,7 +172,7 @@ class Setup:
             raise BadInputError("Setup.measuring needs a metric (an object such as p0circuit.NormRatio(2), or a name)")
         check_metric(resolved, self.model)
         options = dataclasses.replace(self.options, metric=metric)
-        return dataclasses.replace(self, metric=resolved, options=options, clean=CleanRuns(),
+        return dataclasses.replace(self, metric=resolved, options=options, clean=None,
                                    weights=digest(self.model, resolved, (self.tokens, self.prep.corrupt_tokens)))
 
     def corrupting(self, corruption: Any) -> "Setup":
@@ -154,7 +184,7 @@ class Setup:
         # setup's rows are digested again (an edit since it was checked starts a store of its own)
         moved = [n for n in changed(self.weights, other.weights) if n != EMBEDDING]
         rows = self.weights.get(EMBEDDING)
-        if moved or not torch.equal(other.prep.clean_tokens, self.prep.clean_tokens) or (
+        if self.clean is None or not self.clean.open or moved or not torch.equal(other.prep.clean_tokens, self.prep.clean_tokens) or (
                 rows is not None and rows != embedding_rows(self.model, (self.tokens, self.prep.corrupt_tokens))):
             return other
         return dataclasses.replace(other, clean=self.clean)

@@ -222,7 +222,7 @@ def attribute(job: PatchJob, node_list: Sequence[Node], edge_list: Optional[Sequ
                 grads = _integrated_gradients(model, base_tokens, job.metric, _targets(ops, base_cache),
                                               {op.hook.name: op.hook.layer for op in ops}, base_cache, p0, job.stop,
                                               steps)
-            elif base_cache is job.clean:  # the clean run's gradients: the same under every corruption of a setup
+            elif base_cache is job.clean and job.setup.clean is not None:  # inside sharing_clean: shared gradients
                 wanted = {op.hook.name for op in ops}
                 base_value, grads = job.setup.clean.gradients(wanted, job.stop, lambda: _gradients(
                     model, base_tokens, job.metric, wanted, p0, job.stop))

@@ -515,8 +515,9 @@ def _weights(model: Any, massive: list[int]) -> Any:
         return Unmeasured(error=str(err)).to_dict()
 
 
-def _onset_key(bos: bool, onset: dict[str, Any]) -> str:
-    return f"{SETTINGS[bos]}/{onset['where']}@L{onset['layer']}"
+def _onset_key(tag: str, onset: dict[str, Any]) -> str:
+    """The state key of an onset of the BOS setting ``tag`` (``without_bos/P0@L2``)."""
+    return f"{tag}/{onset['where']}@L{onset['layer']}"
 
 
 def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
@@ -533,10 +534,10 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
             costs = cost.step_costs(model, o["layer"], cands, s, screened, len(steps.corruption_variants(b)) - 1,
                                     o is first, o["where"] == "P0", varied=steps.VARIATION_EXPECTED)
             for name, value in costs.items():
-                key = (f"{_onset_key(b, o)}/{name}" if name in cost.ONSET_STEPS else
+                key = (f"{_onset_key(SETTINGS[b], o)}/{name}" if name in cost.ONSET_STEPS else
                        f"{SETTINGS[b]}/{name}@L{o['layer']}" if name == "corruptions" else f"{SETTINGS[b]}/{name}")
                 out[key] = value
-            parts[f"{_onset_key(b, o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
+            parts[f"{_onset_key(SETTINGS[b], o)}/nodes"] = cost.node_parts(model, o["layer"], cands, s, screened)
         if first is not None and s.spread_prompts:  # (the length scan in the first setting only, as _analyze runs it)
             scan = scan_lengths(model.cfg.n_ctx - int(b)) if b == next(iter(plans)) else []
             out[f"{SETTINGS[b]}/spread@L{first['layer']}"] = cost.spread(model, first["layer"], s, scan)
@@ -553,7 +554,7 @@ def _onset(run: "_Run", tokens: Tensor, bos: bool, onset: dict[str, Any], summar
     neurons, and at P0 the studies beyond the norm, each a saved step, all on one checked :class:`Setup`."""
     model, s = run.model, run.s
     layer, where = onset["layer"], onset["where"]
-    key = _onset_key(bos, onset)
+    key = _onset_key(SETTINGS[bos], onset)
     entry: dict[str, Any] = {"layer": layer, "where": where, "prompt_set": prompt_label(model, tokens.shape[0],
                                                                                           s.length, bos)}
     choice: dict[str, Any] = {}

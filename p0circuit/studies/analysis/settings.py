@@ -108,7 +108,7 @@ class AnalysisSettings:
     """Half-width, a fraction in [0, 0.5), of the 95% interval of the share of sink-making first tokens at which a
     sampled first-token map stops drawing (rounds of 1024 tokens; 0: draw all of --first-tokens). A map costs its onset's depth per token, and
     a share near 0 or 1 is settled by the first round: a random-weight 1.24B Llama with a planted sink spent 67 of its
-    222 counted forwards on 65,536 draws. A share near a half takes about 40,000 draws at 0.005
+    222 counted forwards on 65,536 draws. A share near a half takes about 38,000 draws at 0.005
     (docs/performance.md)."""
     later_first_tokens: int = 8192
     """Vocabulary tokens run as first tokens at a later P0 onset (``--max-onsets 2``), drawn the same way, at most

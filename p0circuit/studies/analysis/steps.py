@@ -25,7 +25,7 @@ from p0circuit.patching import (
 )
 from p0circuit.patching.corruptions import CORRUPTIONS, Corruption, Swap, fitting, get_corruption
 from p0circuit.patching.edges import among
-from p0circuit.patching.setup import Setup
+from p0circuit.patching.setup import Setup, sharing_clean
 from p0circuit.patching.job import PatchJob
 from p0circuit.patching.methods.triage import triage_patch
 from p0circuit.patching.result import PatchResult
@@ -347,6 +347,14 @@ def by_corruption(setup: Setup, layer: int, names: Sequence[str], threshold: flo
     signal, top effects, or why not. ``known``: corruption name -> the :func:`nodes` summary already measured on these prompts at
     this onset with that corruption and seed (the onset's own pass), used instead of measuring it again."""
     out: dict[str, Any] = {}
+    with sharing_clean(setup) as setup:  # one clean forward and gradient for every corruption
+        _by_corruption(setup, layer, names, threshold, seed, known, exact_nodes, out)
+    return out
+
+
+def _by_corruption(setup: Setup, layer: int, names: Sequence[str], threshold: float, seed: int,
+                   known: Optional[dict[str, dict[str, Any]]], exact_nodes: int, out: dict[str, Any]) -> None:
+    """:func:`by_corruption`'s loop, into ``out``."""
     for name in names:
         summary = (known or {}).get(name)
         if summary is None:
@@ -363,4 +371,3 @@ def by_corruption(setup: Setup, layer: int, names: Sequence[str], threshold: flo
             out[name]["note"] = (f"the corrupted run has the stronger sink ({summary['clean']:.4g} clean, "
                                  f"{summary['corrupted']:.4g} corrupted): this corruption does not remove it, so its "
                                  "normalized effects measure nothing the sink needs")
-    return out

@@ -28,6 +28,7 @@ attention, the direction-replaced state loses it), **the norm** (the reverse), *
 """
 
 import math
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -194,10 +195,13 @@ def sink_reads(model: Any, tokens: Tensor, layer: int, *, bos: bool, dims: Seque
     wanted = {hooks.pattern(l) for l in later_layers}
     alphas, losses = [], []
     state: Optional[Tensor] = None  # the blocks up to the onset run once: each edit runs on from its output
+    whole = model.cfg.positional_embedding_type == "shortformer"  # positions enter every block: whole forwards
     for name in ["clean"] + names:  # one forward each: a model's logits over a large vocabulary are the memory
         with torch.no_grad():
-            if state is None:
-                logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted or n == resid)
+            if state is None or whole:
+                fwd = [] if name == "clean" else [(resid, partial(_edited, EDITS[name], dims, gen))]
+                with model.hooks(fwd_hooks=fwd):
+                    logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted or n == resid)
                 state = cache[resid]
             else:
                 logits, cache = model.run_with_cache(_edited(EDITS[name], dims, gen, state, None),
