@@ -130,3 +130,15 @@ def test_the_analyze_options_are_the_settings_fields():
     numbers = {f.name: f.default for f in fields(AnalysisSettings) if type(f.default) in (int, float)}
     assert {k: d for k, (d, _) in number_fields().items()} == numbers
     assert all(doc for _, doc in number_fields().values())
+
+
+def test_analyze_help_names_options_not_python(capsys):
+    """The analysis settings' help comes from their docstrings: a setting named there reads as its option
+    (``first_tokens`` -> --first-tokens) and no reStructuredText backticks reach the terminal."""
+    from p0circuit.surfaces.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out
+    assert "--first-tokens;" in " ".join(out.split())

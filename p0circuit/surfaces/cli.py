@@ -11,6 +11,7 @@ another model or other settings there is refused unless ``--force``).
 # The subcommands import their modules inside their functions so that argument errors and --help
 # need no more than the registries imported below.
 import argparse
+import re
 import json
 import os
 import shutil
@@ -396,9 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "without a start token)")
     a.add_argument("--bos-token", help="the start token of the with-BOS setting when the tokenizer's BOS is not one "
                    "(real:smollm2 uses <|endoftext|> by default)")
-    for name, (default, doc) in number_fields().items():  # AnalysisSettings' own fields, defaults and words
+    fields = number_fields()
+    for name, (default, doc) in fields.items():  # AnalysisSettings' own fields, defaults and words
+        said = re.sub(r"``([^`]+)``", lambda m: "--" + m.group(1).replace("_", "-") if m.group(1) in fields else
+                      m.group(1), doc)  # a setting's name as its option, other code as plain words
         a.add_argument("--" + name.replace("_", "-"), type=type(default), default=None,
-                       help=f"{doc[0].lower()}{doc[1:]} (default {default})".replace("%", "%%"))
+                       help=f"{said[0].lower()}{said[1:]} (default {default})".replace("%", "%%"))
     a.add_argument("--fresh", action="store_true", help="start over instead of resuming what --out holds")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=_analyze)
