@@ -405,6 +405,9 @@ def test_a_job_read_by_another_metric_shares_its_runs_and_gives_a_fresh_job_s_nu
     assert other.clean_metric == search_job(setup.measuring(p0.NormRatio(2))).cache(set()).clean_metric
     with pytest.raises(p0.BadInputError, match="metric"):
         job.measuring(None)
+    for bad in (p0.NormRatio(99), "no_such_metric", p0.ResidDim(1, 10**6)):  # past the model, unknown, out of range
+        with pytest.raises(p0.P0CircuitError):
+            job.measuring(bad)
 
 
 def test_a_setup_under_another_corruption_shares_its_clean_run(planted):
