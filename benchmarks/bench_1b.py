@@ -117,12 +117,13 @@ def recall_of_the_screen(model, result: dict, say) -> None:
     from p0circuit.patching import NormRatio
     from p0circuit.patching.corruptions import get_corruption
     from p0circuit.patching.setup import Setup
-    from p0circuit.studies.analysis import run as analysis_run, steps
+    from p0circuit.studies.analysis import AnalysisSettings, steps
 
     s, onset = result["settings"], next((o for v in result["onsets"].values() for o in v if o["where"] == "P0"), None)
     if onset is None or not onset.get("screen"):
         return
-    toks = analysis_run.prompts(model, s["n_prompts"], s["length"], False, s["seed"])
+    from p0circuit.studies.analysis.setting import Setting
+    toks = Setting(model, AnalysisSettings(**s), False).prompts()  # the analysis' own prompts without BOS
     setup = Setup.of(model, toks, corruption=get_corruption(onset["corruption"], seed=s["seed"]),
                      metric=NormRatio(onset["layer"]), bos=False)
     kw = dict(layer=onset["layer"], threshold=s["threshold"], seed=s["seed"])

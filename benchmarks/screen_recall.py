@@ -21,7 +21,8 @@ import torch
 
 import p0circuit as p0
 from p0circuit.core.defaults import SINK_EPS
-from p0circuit.studies.analysis import run, steps
+from p0circuit.studies.analysis import steps
+from p0circuit.studies.analysis.setting import Setting
 from p0circuit.studies.experiments.reads import first_readers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -66,11 +67,12 @@ def measure(s):
     p0.set_bos(model, "<|endoftext|>")  # the analysis' start token for SmolLM2 (its own is a chat marker)
     rows = []
     for bos in (False, True):
-        toks = run.prompts(model, s.n_prompts, s.length, bos, s.seed)
+        setting = Setting(model, s, bos)
+        toks = setting.prompts()
         shift = p0.Setup.of(model, toks, corruption=steps.get_corruption("shift", seed=s.seed), metric=p0.NormRatio(LAYER),
                             bos=bos)
         corruption = steps.choose(shift, ("swap", "shift"), s.seed)[0].corruption if bos else shift.corruption
-        alpha = steps.sinks(model, toks, bos, s.norm_threshold)[1]["alpha"]
+        alpha = steps.sinks(setting, toks)[1]["alpha"]
         heads = first_readers(alpha, LAYER, SINK_EPS)
         rows.append(case(model, toks, bos, corruption, f"norm ratio at block {LAYER}", p0.NormRatio(LAYER), LAYER, s))
         # as the analysis does: the sink pass patches the (screened) norm circuit's nodes exactly too

@@ -21,6 +21,7 @@ import p0circuit as p0
 from p0circuit.studies.analysis import AnalysisSettings, analyze
 from p0circuit.studies.analysis import run as analysis_run
 from p0circuit.studies.analysis import steps
+from p0circuit.studies.analysis.setting import Setting
 from p0circuit.surfaces.cli import main
 from p0circuit.core import memory
 from p0circuit.models.planted import build_planted
@@ -28,6 +29,8 @@ from p0circuit.core.errors import NonFiniteError
 from tolerance import close
 
 SMALL = dict(n_prompts=8, length=16, lengths=(10,), neurons_keep=16)
+SETTINGS16 = AnalysisSettings(n_prompts=8, length=16, seed=0)
+"""8 prompts of 16 tokens, seed 0: the prompts the tests below draw as an analysis would (Setting.prompts)."""
 
 
 def strict_load(path):
@@ -259,7 +262,7 @@ def test_the_faithful_circuit_of_each_plant_is_its_truth(planted_models, variant
 
     pm = planted_models(variant)
     layer = pm.spec.circuit_layer + 1
-    toks = analysis_run.prompts(pm.model, 8, 16, bos, 0)
+    toks = Setting(pm.model, SETTINGS16, bos).prompts()
     # the oracle's corruptions spell out their filler and swap token: the same ones here
     chosen = {"swap": p0.Swap(position=0, token=O.FILLER), "shift": p0.Shift(filler=(O.FILLER,))}.get(
         corruption) or get_corruption(corruption)
@@ -330,7 +333,7 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
 
     from p0circuit.patching.setup import Setup
 
-    toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
+    toks = Setting(planted.model, SETTINGS16, False).prompts()
     metric = p0.NormRatio(1)
     res = p0.activation_patch(planted.model, toks, corruption="shift", metric=metric, bos=False)
     found = p0.faithful_circuit(res)
@@ -354,7 +357,7 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
             p0.Circuit(nodes=found.nodes, search=bad)
     with pytest.raises(p0.BadInputError, match=r"is not Circuit; pass a p0circuit.Circuit \(from faithful_circuit"):
         p0.faithful_edges(res)
-    other = Setup.of(planted.model, analysis_run.prompts(planted.model, 8, 16, False, 1), corruption="shift",
+    other = Setup.of(planted.model, Setting(planted.model, SETTINGS16, False).prompts(seed=1), corruption="shift",
                      metric=metric, bos=False)
     with pytest.raises(p0.BadInputError, match="another setup .*tokens"):
         p0.faithful_edges(found, setup=other)
@@ -365,7 +368,7 @@ def test_faithful_edges_refuses_what_it_cannot_search_before_any_work(planted):
 
 def test_a_circuit_that_cannot_be_faithful_says_so(planted):
     """A budget below the truth's size: the search reports the best set it found and why it falls short."""
-    toks = analysis_run.prompts(planted.model, 8, 16, False, 0)
+    toks = Setting(planted.model, SETTINGS16, False).prompts()
     metric = p0.NormRatio(1)
     res = p0.activation_patch(planted.model, toks, corruption="shift", metric=metric, bos=False)
     found = p0.faithful_circuit(res, max_size=2).search
@@ -441,6 +444,7 @@ def test_variations_use_the_corruption_the_analysis_chose(planted_models):
 
 def test_a_normalization_that_does_not_carry_is_flagged_with_the_raw_changes():
     from p0circuit.patching.result import PatchResult
+    from p0circuit.studies.analysis.summaries import CorruptionVariation
     from p0circuit.studies.analysis.write import _effects
 
     def made(clean, corrupted, normalized, raw):
@@ -452,11 +456,11 @@ def test_a_normalization_that_does_not_carry_is_flagged_with_the_raw_changes():
     norm = steps.normalization(weak)
     assert not norm["stable"] and "below 5%" in norm["why"] and "reaches 28.5" in norm["why"]
     assert norm["raw_changes"] == {"A2.H0@0": -0.285, "A2.H2@0": 0.162}
-    shown = _effects({"nodes": weak.normalized, "normalization": norm})
+    row = lambda nodes, norm: CorruptionVariation.from_dict({"nodes": nodes, "normalization": norm})  # noqa: E731
+    shown = _effects(row(weak.normalized, norm))
     assert "normalized effects not shown" in shown and "+28.5" not in shown and "-0.285" in shown
     fine = made(8.0, 1.0, {"M1@0": 0.9}, {"M1@0": 1.7})
-    assert steps.normalization(fine)["stable"] and _effects({"nodes": {"M1@0": 0.9},
-                                                             "normalization": steps.normalization(fine)}) == "M1@0 +0.9"
+    assert steps.normalization(fine)["stable"] and _effects(row({"M1@0": 0.9}, steps.normalization(fine))) == "M1@0 +0.9"
 
 
 CHROMIUM = __import__("shutil").which("chromium")
@@ -513,7 +517,7 @@ def test_a_screened_onset_reports_exact_effects_only_and_its_circuit_corrupts_ev
     model, layer = planted.model, 1
     monkeypatch.setattr(steps, "SCREEN_TOP", 3)
     monkeypatch.setattr(steps, "SCREEN_SAMPLE", 2)
-    toks = analysis_run.prompts(model, 8, 16, False, 0)
+    toks = Setting(model, SETTINGS16, False).prompts()
     corruption = p0.Shift(filler=(O.FILLER,))
     res, out = steps.nodes(p0.Setup.of(model, toks, corruption=corruption, metric=p0.NormRatio(layer), bos=False), layer,
                            0.1, exact_nodes=3, seed=0)
@@ -637,3 +641,43 @@ def test_a_sampled_first_token_map_is_predicted_at_one_round_and_its_margin_is_c
     for bad in (-0.01, 0.5, float("nan"), True, "0.01", None):
         with pytest.raises(p0.ConfigError, match=re.escape("first_tokens_margin (--first-tokens-margin) must be a number")):
             p0.AnalysisSettings(first_tokens_margin=bad)
+
+
+def test_a_setting_refuses_what_it_cannot_draw(planted_models):
+    """A BOS setting (what every analysis step of one setting reads) refuses a wrong model, settings object or BOS
+    choice when made, and a prompt count, length or seed it cannot draw, by name, before any forward; with a start
+    token its prompts are one longer and start with it, and the words say so."""
+    m = planted_models("bos").model  # (a plant with a start token)
+    for kwargs, said in ((dict(model="gpt2"), "HookedTransformer"), (dict(s={"n_prompts": 8}), "AnalysisSettings"),
+                         (dict(bos=1), "bos=1 must be True or False")):
+        with pytest.raises(p0.BadInputError, match=said):
+            Setting(**{"model": m, "s": SETTINGS16, "bos": False, **kwargs})
+    setting = Setting(m, SETTINGS16, False)
+    for kwargs, said in ((dict(n=0), "n=0"), (dict(n=True), "n=True"), (dict(length=2.5), "length=2.5"),
+                         (dict(seed=-1), "seed=-1"), (dict(length=m.cfg.n_ctx + 1), "exceed the model's context")):
+        with pytest.raises(p0.BadInputError, match=said):
+            setting.prompts(**kwargs)
+    with pytest.raises(p0.BadInputError, match="exceed the model's context"):
+        Setting(m, SETTINGS16, True).prompts(length=m.cfg.n_ctx)  # the start token needs one more position
+    plain, with_bos = setting.prompts(), Setting(m, SETTINGS16, True).prompts()
+    assert plain.shape == (8, 16) and with_bos.shape == (8, 17) and bool((with_bos[:, 0] == with_bos[0, 0]).all())
+    assert setting.describe() == "8 regular random-id prompts x 16 tokens, no BOS"
+    assert Setting(m, SETTINGS16, True).describe(4, 10) == "4 regular random-id prompts x 10 tokens, a BOS token first"
+
+
+def test_the_result_reads_as_its_typed_record(rope_run):
+    """``analyze`` returns the typed record: its attributes are the record's fields, typed all the way down (an onset
+    row, its circuit, the verdict's parts), the same values as ``analysis.json``; an attribute it lacks says what it
+    has."""
+    from p0circuit.studies.analysis.passes import NodeCircuit
+    from p0circuit.studies.analysis.records import AnalysisRecord, OnsetRow
+
+    result = rope_run[1]
+    assert isinstance(result.record, AnalysisRecord) and result.data == strict_load(rope_run[2] / "analysis.json")
+    first = result.onsets["without_bos"][0]
+    assert isinstance(first, OnsetRow) and first.at == 0 and first.token is None and first.where == "P0"
+    assert isinstance(first.circuit, NodeCircuit) and first.circuit.nodes == result["onsets"]["without_bos"][0]["circuit"]["nodes"]
+    assert result.verdict.parts["without_bos"].sink.status == result["verdict"]["parts"]["without_bos"]["sink"]["status"]
+    assert result.sinks["without_bos"].bos is False and result.timing.forwards == result["timing"]["forwards"]
+    with pytest.raises(AttributeError, match="an Analysis has no 'verdikt': its record's fields are"):
+        result.verdikt

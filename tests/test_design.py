@@ -396,10 +396,11 @@ def _study_functions(package: Path) -> list[tuple[str, str, set[str]]]:
     return out
 
 
-BOS_IN_STUDIES = 34
-"""Functions of ``studies/`` that take a ``bos`` argument (issue 51's count: 48 before the studies took a Setup). The
-goal is single digits; what is left are the public experiments that take tokens with their explicit BOS claim, and
-the analysis' per-BOS-setting plumbing. The test fails when the count grows: lower it as it falls."""
+BOS_IN_STUDIES = 9
+"""Functions of ``studies/`` that take a ``bos`` argument (issue 51's count: 48 before the studies took a Setup, 34
+before the analysis took one :class:`~p0circuit.studies.analysis.setting.Setting` per BOS setting). What is left are
+the public experiments that take tokens with their explicit BOS claim (eight) and the keyed test's inner form, which
+takes the spread's cached state. The test fails when the count grows: lower it as it falls."""
 
 
 def test_the_studies_hold_one_setup():
@@ -491,7 +492,7 @@ def test_block_shape_and_scan_lengths_refuse_what_they_cannot_read():
     scan_lengths and the spread's cost with lengths that are not token counts: a p0circuit error naming the fix."""
     from p0circuit.patching.shape import BlockShape
     from p0circuit.studies.analysis import cost
-    from p0circuit.studies.analysis.spread import scan_lengths
+    from p0circuit.studies.analysis.spread import scan_lengths, scan_prompts
 
     pm = p0.build_planted()
     for bad in (None, "real:smollm2", pm, torch.zeros(3)):
@@ -509,3 +510,20 @@ def test_block_shape_and_scan_lengths_refuse_what_they_cannot_read():
         cost.spread(pm.model, 1, p0.AnalysisSettings(), [-8])
     s = p0.AnalysisSettings()
     assert cost.spread(pm.model, 1, s, [8, 10**6]) == cost.spread(pm.model, 1, s, [8])  # past the context: not run
+    assert scan_prompts(8) == 4 and scan_prompts(1) == 2  # half the prompts, at least two
+    for bad in (0, -3, 2.0, True, None, "8"):
+        with pytest.raises(p0.BadInputError, match="scan_prompts: n_prompts="):
+            scan_prompts(bad)
+
+
+def test_a_sweep_summary_takes_cell_records_and_names_what_it_cannot_read():
+    """summary_table (issue 51's versioned sweep records) refuses what is not a list of cell records, by index and key,
+    with what to pass; a record of another version is refused by its version."""
+    from p0circuit.surfaces.sweep.runner import summary_table
+
+    for bad, said in (({"key": "x"}, "takes a list of cell records"), ([{"key": "x"}], r"records\[0\] has no schema"),
+                      ([{"key": "x", "schema": 1}], r"records\[0\] lacks the key\(s\)"),
+                      ([{"schema": 99}], "has schema version 99"), ([3], r"records\[0\] holds a JSON int, not an object")):
+        with pytest.raises(p0.BadInputError, match=said):
+            summary_table(bad)
+    assert summary_table([]).startswith("model")

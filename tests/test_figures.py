@@ -122,3 +122,43 @@ def test_heatmaps_of_a_circuit_and_of_its_result_agree(planted):
     np.testing.assert_allclose(shown, np.nansum(heads, 1), equal_nan=True)
     with pytest.raises(p0.BadInputError, match=r"plot: result=\[1, 2\] \(list\) is not Circuit.*PatchResult.*\.to_circuit\(\)"):
         p0.plot([1, 2])
+
+
+def test_edge_labels_sit_apart_and_off_the_nodes():
+    """Issue 51 (the report's display faults): several edges into one head, two of them from each sender (its key and
+    value inputs), are drawn as distinct curves whose labels overlap no other label and no node (measured on the
+    rendered figure); the planted circuits' labels too."""
+    import itertools
+
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    from p0circuit.core.entries import VARIANTS
+    from p0circuit.core.types import Circuit, Edge, Node
+    from p0circuit.figures.drawing import draw
+    from p0circuit.models.planted import build_planted
+
+    matplotlib.use("Agg")
+
+    def laid_out(circuit):
+        fig = draw(circuit)
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        labels = [t.get_bbox_patch().get_window_extent(renderer) for t in ax.texts if t.get_bbox_patch() is not None]
+        nodes = [p.get_window_extent(renderer) for p in ax.patches if isinstance(p, FancyBboxPatch)]
+        curves = [tuple(map(tuple, p.get_path().vertices.round(3))) for p in ax.patches if isinstance(p, FancyArrowPatch)]
+        return labels, nodes, curves
+
+    senders = ("A0.H0@0", "M0@0", "M1@0")
+    edges = [Edge.parse(f"{s}->A2.H0@0.{i}") for s in senders for i in ("k", "v")] + \
+        [Edge.parse(f"{s}->M1@0.mlp_in") for s in ("A0.H0@0", "M0@0")]
+    dense = Circuit(nodes=tuple(Node.parse(n) for n in (*senders, "A2.H0@0")), edges=tuple(edges),
+                    edge_effects={e.name: 0.5 + 0.05 * i for i, e in enumerate(edges)})
+    for circuit in [dense] + [build_planted(**VARIANTS[v]).truth for v in ("rope", "secondary")]:
+        labels, nodes, curves = laid_out(circuit)
+        assert len(labels) == (8 if circuit is dense else len(circuit.edges))  # one label per edge into an input
+        assert len(set(curves)) == len(curves), "two edges drawn on one curve"
+        assert not [(a, b) for a, b in itertools.combinations(labels, 2) if a.overlaps(b)], "labels overlap"
+        assert not [a for a in labels for n in nodes if a.overlaps(n)], "a label sits on a node"

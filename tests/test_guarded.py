@@ -193,7 +193,7 @@ def test_a_record_of_the_wrong_type_is_refused_by_its_readers(analysed, key, val
 def test_an_onset_row_keyed_on_a_string_is_refused_by_key_path(analysed):
     data = json.loads((analysed / "analysis.json").read_text())
     data["onsets"]["without_bos"][0]["keyed_on"] = "token"
-    with pytest.raises(p0.ConfigError, match=r"onsets\['without_bos'\]\[0\]: its key keyed_on must be an object"):
+    with pytest.raises(p0.ConfigError, match=r"its key onsets\['without_bos'\]\[0\]\.keyed_on must be an object"):
         AnalysisRecord.from_dict(data)
 
 

@@ -59,14 +59,18 @@ def test_the_stages_of_another_line():
 def test_a_block_the_analysis_did_not_patch_is_said_so():
     """With an onset line that moves the onset past what the analysis patched, the parts that need the row say
     'not measured', never a label judged from another block's row."""
-    summary = {"norm_ratio": [1.0, 6.0, 12.0], "norm_stages": [["onset", 1, 6.0]], "alpha": [[0.2], [0.9], [0.9]],
-               "sink_rate": 0.5, "sink_positions": [], "direction_stability": [0.5, 0.99, 0.99],
-               "direction_to_onset": [0.1, 1.0, 0.99], "direction_stability_ordinary": [0.5, 0.5, 0.5],
-               "direction_stability_unmassive": [0.5, 0.9, 0.9]}
-    sw = {s.threshold: s for s in sweeps(summary, None, {}, {"norm_threshold": 5.0, "threshold": 0.1}, False)}
+    from p0circuit.studies.analysis.records import SinkSummary
+
+    summary = SinkSummary.from_dict({
+        "norm_ratio": [1.0, 6.0, 12.0], "norm_stages": [["onset", 1, 6.0]], "alpha": [[0.2], [0.9], [0.9]],
+        "sink_rate": 0.5, "sink_positions": [], "direction_stability": [0.5, 0.99, 0.99],
+        "direction_to_onset": [0.1, 1.0, 0.99], "direction_stability_ordinary": [0.5, 0.5, 0.5],
+        "direction_stability_unmassive": [0.5, 0.9, 0.9], "bos": False, "massive_dims": [],
+        "sink_rate_per_layer": [0.0, 0.5, 0.5], "n_prompts": 8, "seq_len": 16})
+    sw = {s.threshold: s for s in sweeps(summary, None, {}, {"norm_threshold": 5.0, "threshold": 0.1})}
     at10 = {k: v[sw["onset line"].values.index(10.0)] for k, v in sw["onset line"].parts.items()}
     assert at10["circuit"].startswith("not measured (the onset moves to block 2")
-    assert judge(summary, None)["circuit"]["status"] == "not applicable"
+    assert judge(summary, None).circuit.status == "not applicable"
 
 
 def test_intervals():
@@ -134,7 +138,7 @@ def test_the_positive_control_with_no_share_to_read(planted_models):
 
     reads = {"reads": "not applicable (no head after block 1 gives position 0 an alpha_0 above 0.3)",
              "edits": {"random_direction": {"kept": None, "attention": 0.1}}}
-    out = {c["name"]: c for c in _controls(planted_models("rope").model, False, {"clean": 2.0, "corrupted": 1.0,
+    out = {c["name"]: c for c in _controls(planted_models("rope").model, {"clean": 2.0, "corrupted": 1.0,
                                                                           "reads": reads}, {})}
     assert out["random direction"]["passed"] is None and out["random direction"]["meaning"] == "not measured"
     assert out["random direction"]["observed"].startswith("not applicable")
@@ -145,17 +149,21 @@ def test_the_length_scan_reads_each_length_on_its_own_prefix(planted_models):
     that length's prompts alone (the first n tokens), P0's norm over the mean of the others computed here by hand."""
     from p0circuit.studies.analysis.spread import length_scan
 
+    from p0circuit.studies.analysis.setting import Setting
+
     model = planted_models("rope").model
     made = []
 
-    def make(n):
-        made.append(n)
-        return p0.probe_tokens(model, 4, n, seed=3, regular=True)
+    class Counted(Setting):
+        def prompts(self, n=None, length=None, seed=None):
+            made.append(length)
+            return super().prompts(n, length, seed)
 
     line = 2.0
-    rows = length_scan(model, make, False, 1, line, lengths=(8, 16, 32))
+    setting = Counted(model, p0.AnalysisSettings(seed=3, norm_threshold=line), False)
+    rows = length_scan(setting, 4, 1, lengths=(8, 16, 32))
     assert made == [32] and [r.length for r in rows] == [8, 16, 32]  # one draw, of the longest length
-    longest = make(32)
+    longest = p0.probe_tokens(model, 4, 32, seed=3, regular=True)  # what the setting draws, drawn here by hand
     for r in rows:
         _, cache = model.run_with_cache(longest[:, :r.length])
         ratios = []
@@ -165,4 +173,4 @@ def test_the_length_scan_reads_each_length_on_its_own_prefix(planted_models):
         assert r.at_onset == pytest.approx(ratios[1], rel=1e-5)
         assert r.onset == next((l for l, x in enumerate(ratios) if x >= line), None)
         assert r.peak == pytest.approx(max(ratios), rel=1e-5)
-    assert length_scan(model, make, False, 1, line, lengths=(4096,)) == []  # nothing within the context: no forward
+    assert length_scan(setting, 4, 1, lengths=(4096,)) == [] and made == [32]  # nothing within the context: no forward

@@ -15,6 +15,7 @@ from p0circuit.studies.analysis.atlas import page
 from p0circuit.studies.analysis.records import (ABSENT, SCHEMA_VERSION, AnalysisRecord, OnsetRow, StateFile,
                                                 StateHeader)
 from p0circuit.studies.analysis.settings import STATE, precheck, read_state
+from p0circuit.studies.analysis.summaries import Memory, Threads, Timing, Verdict
 from p0circuit.studies.analysis.write import markdown
 from p0circuit.surfaces.cli import main
 
@@ -80,7 +81,8 @@ def test_a_state_of_this_version_reads_back_as_its_record(tmp_path):
 
 
 def test_from_dict_names_an_unknown_or_missing_key():
-    row = {"layer": 2, "where": "first ','", "prompt_set": "8 passages", "skipped": "no prompt holds ','"}
+    row = {"layer": 2, "where": "first ','", "at": 5, "token": ",", "prompt_set": "8 passages",
+           "skipped": "no prompt holds ','"}
     skipped = OnsetRow.from_dict(row)
     assert skipped.nodes is ABSENT and skipped.to_dict() == row  # an absent key stays absent
     with pytest.raises(p0.ConfigError, match=r"unknown key\(s\) \['bogus'\]"):
@@ -98,9 +100,13 @@ def _analysis(**changes) -> dict:
     """A small analysis.json of this version (no onset measured)."""
     d = AnalysisRecord(model="planted:rope", settings=json.loads(json.dumps(asdict(AnalysisSettings()))),
                        prompt_source="8 regular random-id prompts", n_layers=4, n_heads=4, sinks={}, onsets={},
-                       variations={}, verdict={"claim": "not measured (no run without BOS)", "parts": {}},
-                       timing={"seconds": 0.0, "forwards": 0, "with_grad": 0, "slowdown": None, "forward_s": 0.01},
-                       memory={}, bos_token=None).to_dict()
+                       variations={}, verdict=Verdict(claim="not measured (no run without BOS)", parts={}),
+                       timing=Timing(seconds=0.0, this_call=0.0, forward_s=0.01, import_s=0.0, load_s=None,
+                                     threads=Threads(threads=1, policy="fixed", others_cores=0.0, dropped=0, cpus=2),
+                                     forwards=0.0, with_grad=0.0, forwards_by_step={}, timed_forwards=0.0, slowdown=None,
+                                     others_cores=0.0, processes=[], onsets_left_out={}, sinks_left_out={}, steps={},
+                                     predicted_forwards={}, parts={}, eta=[]),
+                       memory=Memory(weights=None, at_start=None, process_peak=None, steps={}), bos_token=None).to_dict()
     return {**d, **changes}
 
 
@@ -117,8 +123,9 @@ def test_an_analysis_of_another_version_is_refused_by_its_readers(tmp_path):
     path.write_text(json.dumps(_analysis(schema=SCHEMA_VERSION + 1)))
     with pytest.raises(p0.ConfigError, match=f"{path} has schema version {SCHEMA_VERSION + 1}.*--fresh"):
         AnalysisRecord.read(path)
-    bad_row = _analysis(onsets={"without_bos": [{"layer": 1, "where": "P0", "prompt_set": "x", "nodez": {}}]})
-    with pytest.raises(p0.ConfigError, match=r"onsets\['without_bos'\]\[0\] has the unknown key\(s\) \['nodez'\]"):
+    bad_row = _analysis(onsets={"without_bos": [{"layer": 1, "where": "P0", "at": 0, "token": None, "prompt_set": "x",
+                                                 "nodez": {}}]})
+    with pytest.raises(p0.ConfigError, match=r"onsets\['without_bos'\]\[0\]\"? has the unknown key\(s\) \['nodez'\]"):
         AnalysisRecord.from_dict(bad_row)
     with pytest.raises(p0.ConfigError, match=r"unknown key\(s\) \['extra'\]"):
         AnalysisRecord.from_dict(_analysis(extra=1))
@@ -137,3 +144,38 @@ def test_records_doc_lists_the_studies_records():
                and dataclasses.is_dataclass(c) and c.__module__ == findings.__name__]
     assert len(classes) >= 15
     docblocks.check("docs/records.md", "findings", describe_records(classes))
+
+
+def test_records_doc_lists_the_analysis_parts():
+    """docs/records.md's list of the records nested in an onset row and at the top level of analysis.json (the passes,
+    the variations, the verdict, timing, memory, a sink position) and of a sweep cell's record is the classes of
+    ``passes.py``, ``summaries.py`` and ``surfaces/sweep/record.py``, every key with its type and docstring (written from
+    them: ``P0_WRITE_DOCS=1``); every one of them is reached from AnalysisRecord's fields, so none is documented and
+    never read."""
+    import dataclasses
+    import typing
+
+    import docblocks
+    from p0circuit.core.record import Record, describe_records
+    from p0circuit.studies.analysis import passes, summaries
+    from p0circuit.surfaces.sweep import record as sweep_record
+
+    def own(module):
+        return [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Record)
+                and dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
+
+    classes = own(passes) + own(summaries)
+    docblocks.check("docs/records.md", "parts", describe_records(classes))
+    docblocks.check("docs/records.md", "sweep", describe_records(own(sweep_record)))
+    reached, todo = set(), [AnalysisRecord]
+    while todo:  # every record class a field of AnalysisRecord reaches, however deep
+        cls = todo.pop()
+        for hint in typing.get_type_hints(cls).values():
+            stack = [hint]
+            while stack:
+                h = stack.pop()
+                stack += list(typing.get_args(h))
+                if isinstance(h, type) and issubclass(h, Record) and h not in reached:
+                    reached.add(h)
+                    todo.append(h)
+    assert set(classes) <= reached, sorted(c.__name__ for c in set(classes) - reached)

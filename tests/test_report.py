@@ -10,6 +10,7 @@ from p0circuit import BadInputError
 from p0circuit.surfaces.cli import main
 from p0circuit.surfaces.sweep_report import write_report
 from p0circuit.surfaces.sweep import SweepConfig, run_sweep
+from p0circuit.surfaces.sweep.record import CELL_SCHEMA
 from p0circuit.surfaces.sweep.runner import CellsFailed
 
 from browser import CHROMIUM, Browser
@@ -124,9 +125,13 @@ def test_a_torn_index_is_rebuilt_and_bad_records_are_skipped_and_said(report, tm
     assert len([json.loads(line) for line in index.read_text().splitlines()]) == len(lines)  # nothing finished lost
     shutil.rmtree(out / "cells")  # no cell files: the index alone, one record without its circuit
     records = [json.loads(line) for line in index.read_text().splitlines()]
+    assert all(r["schema"] == CELL_SCHEMA for r in records)  # every cell record carries its version
     del records[0]["circuit"]
+    records.append({k: v for k, v in records[-1].items() if k != "schema"})  # written before records were versioned
     index.write_text("\n".join(json.dumps(r) for r in records) + "\n{\"key\": \"tor")
     assert main(["report", str(out), "--no-attention"]) == 0
     err = capsys.readouterr().err
-    assert "skipped results.jsonl line 1: the record lacks circuit" in err
+    assert "skipped results.jsonl line 1: the record lacks the key(s) ['circuit'] (CellRecord)" in err
+    assert (f"skipped results.jsonl line {len(records)}: the record has no schema version (it was written by a p0circuit from before the "
+            f"records were versioned); this p0circuit reads schema version {CELL_SCHEMA} only: sweep into a new --out") in err
     assert f"skipped results.jsonl line {len(records) + 1}: not valid JSON" in err

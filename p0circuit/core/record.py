@@ -47,6 +47,9 @@ class Absent:
     def __hash__(self) -> int:
         return 0
 
+    def __bool__(self) -> bool:  # an absent key reads as nothing: ``row.circuit or ...``
+        return False
+
 
 ABSENT = Absent()
 """The one :class:`Absent`."""
@@ -293,11 +296,14 @@ class Record:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """``field name -> its docstring`` of a dataclass, read from the class's own source (Python keeps no attribute
-    docstrings at run time): what the written docs say of each key."""
+    """``field name -> its docstring`` of a dataclass, read from the source of the class and of the dataclasses it
+    inherits fields from (Python keeps no attribute docstrings at run time): what the written docs say of each key."""
+    out: dict[str, str] = {}
+    for base in cls.__mro__[1:]:
+        if dataclasses.is_dataclass(base) and base is not cls:
+            out.update({k: v for k, v in field_docs(base).items() if k not in out})
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
-    out: dict[str, str] = {}
     for stmt, after in zip(body, body[1:] + [None]):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
@@ -306,11 +312,11 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def describe_records(classes: typing.Sequence[type]) -> str:
-    """The Markdown list of each record of ``classes``, its docstring's first line and every key with its type and
-    docstring: what docs/records.md says of the nested records (held to the code by a test)."""
+    """The Markdown list of each record of ``classes``, its docstring's first paragraph and every key with its type
+    and docstring: what docs/records.md says of the nested records (held to the code by a test)."""
     lines = []
     for cls in classes:
-        first = (cls.__doc__ or "").strip().split("\n")[0]
+        first = _markdown(" ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split()))
         lines += [f"### `{cls.__name__}`", "", first, ""]
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)

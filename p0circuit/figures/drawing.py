@@ -27,7 +27,7 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.args import entry_point
@@ -215,6 +215,10 @@ def draw(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "
         fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * lay.span + 1.8), max(2.5, 0.95 * len(lay.ranks) + 0.8)))
     fig = ax.figure
     half_w, half_h = 0.36, 0.2
+    labels: list[tuple[Any, Callable[[float], tuple[float, float]]]] = []
+    pairs: dict[tuple[str, str], list[str]] = {}  # the links between two nodes (into several inputs of one head)
+    for link in lay.links:
+        pairs.setdefault((link.src, link.dst), []).append(link.name)
     for link in lay.links:
         a, b = at[link.src], at[link.dst]
         missed = _faded(link.status)
@@ -222,6 +226,8 @@ def draw(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "
         span = math.hypot(x1 - x0, y1 - y0)
         # an edge past a rank bows out (its middle half a node wider than the boxes) around the nodes between
         rad = 0.08 if b.y - a.y <= 1 else 2 * (half_w + 0.2) / max(span, 1e-9)
+        twins = pairs[(link.src, link.dst)]  # links between the same two nodes bow apart, each its own curve
+        rad += TWIN_BOW * (twins.index(link.name) - (len(twins) - 1) / 2)
         arrow = FancyArrowPatch(
             (x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=9, connectionstyle=f"arc3,rad={rad}",
             color=MISSED if missed else colour(link.effect),
@@ -230,14 +236,14 @@ def draw(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "
             alpha=0.45 if link.status == "to_metric" else 0.95, zorder=1)
         arrow.set_gid(f"edge:{link.name}")
         ax.add_patch(arrow)
-        if link.input:  # on the curve (matplotlib's arc3 is a quadratic Bezier), three quarters along
+        if link.input:  # on the curve (matplotlib's arc3 is a quadratic Bezier), where no other label sits
             cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
-            t = 0.75
-            lx = (1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1
-            ly = (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1
-            ax.text(lx, ly, edge_label(link), fontsize=6.5, ha="center", va="center",
-                    color=MISSED if missed else "#222222", zorder=3,
-                    bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+            on = lambda t, x0=x0, y0=y0, x1=x1, y1=y1, cx=cx, cy=cy: (  # noqa: E731
+                (1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1, (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1)
+            label = ax.text(*on(LABEL_AT[0]), edge_label(link), fontsize=6.5, ha="center", va="center",
+                            color=MISSED if missed else "#222222", zorder=3,
+                            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+            labels.append((label, on))
     for p in lay.nodes:
         missed = _faded(p.status)
         fill = "#f0f0f0" if missed else "#fff7e0" if p.name == METRIC else fill_colour(p.effect, lay.bound)
@@ -265,7 +271,46 @@ def draw(circuit: AnyCircuit, truth: Optional[AnyCircuit] = None, title: str = "
         ax.text(0.5, 0.5, empty_note(circuit), transform=ax.transAxes, fontsize=8, ha="center", va="center",
                 color="#444444", wrap=True)
     ax.text(0.99, 0.0, key, transform=ax.transAxes, fontsize=6, ha="right", va="bottom", color="#666666")
-    return finish(fig) if own else fig
+    out = finish(fig) if own else fig
+    _apart(ax, labels)
+    return out
+
+
+TWIN_BOW = 0.16
+"""How much further each of several links between the same two nodes bows (the curvature of matplotlib's arc3), so
+that each is its own curve with its own label."""
+LABEL_AT = tuple(sorted((round(0.1 + 0.05 * i, 2) for i in range(18)), key=lambda t: (abs(t - 0.75), -t)))
+"""Where along its edge an edge's label may sit (its share of the way from the sender), in the order tried: three
+quarters along unless another label or a node is there, then ever further from there."""
+
+
+def _apart(ax: Any, labels: list[tuple[Any, Callable[[float], tuple[float, float]]]]) -> None:
+    """Move each edge label along its edge to the first place of :data:`LABEL_AT` where it overlaps no node and no
+    label placed before it (edges into one node meet there, and their labels at one share of the way would pile up);
+    where every place is taken, the label stays at the first. Measured on the figure as laid out."""
+    if not labels:
+        return
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.patches import FancyBboxPatch
+
+    fig = ax.figure
+    renderer = RendererAgg(fig.bbox.width, fig.bbox.height, fig.dpi)
+    taken = [p.get_window_extent(renderer) for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    def crowded(box: Any) -> float:  # the area it shares with what is placed
+        return sum(max(0.0, min(box.x1, o.x1) - max(box.x0, o.x0)) * max(0.0, min(box.y1, o.y1) - max(box.y0, o.y0))
+                   for o in taken)
+
+    for text, on in labels:
+        tried = []
+        for t in LABEL_AT:
+            text.set_position(on(t))
+            box = text.get_window_extent(renderer).expanded(1.15, 1.3)
+            tried.append((crowded(box), t, box))
+            if tried[-1][0] == 0:
+                break
+        _, t, box = min(tried, key=lambda x: x[0])  # free, or where it overlaps least
+        text.set_position(on(t))
+        taken.append(box)
 
 
 def empty_note(circuit: Circuit) -> str:

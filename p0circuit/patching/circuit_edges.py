@@ -26,13 +26,12 @@ no edge of their own (experts).
 """
 
 import math
-import copy
-from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from p0circuit.core.args import entry_point
 from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.errors import BadInputError
+from p0circuit.core.searches import EdgeSearch  # noqa: F401 (its record, re-exported here)
 from p0circuit.core.types import Circuit, Edge, Input, Kind, Node
 from p0circuit.patching.circuit_search import (
     TARGET, TOLERANCE, _share, acdc_prune, check_bounds, same_clean, search_job, searched,
@@ -46,42 +45,6 @@ from p0circuit.patching.ops import node_op
 from p0circuit.patching.setup import Setup
 from p0circuit.patching.result import finite
 from p0circuit.patching.sites import named_positions, site_of
-
-
-@dataclass
-class EdgeSearch:
-    """The typed record of an edge search (:func:`faithful_edges`), attached to the :class:`Circuit` it returns as
-    ``circuit.edge_search``; ``to_dict`` is its JSON record."""
-
-    edges: list[str]
-    """The kept edges, strongest single effect first."""
-    candidates: int
-    """Edges searched: between the node circuit's nodes, and from each into what the metric reads."""
-    faithfulness: Optional[float]
-    """Share of the change kept with the other candidate edges and every node outside the circuit corrupted
-    (None: not searched)."""
-    completeness: Optional[float]
-    """Share of the change removed by corrupting the kept edges alone (None: not searched)."""
-    faithful: bool
-    """``faithfulness`` reaches ``target``."""
-    effects: dict[str, float] = field(default_factory=dict)
-    """Every candidate edge's normalized effect alone (path patching)."""
-    why: str = ""
-    """What fell short, when not ``faithful`` (or why nothing was searched)."""
-    searched: bool = True
-    """Whether the pruning ran (not with no candidate, or more than ``max_candidates``)."""
-    settings: dict[str, Any] = field(default_factory=dict)
-    """target, tolerance, ``held`` (edge or node name -> why it is held as it is, never corrupted as an
-    edge), the node circuit's faithfulness in this forward, evaluations, how the search ran."""
-
-    @property
-    def size(self) -> int:
-        return len(self.edges)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
-        out["size"] = self.size
-        return out
 
 
 def _candidates(model: Any, job: PatchJob, senders: list[Node], inside: list[Node], positions: set[Any]) -> list[Edge]:
@@ -186,8 +149,8 @@ def faithful_edges(
                "searched" if cands else
                "no edge between the circuit's nodes can be corrupted as an edge" if held else
                "no edge between the circuit's nodes")
-        return _with_edges(circuit, EdgeSearch([], len(cands), None, None, False, why=why, searched=False,
-                                               settings=settings))
+        return _with_edges(circuit, EdgeSearch(edges=[], candidates=len(cands), faithfulness=None, completeness=None,
+                                               faithful=False, size=0, why=why, searched=False, settings=settings))
     single = path_patch(model, tokens, edges=cands, corruption=setup.prep.corruption, metric=setup.metric,
                         bos=setup.options.bos, min_signal=0.0)
     effects = {e.name: float(single.normalized[e.name]) for e in cands}
@@ -227,8 +190,8 @@ def faithful_edges(
                            "receiver block first")
     short = "" if faithfulness >= target else f"faithfulness {faithfulness:.3f} < {target}"
     return _with_edges(circuit, EdgeSearch(edges=[e.name for e in kept], candidates=len(cands), faithfulness=faithfulness,
-                                           completeness=completeness, faithful=not short, effects=effects, why=short,
-                                           settings=settings))
+                                           completeness=completeness, faithful=not short, size=len(kept),
+                                           effects=effects, why=short, settings=settings))
 
 
 def _with_edges(circuit: Circuit, edges: EdgeSearch) -> Circuit:

@@ -27,9 +27,7 @@ clean-to-corrupted change ``M_clean - M_corrupted`` of the metric:
 ``denoising``, where defined) reach ``target``; otherwise the record says which fell short.
 """
 
-import copy
 import weakref
-from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -37,6 +35,7 @@ import torch
 from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError
 from p0circuit.core.circuits import searched_circuit
+from p0circuit.core.searches import NodeSearch  # noqa: F401 (its record, re-exported here)
 from p0circuit.core.types import Circuit, Node
 from p0circuit.patching.engine import run_groups, start_layer
 from p0circuit.core.io import strict
@@ -56,39 +55,6 @@ CHUNK = 4
 :func:`faithful_circuit`."""
 MAX_SIZE = 20
 """Nodes a reported circuit may hold and still count as found."""
-
-
-@dataclass
-class NodeSearch:
-    """The typed record of a node circuit search (:func:`faithful_circuit`), attached to the :class:`Circuit` it
-    returns as ``circuit.search``; ``to_dict`` is its JSON record (``analysis.json`` keeps it per onset)."""
-
-    nodes: list[str]
-    """The circuit's nodes, strongest single effect first (a node a screen left unexamined: by its estimate)."""
-    candidates: int
-    """Candidates searched (those that can reach the metric)."""
-    faithfulness: float
-    """Share of the change kept with every other candidate corrupted on the clean run."""
-    denoising: Optional[float]
-    """Share of the change restored by setting the circuit clean in the corrupted run (None: an ablation)."""
-    completeness: float
-    """Share of the change removed by corrupting the circuit alone."""
-    faithful: bool
-    """Within ``max_size`` nodes and at ``target`` in every direction measured."""
-    why: str = ""
-    """What fell short, when not ``faithful``."""
-    settings: dict[str, Any] = field(default_factory=dict)
-    """target, tolerance, max_size, corruption, metric, the setup's description, clean and corrupted metric,
-    evaluations (and of them ``reused``: answered by an earlier search of the same result)."""
-
-    @property
-    def size(self) -> int:
-        return len(self.nodes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
-        out["size"] = self.size
-        return out
 
 
 def _share(value: float, clean: float, corrupted: float) -> float:
@@ -349,8 +315,7 @@ def faithful_circuit(
         short.append(f"denoising the circuit restores {denoising:.3f} < {target} of the change")
     search = NodeSearch(
         nodes=[n.name for n in circuit], candidates=len(live), faithfulness=faithfulness, denoising=denoising,
-        completeness=completeness,
-        faithful=not short, why="; ".join(short),
+        completeness=completeness, faithful=not short, size=len(circuit), why="; ".join(short),
         settings={"target": target, "tolerance": tolerance, "max_size": max_size, "require_denoising": require_denoising,
                   "corruption": result.corruption,
                   "metric": result.metric, "setup": setup.describe(), "clean": clean, "corrupted": corrupted,

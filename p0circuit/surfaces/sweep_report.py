@@ -26,6 +26,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.io import write_atomic
 from p0circuit.figures.plotting import finish, new_figure, plot
 from p0circuit.surfaces.sweep.config import Cell, SweepConfig
+from p0circuit.surfaces.sweep.record import CellRecord
 from p0circuit.surfaces.sweep.store import read_records, rebuild_index
 from p0circuit.core.types import Circuit
 
@@ -49,10 +50,10 @@ def _number(value: Any) -> str:
     return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.4g}"
 
 
-def _norm_plots(records: list[dict[str, Any]]) -> str:
+def _norm_plots(records: list[CellRecord]) -> str:
     per_model: dict[str, dict[str, Any]] = {}
     for r in records:
-        per_model.setdefault(r["cell"]["model"], r["sink_report"])
+        per_model.setdefault(r.grid.model, r.sink_report)
     fig, (ax1, ax2) = new_figure(2)
     for name, rep in per_model.items():
         ratio = _floats(rep["norm_ratio_resid"])
@@ -66,17 +67,17 @@ def _norm_plots(records: list[dict[str, Any]]) -> str:
     return _png(fig, "P0 norm ratio and attention to P0 per layer")
 
 
-def _attention(records: list[dict[str, Any]]) -> str:
+def _attention(records: list[CellRecord]) -> str:
     from p0circuit.models.resolve import load_model
     from p0circuit.models.tokens import make_prompts
     from p0circuit.figures.viz import attention_html
 
-    cell = records[0]["cell"]
-    model = load_model(cell["model"], seed=cell["seed"]).model
+    cell = records[0].grid
+    model = load_model(cell.model, seed=cell.seed).model
     layer = min(2, model.cfg.n_layers - 1)
-    prompts = make_prompts(model, 1, min(16, model.cfg.n_ctx), source=cell.get("prompts", "auto"), seed=cell["seed"])
+    prompts = make_prompts(model, 1, min(16, model.cfg.n_ctx), source=cell.prompts, seed=cell.seed)
     what = "natural-English" if prompts.source == "english" else "random-id"
-    return (f"<p>Attention patterns of layer {layer} of <code>{html.escape(cell['model'])}</code> on one {what} "
+    return (f"<p>Attention patterns of layer {layer} of <code>{html.escape(cell.model)}</code> on one {what} "
             f"prompt:</p>" + attention_html(model, prompts.tokens, layer))
 
 
@@ -92,55 +93,55 @@ def _settings(config: dict[str, Any]) -> str:
     return _table(["setting", "value"], rows, "settings")
 
 
-def _scores(record: dict[str, Any]) -> str:
-    return ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in (record.get("scores") or {}).items() if v is not None)
+def _scores(record: CellRecord) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in (record.scores or {}).items() if v is not None)
 
 
-def _summary(records: list[dict[str, Any]]) -> str:
+def _summary(records: list[CellRecord]) -> str:
     rows = []
     for r in records:
-        c, s = r["cell"], r["circuit"].get("settings", {})
-        rows.append([html.escape(str(c[k])) for k in ("model", "prompts", "corruption", "method", "metric")] + [
-            "yes" if r.get("signal") else "<b class='nosignal'>no signal</b>", _number(s.get("clean_metric")),
-            _number(s.get("corrupted_metric")), str(len(r["circuit"]["nodes"])), str(len(r["circuit"]["edges"])),
+        c, s = r.grid, r.circuit.settings
+        rows.append([html.escape(str(getattr(c, k))) for k in ("model", "prompts", "corruption", "method", "metric")] + [
+            "yes" if r.signal else "<b class='nosignal'>no signal</b>", _number(s.get("clean_metric")),
+            _number(s.get("corrupted_metric")), str(len(r.circuit.nodes)), str(len(r.circuit.edges)),
             html.escape(_scores(r))])
     return _table(["model", "prompts", "corruption", "method", "metric", "signal", "clean", "corrupted", "nodes",
                    "edges", "against the truth"], rows, "summary")
 
 
-def _cell(record: dict[str, Any]) -> str:
-    c = record["cell"]
-    circuit = Circuit.from_dict(record["circuit"])
-    truth = Circuit.from_dict(record["truth"]) if record.get("truth") else None
+def _cell(record: CellRecord) -> str:
+    c = record.grid
+    circuit = Circuit.from_dict(record.circuit.to_dict())
+    truth = Circuit.from_dict(record.truth.to_dict()) if record.truth else None
     s = circuit.settings
-    lines = [f"<h4>{html.escape(c['corruption'])}</h4>",
+    lines = [f"<h4>{html.escape(c.corruption)}</h4>",
              f"<p class='metric'>metric clean <b>{_number(s.get('clean_metric'))}</b>, corrupted "
              f"<b>{_number(s.get('corrupted_metric'))}</b>; {len(circuit.nodes)} nodes, {len(circuit.edges)} edges</p>",
-             f"<p>{html.escape(str(record.get('interpretation', '')))}</p>"]
+             f"<p>{html.escape(record.interpretation)}</p>"]
     if _scores(record):
         lines.append(f"<p class='scores'>against the planted truth: {html.escape(_scores(record))}</p>")
-    if record.get("signal"):
-        lines.append(_png(plot(circuit), f"effects of every candidate, {c['corruption']}"))
+    if record.signal:
+        lines.append(_png(plot(circuit), f"effects of every candidate, {c.corruption}"))
     if circuit.nodes or truth is not None:
-        lines.append(to_html(circuit, truth, title=f"{c['method']}, {c['corruption']}"))
-    return f"<section class='cell' data-corruption='{html.escape(c['corruption'])}'>{''.join(lines)}</section>"
+        lines.append(to_html(circuit, truth, title=f"{c.method}, {c.corruption}"))
+    return f"<section class='cell' data-corruption='{html.escape(c.corruption)}'>{''.join(lines)}</section>"
 
 
-def _circuits(records: list[dict[str, Any]], corruptions: list[str]) -> str:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+def _circuits(records: list[CellRecord], corruptions: list[str]) -> str:
+    groups: dict[tuple, list[CellRecord]] = {}
     for r in records:
-        groups.setdefault(tuple(r["cell"][k] for k in GROUP), []).append(r)
+        groups.setdefault(tuple(getattr(r.grid, k) for k in GROUP), []).append(r)
     parts = []
     for key, members in groups.items():
-        members.sort(key=lambda r: corruptions.index(r["cell"]["corruption"]) if r["cell"]["corruption"] in corruptions
+        members.sort(key=lambda r: corruptions.index(r.grid.corruption) if r.grid.corruption in corruptions
                      else len(corruptions))
         parts.append(f"<h3>{html.escape(' | '.join(map(str, key)))}</h3><div class='row'>"
                      + "".join(_cell(r) for r in members) + "</div>")
     return "".join(parts)
 
 
-def _status(config: Optional[SweepConfig], records: list[dict[str, Any]], failed: list[dict[str, Any]]) -> str:
-    done = {r["key"] for r in records}
+def _status(config: Optional[SweepConfig], records: list[CellRecord], failed: list[dict[str, Any]]) -> str:
+    done = {r.key for r in records}
     bad = [f for f in failed if f.get("key") not in done]
     if config is None:
         return (f"<div class='status partial'>{len(records)} cells finished; the config (config.json) is missing, "
@@ -201,8 +202,8 @@ def write_report(directory: Any, attention: bool = True) -> Path:
     saved = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else None
     config = SweepConfig(**saved) if saved else None
     failed = [json.loads(p.read_text()) for p in sorted((out / "failed").glob("*.json"))] if (out / "failed").is_dir() else []
-    records.sort(key=lambda r: Cell(**r["cell"]).label())
-    corruptions = list(config.corruptions) if config else sorted({r["cell"]["corruption"] for r in records})
+    records.sort(key=lambda r: r.grid.label())
+    corruptions = list(config.corruptions) if config else sorted({r.grid.corruption for r in records})
     body = "\n".join([
         f"<h1>p0circuit sweep: {html.escape(out.name)}</h1>",
         _status(config, records, failed),

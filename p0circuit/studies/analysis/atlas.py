@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from p0circuit.core.defaults import sink_rate_label
-from p0circuit.studies.analysis.records import Absent, as_record, AnalysisRecord
+from p0circuit.studies.analysis.passes import EdgeCircuit, NodeCircuit, Note
+from p0circuit.studies.analysis.records import Absent, as_record, AnalysisRecord, OnsetRow, Skipped
+from p0circuit.studies.findings import Detection, KeyedOn, SinkCircuit, SinkReads, SuperWeights, Unmeasured
 from p0circuit.studies.analysis.elsewhere import label as sink_label
 from p0circuit.studies.analysis.run import analyze
 from p0circuit.core.shares import OVERSHOOT
@@ -52,18 +54,21 @@ def _top(effects: dict[str, float], k: int) -> str:
     return ", ".join(f"{n} {v:+.2f}" for n, v in list(effects.items())[:k]) or "none"
 
 
-def _circuit_cell(c: dict[str, Any]) -> str:
-    """The first onset's faithful circuit in a few words (or the best one found, said as such)."""
-    if "nodes" not in c:
-        return c.get("note", "not measured")
-    denoise = "" if c["denoising"] is None else f", denoising {c['denoising']:.2f}"
-    head = f"{c['size']} nodes" if c["faithful"] else f"**not faithful** ({c['why']}); best: {c['size']} nodes"
-    e = c.get("edge_circuit") or {}
-    held = len((e.get("settings") or {}).get("held") or {})
-    edges = ("" if "edges" not in e else f"; edges not searched ({e['why']})" if not e.get("searched", True) else
-             f"; {e['size']} of {e['candidates']} edges between them keep {e['faithfulness']:.2f}"
-             + ("" if e["faithful"] else " (**not faithful**)") + (f", {held} held as they are" if held else ""))
-    return (f"{head} ({', '.join(c['nodes'][:5])}{'...' if c['size'] > 5 else ''}): faithfulness {c['faithfulness']:.2f}"
+def _circuit_cell(c: Any) -> str:
+    """The first onset's faithful circuit in a few words (or the best one found, said as such; or why none: a
+    :class:`Note`, or absent)."""
+    if not isinstance(c, NodeCircuit):
+        return c.note if isinstance(c, Note) else "not measured"
+    denoise = "" if c.denoising is None else f", denoising {c.denoising:.2f}"
+    head = f"{c.size} nodes" if c.faithful else f"**not faithful** ({c.why}); best: {c.size} nodes"
+    e = c.edge_circuit
+    edges = ""
+    if isinstance(e, EdgeCircuit):
+        held = len(e.settings.get("held") or {})
+        edges = (f"; edges not searched ({e.why})" if not e.searched else
+                 f"; {e.size} of {e.candidates} edges between them keep {e.faithfulness:.2f}"
+                 + ("" if e.faithful else " (**not faithful**)") + (f", {held} held as they are" if held else ""))
+    return (f"{head} ({', '.join(c.nodes[:5])}{'...' if c.size > 5 else ''}): faithfulness {c.faithfulness:.2f}"
             f"{denoise}{edges}")
 
 
@@ -75,45 +80,44 @@ def rows(data: Union[dict[str, Any], AnalysisRecord]) -> list[list[str]]:
         s = d.sinks.get(tag)
         if s is None:
             continue
-        if "skipped" in s:
+        if isinstance(s, Skipped):
             out.append([d.model, title, "not measured (no start token)"] + [""] * 6)
             continue
-        onsets = [o for o in d.onsets.get(tag, []) if o["where"] == "P0"]
+        onsets = [o for o in d.onsets.get(tag, []) if o.where == "P0"]
         first = onsets[0] if onsets else None
-        others = sorted({sink_label(p) for p in s["sink_positions"] if not p["where"].startswith("P0")})
-        where = ", ".join((["P0"] if any(p["where"].startswith("P0") for p in s["sink_positions"]) else []) + others)
+        others = sorted({sink_label(p) for p in s.sink_positions if not p.where.startswith("P0")})
+        where = ", ".join((["P0"] if any(p.where.startswith("P0") for p in s.sink_positions) else []) + others)
         if first is None:
             circuit = edges = faith = "no P0 onset"
-            other = [o for o in d.onsets.get(tag, []) if o["where"] != "P0" and o.get("signal")]
+            other = [o for o in d.onsets.get(tag, []) if o.where != "P0" and o.signal]
             if other:
-                circuit = f"at {other[0]['where']} (layer {other[0]['layer']}): {_top(other[0]['nodes'], 3)}"
-                edges = _top(other[0]["edges"], 2)
-        elif not first["signal"]:
+                circuit = f"at {other[0].where} (layer {other[0].layer}): {_top(other[0].nodes, 3)}"
+                edges = _top(other[0].edges, 2)
+        elif not first.signal:
             circuit, edges, faith = "no signal", "", ""
         else:
-            circuit = f"`{first['corruption']}`, layer {first['layer']}: {_top(first['nodes'], 4)}"
-            edges = _top(first["edges"], 3)
-            faith = _circuit_cell(first.get("circuit") or {})
-        dims = ", ".join(str(m["dim"]) for m in s["massive_dims"][:3]) or "none"
-        out.append([d.model, title, f"{s['sink_rate']:.2f}",
-                    ", ".join(str(l) for k, l, _ in s["norm_stages"] if k == "onset") or "none", dims,
+            circuit = f"`{first.corruption}`, layer {first.layer}: {_top(first.nodes, 4)}"
+            edges = _top(first.edges, 3)
+            faith = _circuit_cell(first.circuit)
+        dims = ", ".join(str(m.dim) for m in s.massive_dims[:3]) or "none"
+        out.append([d.model, title, f"{s.sink_rate:.2f}",
+                    ", ".join(str(l) for k, l, _ in s.norm_stages if k == "onset") or "none", dims,
                     where or "none", circuit, edges, faith])
     return out
 
 
-def _state_row(model: str, title: str, o: dict[str, Any]) -> list[str]:
+def _state_row(model: str, title: str, o: OnsetRow) -> list[str]:
     """One row of the sink-state table."""
-    state = o["where"] + (f" (index {o['at']})" if o.get("at") else "")
-    if "skipped" in o:
-        return [model, title, state, str(o["layer"]), "not measured", o["skipped"], "", "", ""]
-    k = o.get("keyed_on") or {}
-    said = lambda x: "n/a" if x is None else f"{x['mean']:.2f} (min {x['min']:.2f})"  # noqa: E731
-    keyed = (f"**{k['reading']}** ({' / '.join(said(k.get(e)) for e in ('swapped', 'follows', 'stays', 'context', 'copies'))})"
-             if "verdict" in k else ("not measured: " + k.get("error", "")) if k else "")
-    change = f"`{o['corruption']}`: {o['clean']:.3g} -> {o['corrupted']:.3g}" + ("" if o["signal"] else " (no signal)")
-    circuit = _circuit_cell(o.get("circuit") or {}) if o["signal"] else ""
-    return [model, title, state, str(o["layer"]), keyed, change, circuit, _top(o.get("edges") or {}, 2),
-            _top(o.get("neurons") or {}, 2)]
+    state = o.where + (f" (index {o.at})" if o.at else "")
+    if o.skipped:
+        return [model, title, state, str(o.layer), "not measured", o.skipped, "", "", ""]
+    k = o.keyed_on
+    said = lambda x: "n/a" if x is None else f"{x.mean:.2f} (min {x.min:.2f})"  # noqa: E731
+    keyed = (f"**{k.reading}** ({' / '.join(said(x) for x in (k.swapped, k.follows, k.stays, k.context, k.copies))})"
+             if isinstance(k, KeyedOn) else ("not measured: " + k.error) if isinstance(k, Unmeasured) else "")
+    change = f"`{o.corruption}`: {o.clean:.3g} -> {o.corrupted:.3g}" + ("" if o.signal else " (no signal)")
+    circuit = _circuit_cell(o.circuit) if o.signal else ""
+    return [model, title, state, str(o.layer), keyed, change, circuit, _top(o.edges or {}, 2), _top(o.neurons or {}, 2)]
 
 
 def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
@@ -148,11 +152,11 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
               + " |", "|---|---|---|" + "---|" * len(PARTS)]
     for d in records:
         for tag, title in _SETTINGS:
-            part = (d.verdict.get("parts") or {}).get(tag)
-            if part is None:
+            parts = d.verdict.parts.get(tag)
+            if parts is None:
                 continue
             cells = [d.model, TRAINED_WITH.get(d.model, "unknown"), title,
-                     *(f"**{label(part[k])}**: {part[k]['evidence']}" for k, _, _ in PARTS)]
+                     *(f"**{label(getattr(parts, k))}**: {getattr(parts, k).evidence}" for k, _, _ in PARTS)]
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     lines += _beyond_norm(records) + _how_sure(records)
     lines += ["", "## What each sink state is keyed on, and its circuit", "",
@@ -172,7 +176,7 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
     for d in records:
         for tag, title in _SETTINGS:
             for o in d.onsets.get(tag, []):
-                if o["where"] == "P0" and o is not next(x for x in d.onsets[tag] if x["where"] == "P0"):
+                if o.where == "P0" and o is not next(x for x in d.onsets[tag] if x.where == "P0"):
                     continue  # P0's later onsets are in analysis.md
                 lines.append("| " + " | ".join(x.replace("|", "\\|") for x in _state_row(d.model, title, o)) + " |")
     lines += ["", "## What each analysis cost", "",
@@ -185,22 +189,22 @@ def page(analyses: Sequence[Union[dict[str, Any], AnalysisRecord]]) -> str:
               "|---|---|---|---|---|"]
     for d in records:
         t = d.timing
-        search = sum(c.get("seconds", 0.0) + (c.get("edge_circuit") or {}).get("seconds", 0.0)
-                     for ons in d.onsets.values() for o in ons for c in [o.get("circuit") or {}])
-        counted = "-" if t.get("forwards") is None else f"{t['forwards']:.0f}"
-        runs = t.get("processes") or []
-        main = max(runs, key=lambda p: p["seconds"]) if runs else t  # a resumed run: its longest process' own ratio
-        ratio = "-" if main.get("slowdown") is None else f"{main['slowdown']:.2f}x" + (
-            f" (the longest of {len(runs)} processes)" if len(runs) > 1 else "")
-        lines.append(f"| {d.model} | {t['seconds']:.0f} s | {counted} | {ratio} | {search:.0f} s "
-                     f"({search / max(t['seconds'], 1e-9):.0%}) |")
+        search = sum((c.seconds or 0.0) + ((c.edge_circuit.seconds or 0.0) if isinstance(c.edge_circuit, EdgeCircuit)
+                                           else 0.0)
+                     for ons in d.onsets.values() for o in ons for c in [o.circuit] if isinstance(c, NodeCircuit))
+        counted = "-" if t.forwards is None else f"{t.forwards:.0f}"
+        main = max(t.processes, key=lambda p: p.seconds) if t.processes else t  # a resumed run: its longest process'
+        ratio = "-" if main.slowdown is None else f"{main.slowdown:.2f}x" + (
+            f" (the longest of {len(t.processes)} processes)" if len(t.processes) > 1 else "")
+        lines.append(f"| {d.model} | {t.seconds:.0f} s | {counted} | {ratio} | {search:.0f} s "
+                     f"({search / max(t.seconds, 1e-9):.0%}) |")
     lines += ["", "Each model's full analysis (`analysis.md`, `report.html`, `analysis.json`) is in its run "
               "directory; the command prints where.", ""]
     return "\n".join(lines)
 
 
-def _first_p0(d: AnalysisRecord, tag: str) -> Optional[dict[str, Any]]:
-    return next((o for o in d.onsets.get(tag, []) if o["where"] == "P0" and "skipped" not in o), None)
+def _first_p0(d: AnalysisRecord, tag: str) -> Optional[OnsetRow]:
+    return next((o for o in d.onsets.get(tag, []) if o.where == "P0" and not o.skipped), None)
 
 
 def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
@@ -219,28 +223,31 @@ def _beyond_norm(records: list[AnalysisRecord]) -> list[str]:
             o = _first_p0(d, tag)
             if o is None:
                 continue
-            r = o.get("reads") or {}
-            reads = (r.get("error") or r.get("reads", "")) if (r.get("edits") or {}).get(
-                "rescaled", {}).get("kept") is None else (
-                f"**{r['reads']}** ({r['edits']['rescaled']['kept']:.2f} / {r['edits']['direction_replaced']['kept']:.2f}); "
-                f"later: {r['reads_later']}")
-            det = o.get("detection") or {}
-            detection = det.get("error", "") if "upto" not in det else "; ".join(
-                f"0-{k}: {det['norm_share'][i]:.2f}, {det['cosine'][i]:.3f}" for i, k in enumerate(det["upto"]))
-            sc = o.get("sink_circuit") or {}
-            c = sc.get("circuit") or {}
-            sink = sc.get("error", "") if "heads" not in sc else (
-                f"{c.get('size', 0)} nodes, faithfulness {c['faithfulness']:.2f}" if "nodes" in c else c.get("note", ""))
-            if "heads" in sc:
-                sink += f"; shares {len(sc['shared'])} with the norm circuit, only here: {', '.join(sc['only_sink']) or 'none'}"
-            w = o.get("super_weights") or {}
-            weight = w.get("error", "")
-            if w.get("weights"):
-                top, zero = w["weights"][0], (w.get("zeroed") or [None])[0]
-                weight = (f"M{top['block']}.W_out[{top['neuron']}, {top['dim']}] (z {top['z']:+.1f})"
-                          + ("" if zero is None else f": zeroed, norm ratio {w['clean']['norm_ratio']:.3g} -> "
-                             f"{zero['norm_ratio']:.3g}, loss {w['clean']['loss']:.2f} -> {zero['loss']:.2f}"))
-            f = d.first_tokens.get(str(o["layer"]))
+            r = o.reads
+            rescaled = r.edits.get("rescaled") if isinstance(r, SinkReads) else None
+            if rescaled is None or rescaled.kept is None:
+                reads = r.error if isinstance(r, Unmeasured) else r.reads if isinstance(r, SinkReads) else ""
+            else:
+                reads = (f"**{r.reads}** ({rescaled.kept:.2f} / {r.edits['direction_replaced'].kept:.2f}); "
+                         f"later: {r.reads_later}")
+            det = o.detection
+            detection = "; ".join(f"0-{k}: {det.norm_share[i]:.2f}, {det.cosine[i]:.3f}" for i, k in enumerate(det.upto)
+                                  ) if isinstance(det, Detection) else det.error if isinstance(det, Unmeasured) else ""
+            sc = o.sink_circuit
+            sink = sc.error if isinstance(sc, Unmeasured) else ""
+            if isinstance(sc, SinkCircuit):
+                c = sc.circuit
+                sink = (f"{c.get('size', 0)} nodes, faithfulness {c['faithfulness']:.2f}" if "nodes" in c
+                        else c.get("note", ""))
+                sink += f"; shares {len(sc.shared)} with the norm circuit, only here: {', '.join(sc.only_sink) or 'none'}"
+            w = o.super_weights
+            weight = w.error if isinstance(w, Unmeasured) else ""
+            if isinstance(w, SuperWeights) and w.weights:
+                top, zero = w.weights[0], (w.zeroed or [None])[0]
+                weight = (f"M{top.block}.W_out[{top.neuron}, {top.dim}] (z {top.z:+.1f})"
+                          + ("" if zero is None else f": zeroed, norm ratio {w.clean.norm_ratio:.3g} -> "
+                             f"{zero.norm_ratio:.3g}, loss {w.clean.loss:.2f} -> {zero.loss:.2f}"))
+            f = d.first_tokens.get(str(o.layer))
             first = ("" if f is None else getattr(f, "error", "") if not hasattr(f, "sinks") else
                      f"{f.sinks:.1%} of {f.vocab} become sink states ({f.not_sinks} do not)"
                      + ("" if f.sinks_interval is None else
@@ -292,7 +299,7 @@ def atlas(models: Sequence[str] = ATLAS_MODELS, *, out: Union[str, Path] = "docs
     analyses = []
     for entry in models:
         where = Path(runs) / run_dir("atlas", entry).name
-        analyses.append(analyze(entry, out=where, progress=progress, resume=not fresh, **settings).data)
+        analyses.append(analyze(entry, out=where, progress=progress, resume=not fresh, **settings).record)
     text = page(analyses)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -124,10 +124,10 @@ def spread(model: Any, layer: int, settings: Any, scan: Sequence[int]) -> float:
     """Forwards of the spread over ``settings.spread_prompts`` prompts at the onset at ``layer``, and of the length scan
     at the prompt lengths ``scan`` (:func:`~.spread.scan_lengths`; empty: no scan): every block of the longest length (the
     shorter are its prefixes), on half the analysis' prompts."""
-    from p0circuit.studies.analysis.spread import SCAN_SHARE, scan_lengths  # (spread imports torch; this module need not)
+    from p0circuit.studies.analysis.spread import scan_lengths, scan_prompts  # (spread imports torch; this module need not)
     scan = scan_lengths(model.cfg.n_ctx, scan)  # (checked: whole numbers, within the context)
     b, batch = block_cost(model), settings.n_prompts * settings.length
-    few = max(2, int(settings.n_prompts * SCAN_SHARE))
+    few = scan_prompts(settings.n_prompts)
     return (b * SPREAD_RUNS * (layer + 1) * settings.spread_prompts / settings.n_prompts
             + b * model.cfg.n_layers * few * max(scan, default=0) / batch)  # one forward of the longest prompts
 

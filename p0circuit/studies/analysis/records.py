@@ -22,30 +22,19 @@ from p0circuit.core.io import clear_stale
 from p0circuit.core.record import (  # noqa: F401 (re-exported)
     ABSENT, SCHEMA, Absent, Maybe, Mismatch, Record, check_schema, read_value,
 )
+from p0circuit.studies.analysis.schema import SCHEMA_VERSION, SETTINGS, TITLES, AnalysisPart  # noqa: F401 (re-exported)
+from p0circuit.studies.analysis.passes import (
+    CorruptionChoice, EdgePass, NeuronPass, NodeCircuit, NodeScreen, Normalization, Note,
+)
+from p0circuit.studies.analysis.summaries import Memory, SinkPosition, Timing, Variations, Verdict
 from p0circuit.studies.findings import (
     Control, Detection, FirstTokens, KeyedOn, SinkCircuit, SinkReads, SpecialToken, Spread, SuperWeights, Sweep,
     Unmeasured, Weight,
 )
 
-SCHEMA_VERSION = 4
-"""The version of ``analysis.json`` and ``analysis.state.json`` this p0circuit writes, and the only one it reads.
-Bump it when a key of a record (or of a step's value in the state) is added, removed, renamed or changes
-meaning (docs/contributing.md)."""
-
-
-class _Record(Record):
-    """A record of this module: its keys are its fields in this file."""
-
-    SCHEMA_VERSION: ClassVar[Optional[int]] = SCHEMA_VERSION
-
-    @classmethod
-    def _fix(cls) -> str:
-        return cls.FIX or (f"a record's keys are its fields in p0circuit/studies/analysis/records.py ({cls.__name__}; "
-                           "docs/records.md); a new key is added there, with SCHEMA_VERSION bumped (docs/contributing.md)")
-
 
 @dataclass(frozen=True)
-class StateHeader(_Record):
+class StateHeader(AnalysisPart):
     """What an analysis directory's state was measured on: a resumed analysis must match it exactly."""
 
     model: str
@@ -64,7 +53,7 @@ value is null)."""
 
 
 @dataclass(frozen=True)
-class Step(_Record):
+class Step(AnalysisPart):
     """One finished step of the state file (``steps[key]``): its value and what it cost."""
 
     value: Any
@@ -84,7 +73,7 @@ class Step(_Record):
 
 
 @dataclass(frozen=True)
-class StateFile(_Record):
+class StateFile(AnalysisPart):
     """``analysis.state.json``: the finished steps of one analysis directory, saved after each."""
 
     header: StateHeader
@@ -128,19 +117,23 @@ class StateFile(_Record):
 
 
 @dataclass(frozen=True)
-class OnsetRow(_Record):
+class OnsetRow(AnalysisPart):
     """One row of ``analysis.json``'s ``onsets[setting]``: what builds the sink at one onset. A row whose
     onset could not be measured has ``skipped`` and none of the measured keys; the nested values are the
-    steps' dicts (:mod:`p0circuit.studies.analysis.steps`)."""
+    passes' records (:mod:`.passes`) and the studies' (:mod:`p0circuit.studies.findings`)."""
 
     layer: int
     """The onset's block (the metric reads the residual stream after it)."""
     where: str
-    """Whose norm rises: ``P0``, or a sink class away from it (``first ','``, ``other (' the')``)."""
+    """Whose norm rises: ``P0``, or a sink class away from it (``first ','``, ``other (' the')``), in words."""
+    at: int
+    """The sink state's index in every prompt (0: position 0)."""
+    token: Optional[str]
+    """The token whose state it is, for a class away from position 0: its delimiter (``','``, a first or a later
+    occurrence) or its frequent token (``' the'``; ``'#25'`` in a model without a tokenizer); None at position 0, whose
+    state is the position's, whatever token stands there."""
     prompt_set: str
     """The prompts patched, in words."""
-    at: Maybe[int] = ABSENT
-    """The sink state's index in every prompt (a row away from position 0 only)."""
     prompts: Maybe[int] = ABSENT
     """How many prompts were patched (a row away from position 0 only)."""
     keyed_on: Maybe[Union[KeyedOn, Unmeasured]] = ABSENT
@@ -164,32 +157,32 @@ class OnsetRow(_Record):
     """Why there is no signal (empty, or ``None``, with a signal)."""
     candidates: Maybe[int] = ABSENT
     """Candidate nodes patched."""
-    normalization: Maybe[Optional[dict[str, Any]]] = ABSENT
+    normalization: Maybe[Normalization] = ABSENT
     """Whether the normalized effects carry (``stable``), and the raw changes when they do not."""
     nodes: Maybe[dict[str, float]] = ABSENT
     """Node -> normalized effect, those at the threshold or above, strongest first."""
     effects: Maybe[dict[str, float]] = ABSENT
     """Node -> normalized effect, every candidate patched."""
-    screen: Maybe[Optional[dict[str, Any]]] = ABSENT
+    screen: Maybe[Optional[NodeScreen]] = ABSENT
     """How attribution screened the candidates (``None``: every one patched exactly)."""
     seconds: Maybe[float] = ABSENT
     """The node pass' seconds."""
-    corruption_choice: Maybe[dict[str, Any]] = ABSENT
-    """Why this corruption (with BOS: ``swap`` or ``shift``, whichever removes more); ``{}`` without a choice."""
+    corruption_choice: Maybe[Optional[CorruptionChoice]] = ABSENT
+    """Why this corruption (with BOS: ``swap`` or ``shift``, whichever removes more); None without a choice."""
     faithfulness: Maybe[dict[str, float]] = ABSENT
     """k -> share of the change kept with only the top k single nodes clean (a screen)."""
-    circuit: Maybe[dict[str, Any]] = ABSENT
+    circuit: Maybe[Union[NodeCircuit, Note]] = ABSENT
     """The faithful circuit (nodes, faithfulness, denoising, completeness, ``edge_circuit``), or a ``note``."""
-    circuit_targets: Maybe[dict[str, dict[str, Any]]] = ABSENT
+    circuit_targets: Maybe[dict[str, NodeCircuit]] = ABSENT
     """The first P0 onset: its faithful circuit searched at each faithfulness target of the sensitivity table
     (target -> nodes, size, measures; without edges)."""
     edges: Maybe[dict[str, float]] = ABSENT
     """Edge -> normalized effect (path patching between the kept nodes)."""
     neurons: Maybe[dict[str, float]] = ABSENT
     """Neuron -> normalized effect on the onset's massive dimension at P0."""
-    edge_pass: Maybe[dict[str, Any]] = ABSENT
+    edge_pass: Maybe[EdgePass] = ABSENT
     """The edge pass' metric, signal and candidates (only when nodes were kept)."""
-    neuron_pass: Maybe[dict[str, Any]] = ABSENT
+    neuron_pass: Maybe[Union[NeuronPass, Note]] = ABSENT
     """The neuron pass' metric, screen and faithfulness, or a ``note`` saying why none ran."""
     reads: Maybe[Union[SinkReads, Unmeasured]] = ABSENT
     """A P0 onset: what the later heads read of the state (its norm, its direction), from edits of it after the
@@ -206,22 +199,17 @@ class OnsetRow(_Record):
 
 
 @dataclass(frozen=True)
-class Sensitivity(_Record):
+class Sensitivity(AnalysisPart):
     """How one BOS setting's verdict depends on its thresholds (:mod:`p0circuit.studies.analysis.sensitivity`)."""
 
     sweeps: list[Sweep]
     """Each threshold swept, with the labels it gives."""
-    rows: list[dict[str, Any]]
-    """The blocks below the first P0 onset that another onset line makes the onset, each patched as an onset there
-    (an :class:`OnsetRow`'s dict)."""
-
-    def _check(self, path: str) -> None:
-        for i, row in enumerate(self.rows):
-            OnsetRow.from_dict(row, f"the sensitivity rows[{i}]")
+    rows: list[OnsetRow]
+    """The blocks below the first P0 onset that another onset line makes the onset, each patched as an onset there."""
 
 
 @dataclass(frozen=True)
-class AnalysisRecord(_Record):
+class AnalysisRecord(AnalysisPart):
     """``analysis.json``: what :func:`~p0circuit.studies.analysis.run.analyze` measured, for one model."""
 
     model: str
@@ -234,18 +222,18 @@ class AnalysisRecord(_Record):
     """The model's blocks."""
     n_heads: int
     """Attention heads per block."""
-    sinks: dict[str, dict[str, Any]]
+    sinks: dict[str, Union["SinkSummary", "Skipped"]]
     """BOS setting -> its sink summary (``sink_rate``, ``norm_stages``, ``massive_dims``, ``sink_positions``, ...),
-    or ``{"skipped": why}``."""
-    onsets: dict[str, list[dict[str, Any]]]
-    """BOS setting -> its onsets, in layer order, each an :class:`OnsetRow`'s dict."""
-    variations: dict[str, dict[str, Any]]
+    or why it was skipped."""
+    onsets: dict[str, list[OnsetRow]]
+    """BOS setting -> its onsets, in layer order."""
+    variations: dict[str, Variations]
     """BOS setting -> every corruption side by side at the first P0 onset, and other prompt lengths."""
-    verdict: dict[str, Any]
+    verdict: Verdict
     """The paper's claim, as measured (``claim``, ``holds``, ``parts`` per BOS setting)."""
-    timing: dict[str, Any]
+    timing: Timing
     """Each step's seconds, the unit forward, forwards measured and predicted, the threads, the ETA log."""
-    memory: dict[str, Any]
+    memory: Memory
     """The model's size, resident memory at the start, each step's peak and the process' peak (GiB)."""
     bos_token: Optional[str]
     """The token the with-BOS setting prepends at position 0, in words (``"BOS '<|endoftext|>' (id 0)"``; None
@@ -275,13 +263,6 @@ class AnalysisRecord(_Record):
                           "analysis.json from the finished steps of its state file, computing none again; only if that "
                           "state is refused too, pass --fresh (fresh=True) to start over")
 
-    def _check(self, path: str) -> None:
-        for tag, rows in self.onsets.items():  # each row read as an OnsetRow: a missing or unknown key refused
-            for i, row in enumerate(rows):
-                OnsetRow.from_dict(row, f"the analysis' onsets[{tag!r}][{i}]")
-        for tag, summary in self.sinks.items():  # each setting's sink summary, or why it was skipped
-            read_value(summary, Union[SinkSummary, Skipped], f"{path}.sinks[{tag!r}]")
-
     @classmethod
     def read(cls, path: Path) -> "AnalysisRecord":
         """The ``analysis.json`` at ``path``, its schema version and keys checked (:meth:`from_dict`)."""
@@ -299,7 +280,7 @@ def as_record(data: Any, what: str = "the analysis") -> "AnalysisRecord":
 
 
 @dataclass(frozen=True)
-class MassiveDim(_Record):
+class MassiveDim(AnalysisPart):
     """One massive dimension of the residual stream at P0 (a sink summary's ``massive_dims``)."""
 
     dim: int
@@ -317,17 +298,19 @@ class MassiveDim(_Record):
 
 
 @dataclass(frozen=True)
-class SinkSummary(_Record):
+class SinkSummary(AnalysisPart):
     """One BOS setting's sink report as the analysis keeps it (``analysis.json``'s ``sinks[setting]``, the ``sinks``
     step's value in the state; :func:`p0circuit.studies.analysis.steps.sinks`)."""
 
+    bos: bool
+    """Whether position 0 of the prompts holds the start token (the setting ``with_bos``)."""
     sink_rate: Optional[float]
     """Share of heads whose attention to position 0 passes the sink line."""
     norm_stages: list[tuple[str, int, Optional[float]]]
     """Every ``["onset" | "erasure", block, ratio]`` of P0's norm ratio."""
     massive_dims: list[MassiveDim]
     """The massive dimensions at P0, strongest first (at most 8)."""
-    sink_positions: list[dict[str, Any]]
+    sink_positions: list[SinkPosition]
     """Every (block, position class) that is a sink state."""
     norm_ratio: list[Optional[float]]
     """P0's norm ratio after each block."""
@@ -350,7 +333,7 @@ class SinkSummary(_Record):
 
 
 @dataclass(frozen=True)
-class Skipped(_Record):
+class Skipped(AnalysisPart):
     """A BOS setting that was not measured (``sinks[setting]``)."""
 
     skipped: str

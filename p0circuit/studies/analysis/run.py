@@ -28,7 +28,7 @@ from p0circuit.core.defaults import KEEPS, SINK_EPS
 from p0circuit.studies.analysis import cost, elsewhere, steps
 from p0circuit.studies.analysis.sensitivity import TARGETS, first_onsets, sweeps
 from p0circuit.studies.analysis.sink_circuit import sink_circuit
-from p0circuit.studies.analysis.spread import SCAN_SHARE, scan_lengths, spread
+from p0circuit.studies.analysis.spread import scan_lengths, spread
 from p0circuit.studies.experiments.detection import diagonal_attention
 from p0circuit.studies.experiments.first_tokens import first_token_map
 from p0circuit.studies.experiments.reads import CONTROL, first_readers, sink_reads
@@ -37,8 +37,9 @@ from p0circuit.studies.experiments.super_weights import super_weights, weight_ou
 from p0circuit.studies.findings import Control, Unmeasured
 from p0circuit.studies.analysis.eta import Bar
 from p0circuit.studies.analysis.records import (
-    ABSENT, SCHEMA_VERSION, UNIT, AnalysisRecord, Sensitivity, StateFile, StateHeader,
+    ABSENT, SCHEMA_VERSION, UNIT, AnalysisRecord, OnsetRow, Sensitivity, SinkSummary, Skipped, StateFile, StateHeader,
 )
+from p0circuit.studies.analysis.setting import Setting
 from p0circuit.studies.analysis.settings import STATE, AnalysisSettings, check_bos_token, precheck, read_state
 from p0circuit.studies.analysis.verdict import SETTINGS, verdict
 from p0circuit.studies.analysis.write import markdown, write_all
@@ -56,7 +57,7 @@ from p0circuit.models.resolve import load_model
 from p0circuit.models.checks import checked
 from p0circuit.models.planted import PlantedModel
 from p0circuit.core.progress import tqdm
-from p0circuit.models.tokens import BOS_ATTR, bos_label, english_prompts, prepend_id, probe_tokens, set_bos
+from p0circuit.models.tokens import BOS_ATTR, bos_label, prepend_id, set_bos
 
 MASSIVE_EDITED = 8
 """Massive dimensions at an onset that the ``massive_removed`` edit removes at most (the strongest first)."""
@@ -64,39 +65,37 @@ MASSIVE_EDITED = 8
 
 @dataclass
 class Analysis:
-    """What :func:`analyze` measured: ``data`` is ``analysis.json``'s content."""
+    """What :func:`analyze` measured: ``record``, the typed :class:`~.records.AnalysisRecord` (its fields are
+    ``analysis.json``'s keys, read as attributes: ``result.verdict.claim``, ``result.onsets["without_bos"][0].nodes``);
+    ``data``, the same as ``analysis.json``'s JSON object (``result["timing"]["seconds"]``)."""
 
-    data: dict[str, Any]
-    """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing`` (each step's seconds, and
-    its forwards as measured and predicted; ``eta``: the progress bar's estimate of the total seconds, every
-    second of this call, :mod:`.eta`; ``parts``: this call's node steps' parts), ``memory`` (the model's size, each step's peak resident memory)."""
+    record: AnalysisRecord
+    """``model``, ``settings``, ``sinks``, ``onsets``, ``variations``, ``verdict``, ``timing``, ``memory``, ... typed all
+    the way down (docs/records.md); an attribute of the result that is not its own is read here."""
     out: Optional[Path] = None
     """Where the files were written, if anywhere."""
     reports: dict[str, Any] = field(default_factory=dict, repr=False)
     """The sink reports of this process, by BOS setting (not restored on resume)."""
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """``analysis.json``'s content (the record's ``to_dict()``)."""
+        return self.record.to_dict()
+
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "record":  # (not during construction or copying)
+            raise AttributeError(name)
+        try:
+            return getattr(self.record, name)
+        except AttributeError:
+            raise AttributeError(f"an Analysis has no {name!r}: its record's fields are "
+                                 f"{AnalysisRecord.keys()}, and it has record, data, out and reports") from None
+
     def __str__(self) -> str:
-        return markdown(self.data)
-
-
-def prompt_label(model: Any, n: int, length: int, bos: bool) -> str:
-    """What :func:`prompts` makes, in words (every row of the record names its prompts)."""
-    source = ("passages of natural English" if getattr(model, "tokenizer", None) is not None
-              else "regular random-id prompts")
-    return f"{n} {source} x {length} tokens" + (", a BOS token first" if bos else ", no BOS")
-
-
-def prompts(model: Any, n: int, length: int, bos: bool, seed: int) -> Tensor:
-    """``n`` prompts of ``length`` text tokens (plus the BOS token when ``bos``)."""
-    if getattr(model, "tokenizer", None) is not None:
-        return english_prompts(model, n, length + int(bos), prepend_bos=bos, seed=seed)
-    toks = probe_tokens(model, n, length, seed=seed, regular=True)
-    if bos:
-        toks = torch.cat([torch.full((n, 1), prepend_id(model), dtype=toks.dtype), toks], 1)
-    return toks
+        return markdown(self.record)
 
 
 def fingerprint(tokens: Tensor) -> str:
@@ -215,37 +214,38 @@ def _start_token(model: Any, bos_token: Optional[Union[str, int]]) -> tuple[Opti
     return None, previous
 
 
-def _p0_onsets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _p0_onsets(summary: SinkSummary) -> list[dict[str, Any]]:
     """Every onset of the P0 norm ratio, in layer order, with its ratio."""
-    return [{"layer": layer, "where": "P0", "ratio": round(ratio, 2)} for kind, layer, ratio in summary["norm_stages"]
+    return [{"layer": layer, "where": "P0", "ratio": round(ratio, 2)} for kind, layer, ratio in summary.norm_stages
             if kind == "onset"]
 
 
-def _onset_plan(model: Any, summary: dict[str, Any], s: AnalysisSettings, bos: bool) -> list[dict[str, Any]]:
+def _onset_plan(summary: SinkSummary, s: AnalysisSettings) -> list[dict[str, Any]]:
     """The onsets of one BOS setting: P0's (at most ``max_onsets``; the first marked ``first``), then the sink states
     away from position 0 (:func:`.elsewhere.plan`: at most ``max_sinks``, strongest first)."""
     p0 = [{k: v for k, v in o.items() if k != "ratio"} for o in _p0_onsets(summary)[:s.max_onsets]]
     if p0:
         p0[0]["first"] = True
-    return p0 + elsewhere.plan(summary, s, bos)
+    return p0 + elsewhere.plan(summary, s)
 
 
-def _below(summary: dict[str, Any], plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _below(summary: SinkSummary, plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The blocks below the first P0 onset that another onset line of the sensitivity table makes the onset
     (:data:`.sensitivity.ONSET_LINES`): each patched as an onset there, for the table (cheaper than the onset)."""
     first = next((o["layer"] for o in plan if o["where"] == "P0"), None)
     if first is None:
         return []
-    blocks = sorted({b for b in first_onsets(summary["norm_ratio"]).values() if b is not None and b < first})
+    blocks = sorted({b for b in first_onsets(summary.norm_ratio).values() if b is not None and b < first})
     return [{"layer": b, "where": "P0", "below": True} for b in blocks]
 
 
-def _left_out(model: Any, sinks: dict[str, Any], s: AnalysisSettings) -> dict[str, list[dict[str, Any]]]:
+def _left_out(model: Any, sinks: dict[str, Union[SinkSummary, Skipped]], s: AnalysisSettings
+              ) -> dict[str, list[dict[str, Any]]]:
     """Per BOS setting, the P0 onsets past ``max_onsets`` that were not patched, each with the forwards of the
     batch the cost model predicts its steps would take (:func:`.cost.step_costs`)."""
     out = {}
     for tag, summary in sinks.items():
-        if "skipped" in summary:
+        if not isinstance(summary, SinkSummary):
             continue
         later = _p0_onsets(summary)[s.max_onsets:]
         for o in later:
@@ -345,9 +345,10 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         raise BadInputError(f"nothing to measure: only the with-BOS setting was asked for, and {no_bos_reason}: "
                             "choose the token to prepend (--bos-token TOKEN on the command line, bos_token= in Python), "
                             "or measure without BOS too (--bos both, or bos=(False, True))")
-    tokens = {b: prompts(model, s.n_prompts, s.length, b, s.seed) for b in tags}
+    setting = {b: Setting(model, s, b) for b in tags}
+    tokens = {b: setting[b].prompts() for b in tags}
     header = StateHeader(model=label, settings=json.loads(json.dumps(asdict(s))),
-                         prompt_source=prompt_label(model, s.n_prompts, s.length, False).split(" x ")[0],
+                         prompt_source=Setting(model, s, False).describe().split(" x ")[0],
                          prompts={SETTINGS[b]: fingerprint(t) for b, t in tokens.items()})
     state = _State(out, header, resume)
     first = tokens[tags[0]]
@@ -387,52 +388,56 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
             bar.plan({f"{SETTINGS[b]}/sinks": cost.SINK for b in tags}, final=False)  # the rest is planned from the sinks
             for b in tags:
                 def sink_step(b: bool = b) -> dict[str, Any]:
-                    reports[SETTINGS[b]], summary = steps.sinks(model, tokens[b], b, s.norm_threshold)
+                    reports[SETTINGS[b]], summary = steps.sinks(setting[b], tokens[b])
                     return summary
-                sinks[SETTINGS[b]] = state.run(f"{SETTINGS[b]}/sinks", sink_step, bar)
+                sinks[SETTINGS[b]] = SinkSummary.from_dict(state.run(f"{SETTINGS[b]}/sinks", sink_step, bar),
+                                                           "the sink summary")
             if no_bos_reason and True in s.bos:
-                sinks[SETTINGS[True]] = {"skipped": no_bos_reason}
-            plans = {b: _onset_plan(model, sinks[SETTINGS[b]], s, b) for b in tags}
+                sinks[SETTINGS[True]] = Skipped(skipped=no_bos_reason)
+            plans = {b: _onset_plan(sinks[SETTINGS[b]], s) for b in tags}
             bar.plan(*_costs(model, plans, s))
-            reference = tokens[False] if False in tokens else prompts(model, s.n_prompts, s.length, False, s.seed)
+            reference = tokens[False] if False in tokens else Setting(model, s, False).prompts()
             first_tokens = {str(l): state.run(f"first_tokens@L{l}", lambda l=l: _measured(lambda: first_token_map(
                 model, reference, l, threshold=s.norm_threshold, most=_first_token_count(plans, l, s), seed=s.seed,
                 margin=s.first_tokens_margin)), bar)
                 for l in _p0_layers(plans)}
-            massive = sorted({d["dim"] for sk in sinks.values() for d in sk.get("massive_dims", [])})
+            massive = sorted({d.dim for sk in sinks.values() if isinstance(sk, SinkSummary) for d in sk.massive_dims})
             weights = state.run("weights", lambda: _weights(model, massive), bar)
             for b in tags:
                 tag = SETTINGS[b]
-                onsets[tag] = [_onset(run, tokens[b], b, o, sinks[tag]) for o in plans[b]]
+                onsets[tag] = [_onset(run, setting[b], tokens[b], o, sinks[tag]) for o in plans[b]]
                 p0_onsets = [o for o in onsets[tag] if o["where"] == "P0"]
-                below = [_onset(run, tokens[b], b, o, sinks[tag]) for o in _below(sinks[tag], plans[b])]
+                below = [_onset(run, setting[b], tokens[b], o, sinks[tag]) for o in _below(sinks[tag], plans[b])]
                 if p0_onsets:
                     chosen = p0_onsets[0].get("corruption") or ("swap" if b else "shift")
-                    variations[tag] = _variations(run, b, p0_onsets[0], chosen)
-                    controls[tag] = _controls(model, b, p0_onsets[0], variations[tag])
+                    variations[tag] = _variations(run, setting[b], p0_onsets[0], chosen)
+                    controls[tag] = _controls(model, p0_onsets[0], variations[tag])
                     if s.spread_prompts:
                         scan = b == tags[0]  # the length scan once, in the first setting (without BOS where measured)
                         spreads[tag] = state.run(f"{tag}/spread@L{p0_onsets[0]['layer']}", lambda b=b, scan=scan: _measured(
-                            lambda: _spread(model, b, p0_onsets[0], s, scan)), bar)
-                special[tag] = state.run(f"{tag}/special", lambda b=b: _special(model, tokens[b], b, s), bar)
+                            lambda: _spread(setting[b], p0_onsets[0], scan)), bar)
+                special[tag] = state.run(f"{tag}/special", lambda b=b: _special(setting[b], tokens[b]), bar)
                 rows = {o["layer"]: o for o in p0_onsets + below}
-                sensitivity[tag] = Sensitivity(sweeps=sweeps(sinks[tag], p0_onsets[0] if p0_onsets else None, rows,
-                                                             header.settings, b), rows=below).to_dict()
+                typed = {layer: OnsetRow.from_dict(row, "an onset row") for layer, row in rows.items()}
+                first_row = typed[p0_onsets[0]["layer"]] if p0_onsets else None
+                sensitivity[tag] = Sensitivity(sweeps=sweeps(sinks[tag], first_row, typed, header.settings),
+                                               rows=[typed[o["layer"]] for o in below]).to_dict()
         finally:
             bar.close()
     fields = dict(  # the keys are the record's fields (records.py), read back typed: each onset row as an OnsetRow
         model=label, settings=header.settings, prompt_source=header.prompt_source,
         n_layers=int(model.cfg.n_layers),
-        n_heads=int(model.cfg.n_heads), sinks=sinks,
+        n_heads=int(model.cfg.n_heads), sinks={tag: sk.to_dict() for tag, sk in sinks.items()},
         onsets=onsets, variations=variations,
-        verdict=verdict(sinks, onsets, s.threshold, line=s.norm_threshold),
+        verdict=verdict(sinks, {tag: [OnsetRow.from_dict(o, "an onset row") for o in rows] for tag, rows in onsets.items()},
+                        s.threshold, line=s.norm_threshold).to_dict(),
         timing={"seconds": round(sum(v["seconds"] for k, v in state.done.items() if k != UNIT), 1),
                 "this_call": round(time.perf_counter() - started, 1), "forward_s": round(state.unit_s, 4),
                 "import_s": import_seconds(), "load_s": load_s,
                 "threads": threads.status(),  # the count now, how it was chosen, how often it dropped to one
                 **_counted(state, forward_s, during.others),
                 "onsets_left_out": _left_out(model, sinks, s),
-                "sinks_left_out": {SETTINGS[b]: elsewhere.left_out(sinks[SETTINGS[b]], s, b) for b in tags},
+                "sinks_left_out": {SETTINGS[b]: elsewhere.left_out(sinks[SETTINGS[b]], s) for b in tags},
                 "steps": {k: v["seconds"] for k, v in state.done.items() if k != UNIT},
                 "predicted_forwards": {k: round(v, 2) for k, v in bar.costs.items()},
                 "parts": {k: v for k, v in bar.timed.items() if k not in state.done},
@@ -445,9 +450,8 @@ def _analyze(model: Any, label: str, s: AnalysisSettings, out: Optional[Path], r
         first_tokens=first_tokens, weights=weights, sensitivity=sensitivity, spread=spreads, controls=controls,
         special_tokens=special, schema=SCHEMA_VERSION,
     )
-    data = AnalysisRecord.from_dict(strict({k: v for k, v in fields.items() if v is not ABSENT}),
-                                    "the analysis").to_dict()
-    result = Analysis(data, out, reports)
+    record = AnalysisRecord.from_dict(strict({k: v for k, v in fields.items() if v is not ABSENT}), "the analysis")
+    result = Analysis(record, out, reports)
     if out is not None:
         write_all(result, out)
     return result
@@ -549,33 +553,35 @@ def _costs(model: Any, plans: dict[bool, list[dict[str, Any]]],
     return out, parts
 
 
-def _onset(run: "_Run", tokens: Tensor, bos: bool, onset: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
-    """One onset row of a BOS setting (``tokens``: its prompts): its keyed test, node pass and circuit, edges and
+def _onset(run: "_Run", setting: Setting, tokens: Tensor, onset: dict[str, Any], summary: SinkSummary
+           ) -> dict[str, Any]:
+    """One onset row of a BOS ``setting`` (``tokens``: its prompts): its keyed test, node pass and circuit, edges and
     neurons, and at P0 the studies beyond the norm, each a saved step, all on one checked :class:`Setup`."""
     model, s = run.model, run.s
     layer, where = onset["layer"], onset["where"]
-    key = _onset_key(SETTINGS[bos], onset)
-    entry: dict[str, Any] = {"layer": layer, "where": where, "prompt_set": prompt_label(model, tokens.shape[0],
-                                                                                          s.length, bos)}
-    choice: dict[str, Any] = {}
+    key = _onset_key(setting.tag, onset)
     at = onset.get("at", 0)
+    entry: dict[str, Any] = {"layer": layer, "where": where, "at": at,
+                             "token": onset["target"][1] if where != "P0" else None,
+                             "prompt_set": setting.describe(tokens.shape[0])}
+    choice: Optional[dict[str, Any]] = None
     contexts = None
     if where == "P0":
-        setup = Setup.of(model, tokens, corruption=get_corruption("shift", seed=s.seed), metric=NormRatio(layer), bos=bos)
-        if bos:  # swap the BOS token, or shift: whichever the sink depends on
+        setup = setting.setup(tokens, get_corruption("shift", seed=s.seed), NormRatio(layer))
+        if setting.bos:  # swap the BOS token, or shift: whichever the sink depends on
             setup, choice = steps.choose(setup, ("swap", "shift"), s.seed)
     else:
         try:
-            toks, contexts, described = elsewhere.prompts(model, onset, s, bos)
+            toks, contexts, described = elsewhere.prompts(setting, onset)
         except P0CircuitError as err:
             entry["skipped"] = str(err)
             for step in ("keyed", "nodes", "edges", "neurons"):
                 run.skip(f"{key}/{step}")
             return entry
         # the token replaced in place
-        setup = Setup.of(model, toks, corruption=Swap(position=at, seed=s.seed), metric=NormRatio(layer, pos=at), bos=bos)
-        entry.update(at=at, prompts=int(toks.shape[0]), prompt_set=described)
-    entry["keyed_on"] = run.step(key + "/keyed", lambda: elsewhere.keyed(model, setup.tokens, at, layer, bos, s,
+        setup = setting.setup(toks, Swap(position=at, seed=s.seed), NormRatio(layer, pos=at))
+        entry.update(prompts=int(toks.shape[0]), prompt_set=described)
+    entry["keyed_on"] = run.step(key + "/keyed", lambda: elsewhere.keyed(setup, at, layer, s,
                                                                         None if where == "P0" else contexts))
 
     def node_step() -> dict[str, Any]:
@@ -598,7 +604,7 @@ def _onset(run: "_Run", tokens: Tensor, bos: bool, onset: dict[str, Any], summar
         entry["edges"], entry["edge_pass"] = e.pop("edges"), e
     else:
         run.skip(key + "/edges")
-    dims = [d["dim"] for d in summary["massive_dims"] if d["first_layer"] <= layer <= d["last_layer"]]
+    dims = [d.dim for d in summary.massive_dims if d.first_layer <= layer <= d.last_layer]
     if where != "P0" and entry["signal"]:  # the massive dimension at the sink's own position
         dims = [d for d in [steps.massive_dim_at(model, setup.tokens, layer, at)] if d is not None]
     if dims and entry["signal"]:
@@ -622,7 +628,7 @@ def _measured(fn: Callable[[], Any]) -> dict[str, Any]:
         return Unmeasured(error=f"{type(err).__name__}: {err}").to_dict()
 
 
-def _p0_studies(run: "_Run", setup: Setup, layer: int, entry: dict[str, Any], summary: dict[str, Any],
+def _p0_studies(run: "_Run", setup: Setup, layer: int, entry: dict[str, Any], summary: SinkSummary,
                 dims: list[int], key: str, below: bool = False) -> dict[str, Any]:
     """What makes a P0 onset a sink, beyond its norm: what later heads read of the state (edits after the onset),
     whether undiluted attention detects position 0 (self-only attention up to it), the sink's own circuit (the
@@ -631,7 +637,7 @@ def _p0_studies(run: "_Run", setup: Setup, layer: int, entry: dict[str, Any], su
     read only: what the sink reads. ``setup``: the onset's (its prompts, BOS choice and corruption)."""
     model, toks, bos, s = run.model, setup.tokens, setup.bos, run.s
     out: dict[str, Any] = {}
-    massive = [d["dim"] for d in summary["massive_dims"]]
+    massive = [d.dim for d in summary.massive_dims]
     later = layer < model.cfg.n_layers - 1
     if later:
         out["reads"] = run.step(key + "/reads", lambda: _measured(lambda: sink_reads(
@@ -642,7 +648,7 @@ def _p0_studies(run: "_Run", setup: Setup, layer: int, entry: dict[str, Any], su
         return out
     out["detection"] = run.step(key + "/detection", lambda: _measured(lambda: diagonal_attention(
         model, toks, layer, bos=bos)))
-    heads = first_readers(summary["alpha"], layer, SINK_EPS)
+    heads = first_readers(summary.alpha, layer, SINK_EPS)
     if later and heads and entry["signal"]:
         norm_nodes = (entry.get("circuit") or {}).get("nodes") or list(entry["nodes"])
         out["sink_circuit"] = run.step(key + "/sink", lambda: _measured(lambda: sink_circuit(
@@ -677,7 +683,7 @@ norm ratio also moves with the other positions, which every edit of the prompt t
 must move the metric by :data:`~p0circuit.core.defaults.KEEPS` of it."""
 
 
-def _controls(model: Any, bos: bool, row: dict[str, Any], variations: dict[str, Any]) -> list[dict[str, Any]]:
+def _controls(model: Any, row: dict[str, Any], variations: dict[str, Any]) -> list[dict[str, Any]]:
     """The controls of the first P0 onset, each with its prediction and what a pass and a failure would mean: two
     corruptions compared at the onset (``resample``: other prompts, every position kept, a negative control;
     ``copies``: copies of the first token put in front, negative without absolute positions, positive with them),
@@ -744,50 +750,49 @@ def _controls(model: Any, bos: bool, row: dict[str, Any], variations: dict[str, 
     return out
 
 
-def _special(model: Any, toks: Tensor, bos: bool, s: AnalysisSettings) -> Any:
+def _special(setting: Setting, toks: Tensor) -> Any:
     """The model's start, end-of-text and chat tokens in the middle of the prompts (:mod:`..experiments.special_tokens`),
     or why not."""
     try:
-        return [t.to_dict() for t in special_tokens(model, toks, bos=bos, threshold=s.norm_threshold)]
+        return [t.to_dict() for t in special_tokens(setting.model, toks, bos=setting.bos,
+                                                    threshold=setting.s.norm_threshold)]
     except P0CircuitError as err:
         return Unmeasured(error=str(err)).to_dict()
 
 
-def _spread(model: Any, bos: bool, row: dict[str, Any], s: AnalysisSettings, scan: bool) -> Any:
+def _spread(setting: Setting, row: dict[str, Any], scan: bool) -> Any:
     """The first P0 onset's headline numbers on ``s.spread_prompts`` other prompts (:mod:`.spread`), and the length scan
     when ``scan``."""
-    toks = prompts(model, s.spread_prompts, s.length, bos, s.seed + 1)
-    setup = Setup.of(model, toks, corruption=get_corruption(row["corruption"], **row["corruption_params"]),
-                     metric=NormRatio(row["layer"]), bos=bos)
-    label = prompt_label(model, s.spread_prompts, s.length, bos) + f" (drawn with seed {s.seed + 1})"
-    few = max(2, int(s.n_prompts * SCAN_SHARE))
-    make = (lambda n: prompts(model, few, n, bos, s.seed)) if scan else None
-    return spread(setup, row, make, line=s.norm_threshold, seed=s.seed, label=label)
+    s = setting.s
+    toks = setting.prompts(s.spread_prompts, seed=s.seed + 1)
+    setup = setting.setup(toks, get_corruption(row["corruption"], **row["corruption_params"]), NormRatio(row["layer"]))
+    label = setting.describe(s.spread_prompts) + f" (drawn with seed {s.seed + 1})"
+    return spread(setting, setup, row, label=label, scan=scan)
 
 
-def _variations(run: "_Run", bos: bool, onset: dict[str, Any], chosen: str) -> dict[str, Any]:
+def _variations(run: "_Run", setting: Setting, onset: dict[str, Any], chosen: str) -> dict[str, Any]:
     """Every corruption side by side at the first P0 ``onset`` (its own pass is reused for ``chosen``),
     and other prompt lengths patched with ``chosen``: the corruption the analysis chose for this BOS
     setting at that onset."""
     model, s = run.model, run.s
-    tag, layer = SETTINGS[bos], onset["layer"]
+    tag, layer = setting.tag, onset["layer"]
     same = onset.get("corruption") == chosen and onset.get("corruption_params") == strict(steps.seeded(chosen, s.seed).params())
     known = {chosen: onset} if "skipped" not in onset and same else {}  # the onset's own pass: the same corruption
 
     def on(tokens: Tensor) -> Setup:
         """The onset's study (its metric, the chosen corruption) on ``tokens``."""
-        return Setup.of(model, tokens, corruption=get_corruption(chosen, seed=s.seed), metric=NormRatio(layer), bos=bos)
+        return setting.setup(tokens, get_corruption(chosen, seed=s.seed), NormRatio(layer))
 
     out: dict[str, Any] = {"layer": layer, "chosen_corruption": chosen}
     out["corruption"] = run.step(f"{tag}/corruptions@L{layer}", lambda: steps.by_corruption(
-        on(prompts(model, s.n_prompts, s.length, bos, s.seed)), layer, steps.corruption_variants(bos), s.threshold, s.seed, known, s.exact_nodes))
+        on(setting.prompts()), layer, steps.corruption_variants(setting.bos), s.threshold, s.seed, known, s.exact_nodes))
     out["length"] = {}
     for n in s.lengths:
         def length_step(n: int = n) -> dict[str, Any]:
-            t = prompts(model, s.n_prompts, n, bos, s.seed)
-            _, summary = steps.sinks(model, t, bos, s.norm_threshold)
+            t = setting.prompts(length=n)
+            _, summary = steps.sinks(setting, t)
             row: dict[str, Any] = {k: summary[k] for k in ("sink_rate", "norm_stages")}
-            row["prompts"] = prompt_label(model, s.n_prompts, n, bos)
+            row["prompts"] = setting.describe(length=n)
             if layer < model.cfg.n_layers:
                 _, nodes = steps.nodes(on(t), layer, s.threshold, s.exact_nodes, s.seed, sample=steps.VARIATION_SAMPLE)
                 row.update({k: nodes[k] for k in ("corruption", "metric", "clean", "corrupted", "signal",

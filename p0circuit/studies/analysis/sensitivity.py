@@ -12,14 +12,15 @@ the blocks below its onset for this, and any later onset it patched; a block it 
 A label that changes inside a range is a *flip*, said in words.
 """
 
-import copy
 from typing import Any, Callable, Optional
 
 from p0circuit.core.defaults import ALPHA_LINE, CIRCUIT_THRESHOLD, DIRECTION_COS, KEEPS, NORM_THRESHOLD
 from p0circuit.studies.analysis.verdict import PARTS, judge, label
 from p0circuit.studies.experiments.keyed import reading_of, verdict_of
 from p0circuit.studies.experiments.reads import reads_of
-from p0circuit.studies.findings import Sweep
+from p0circuit.studies.analysis.passes import NodeCircuit
+from p0circuit.studies.analysis.records import OnsetRow, SinkSummary
+from p0circuit.studies.findings import KeyedOn, SinkReads, Sweep
 
 ONSET_LINES = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 16.0)
 """Onset lines on the P0 norm ratio."""
@@ -53,60 +54,56 @@ def first_onsets(ratios: list[float]) -> dict[float, Optional[int]]:
     return {line: next((s[1] for s in stages(ratios, line) if s[0] == "onset"), None) for line in ONSET_LINES}
 
 
-def _rekeyed(row: dict[str, Any], keep: float, bos: bool) -> dict[str, Any]:
-    """``row`` with its keyed-on verdict and what the sink reads judged again at the keep line ``keep``."""
-    row = copy.deepcopy(row)
-    k = row.get("keyed_on") or {}
-    if "verdict" in k:
-        mean = lambda e: None if k.get(e) is None else k[e]["mean"]  # noqa: E731
-        k["verdict"] = verdict_of(mean("swapped"), mean("follows"), mean("stays"), mean("context"), keep)
-        k["reading"] = reading_of(k["verdict"], k.get("means", ""), bos and row.get("at", 0) == 0, mean("follows"),
-                                  keep)
-    r = row.get("reads") or {}
-    if "edits" in r and r.get("control"):
-        kept = lambda e, f: (r["edits"].get(e) or {}).get(f)  # noqa: E731
-        r["reads"] = reads_of(kept("rescaled", "kept"), kept("direction_replaced", "kept"), keep)
-        r["reads_later"] = reads_of(kept("rescaled", "later_kept"), kept("direction_replaced", "later_kept"), keep)
+def _rekeyed(summary: SinkSummary, row: OnsetRow, keep: float) -> OnsetRow:
+    """``row`` (of the BOS setting whose sink summary is ``summary``) with its keyed-on verdict and what the sink reads
+    judged again at the keep line ``keep``."""
+    k = row.keyed_on
+    if isinstance(k, KeyedOn):
+        mean = lambda e: None if e is None else e.mean  # noqa: E731
+        called = verdict_of(mean(k.swapped), mean(k.follows), mean(k.stays), mean(k.context), keep)
+        row = row.replace(keyed_on=k.replace(verdict=called, reading=reading_of(
+            called, k.means, summary.bos and row.at == 0, mean(k.follows), keep)))
+    r = row.reads
+    if isinstance(r, SinkReads) and r.control:
+        kept = lambda e, f: getattr(r.edits.get(e), f, None)  # noqa: E731
+        row = row.replace(reads=r.replace(
+            reads=reads_of(kept("rescaled", "kept"), kept("direction_replaced", "kept"), keep),
+            reads_later=reads_of(kept("rescaled", "later_kept"), kept("direction_replaced", "later_kept"), keep)))
     return row
 
 
-def _budgeted(row: dict[str, Any], budget: int) -> dict[str, Any]:
+def _budgeted(row: OnsetRow, budget: int) -> OnsetRow:
     """``row`` with its faithful circuit judged again against a node budget of ``budget``."""
-    row = copy.deepcopy(row)
-    c = row.get("circuit") or {}
-    if "nodes" in c:
-        st = c.get("settings") or {}
-        target = st.get("target", 0.9)
-        short = ([f"{c['size']} nodes, more than the budget of {budget}"] if c["size"] > budget else []) + \
-            ([f"faithfulness {c['faithfulness']:.3f} < {target}"] if c["faithfulness"] < target else []) + \
-            ([f"denoising {c['denoising']:.3f} < {target}"] if st.get("require_denoising", True)
-             and c["denoising"] is not None and c["denoising"] < target else [])
-        c.update(faithful=not short, why="; ".join(short), settings={**st, "max_size": budget})
-    return row
+    c = row.circuit
+    if not isinstance(c, NodeCircuit):
+        return row
+    st = c.settings
+    target = st.get("target", 0.9)
+    short = ([f"{c.size} nodes, more than the budget of {budget}"] if c.size > budget else []) + \
+        ([f"faithfulness {c.faithfulness:.3f} < {target}"] if c.faithfulness < target else []) + \
+        ([f"denoising {c.denoising:.3f} < {target}"] if st.get("require_denoising", True)
+         and c.denoising is not None and c.denoising < target else [])
+    return row.replace(circuit=c.replace(faithful=not short, why="; ".join(short), settings={**st, "max_size": budget}))
 
 
-def _targeted(row: dict[str, Any], target: float) -> Optional[dict[str, Any]]:
+def _targeted(row: OnsetRow, target: float) -> Optional[OnsetRow]:
     """``row`` with the circuit its node step searched at faithfulness target ``target`` (None: not searched)."""
-    found = (row.get("circuit_targets") or {}).get(f"{target:g}")
-    if found is None:
-        return None
-    row = copy.deepcopy(row)
-    row["circuit"] = {**found, "edge_circuit": {}}
-    return row
+    found = (row.circuit_targets or {}).get(f"{target:g}")
+    return None if found is None else row.replace(circuit=found)
 
 
-def sweeps(summary: dict[str, Any], first: Optional[dict[str, Any]], rows: dict[int, dict[str, Any]],
-           settings: dict[str, Any], bos: bool) -> list[Sweep]:
+def sweeps(summary: SinkSummary, first: Optional[OnsetRow], rows: dict[int, OnsetRow],
+           settings: dict[str, Any]) -> list[Sweep]:
     """Every threshold of :data:`RANGES` swept for one BOS setting: ``summary`` its sink summary, ``first`` its first
     P0 onset's row (or None), ``rows`` every P0 row it measured by block (the onsets and the blocks below the first),
     ``settings`` the analysis' settings (as JSON)."""
     line = settings.get("norm_threshold", NORM_THRESHOLD)
     threshold = settings.get("threshold", CIRCUIT_THRESHOLD)
-    base = dict(line=line, alpha_line=ALPHA_LINE, cos=DIRECTION_COS, threshold=threshold, bos=bos)
+    base = dict(line=line, alpha_line=ALPHA_LINE, cos=DIRECTION_COS, threshold=threshold)
 
-    def at(row: Optional[dict[str, Any]], **change: Any) -> dict[str, str]:
-        return {k: label(v) for k, v in judge(summary if "summary" not in change else change.pop("summary"), row,
-                                              **{**base, **change}).items()}
+    def at(row: Optional[OnsetRow], **change: Any) -> dict[str, str]:
+        parts = judge(change.pop("summary", summary), row, **{**base, **change})
+        return {key: label(getattr(parts, key)) for key, _, _ in PARTS}
 
     out = []
 
@@ -118,11 +115,11 @@ def sweeps(summary: dict[str, Any], first: Optional[dict[str, Any]], rows: dict[
                          parts={k: v for k, v in parts.items() if len(set(v)) > 1 or name in _AFFECTS.get(k, ())},
                          flips=_flips(values, parts)))
 
-    ratios = summary["norm_ratio"]
+    ratios = summary.norm_ratio
 
     def onset_line(v: float) -> dict[str, str]:
         block = next((s[1] for s in stages(ratios, v) if s[0] == "onset"), None)
-        moved = {**summary, "norm_stages": stages(ratios, v)}
+        moved = summary.replace(norm_stages=[tuple(s) for s in stages(ratios, v)])
         row = rows.get(block) if block is not None else None
         judged = at(row, summary=moved, line=v)
         if block is not None and row is None:
@@ -132,18 +129,19 @@ def sweeps(summary: dict[str, Any], first: Optional[dict[str, Any]], rows: dict[
 
     sweep("onset line", line, onset_line)
     sweep("sink line", ALPHA_LINE, lambda v: at(first, alpha_line=v))
-    sweep("keep line", KEEPS, lambda v: at(None if first is None else _rekeyed(first, v, bos)))
+    sweep("keep line", KEEPS, lambda v: at(None if first is None else _rekeyed(summary, first, v)))
     sweep("cosine line", DIRECTION_COS, lambda v: at(first, cos=v))
 
     def target(v: float) -> dict[str, str]:
         row = None if first is None else _targeted(first, v)
         judged = at(row if row is not None else first)
-        if first is not None and row is None and "nodes" in (first.get("circuit") or {}):
+        if first is not None and row is None and isinstance(first.circuit, NodeCircuit):
             judged["circuit"] = "not measured (this target was not searched)"
         return judged
 
-    sweep("faithfulness target", float((first or {}).get("circuit", {}).get("settings", {}).get("target", 0.9)), target)
-    budget = float((first or {}).get("circuit", {}).get("settings", {}).get("max_size", 20))
+    circuit = first.circuit if first is not None and isinstance(first.circuit, NodeCircuit) else None
+    sweep("faithfulness target", float(circuit.settings.get("target", 0.9) if circuit else 0.9), target)
+    budget = float(circuit.settings.get("max_size", 20) if circuit else 20)
     sweep("node budget", budget, lambda v: at(None if first is None else _budgeted(first, int(v))))
     sweep("effect line", threshold, lambda v: at(first, threshold=v))
     return out

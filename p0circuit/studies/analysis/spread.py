@@ -26,6 +26,7 @@ from p0circuit.patching import NormRatio, PerPrompt, ResidDim
 from p0circuit.patching.circuit_search import Noising, search_job
 from p0circuit.patching.engine import run_groups
 from p0circuit.patching.setup import Setup
+from p0circuit.studies.analysis.setting import Setting
 from p0circuit.patching.metrics import RunView
 from p0circuit.patching.ops import node_op
 from p0circuit.patching.sites import named_positions, site_of
@@ -104,6 +105,13 @@ def _share(runs: _Runs, values: Tensor, seed: int, removed: bool) -> Interval:
     return Interval(mean=whole, low=low, high=high, min=float(per.min()) if len(per) else float("nan"), n=len(values))
 
 
+def scan_prompts(n_prompts: Any) -> int:  # (checked here)
+    """The prompts the length scan runs on: a :data:`SCAN_SHARE` of the analysis' ``n_prompts``, at least 2."""
+    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
+        raise BadInputError(f"scan_prompts: n_prompts={n_prompts!r:.40} must be a whole number of prompts >= 1")
+    return max(2, int(n_prompts * SCAN_SHARE))
+
+
 def scan_lengths(room: Any, lengths: Sequence[Any] = SCAN) -> list[int]:  # (checked here)
     """The prompt lengths of ``lengths`` the length scan runs: those of at most ``room`` tokens of text (the model's
     context, less one for a BOS token)."""
@@ -115,19 +123,20 @@ def scan_lengths(room: Any, lengths: Sequence[Any] = SCAN) -> list[int]:  # (che
     return [n for n in lengths if n <= room]
 
 
-def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengths: Sequence[int] = SCAN
-                ) -> list[LengthRow]:
-    """The P0 norm ratio per block at each prompt length of ``lengths`` within the model's context (``make(n)``: the
-    prompts of ``n`` text tokens): where it first reaches ``line``, where it falls back, its value at ``layer``.
+def length_scan(setting: Setting, few: int, layer: int, lengths: Sequence[int] = SCAN) -> list[LengthRow]:
+    """The P0 norm ratio per block at each prompt length of ``lengths`` within the model's context, on ``few`` of the
+    ``setting``'s prompts (:meth:`~.setting.Setting.prompts`): where it first reaches the onset line
+    (``s.norm_threshold``), where it falls back, its value at ``layer``.
 
     The prompts of each length are the first tokens of the longest ones: in a causal model a position's state reads
     only the positions before it, so one forward of the longest prompts holds every shorter prompt's states (each
     length's ratio is read on its own prefix), and the scan costs one forward of its longest length."""
+    model, bos, line = setting.model, setting.bos, setting.s.norm_threshold
     scan = scan_lengths(model.cfg.n_ctx - int(bos), lengths)
     if not scan:
         return []
     names = {hooks.resid_post(l) for l in range(model.cfg.n_layers)}
-    toks = make(max(scan))
+    toks = setting.prompts(few, max(scan))
     with torch.no_grad():
         _, cache = model.run_with_cache(toks, names_filter=lambda name: name in names,
                                         stop_at_layer=model.cfg.n_layers)  # every block, no logits
@@ -144,11 +153,13 @@ def length_scan(model: Any, make: Any, bos: bool, layer: int, line: float, lengt
     return rows
 
 
-def spread(setup: Setup, row: dict[str, Any], make: Optional[Any], *, line: float, seed: int, label: str) -> Spread:
+def spread(setting: Setting, setup: Setup, row: dict[str, Any], *, label: str, scan: bool = False) -> Spread:
     """The headline numbers of the P0 onset at block ``row["layer"]`` (its analysis ``row``: circuit, candidates,
     neurons) on ``setup``'s prompts (the spread's, ``label`` in words) with its corruption, as the module docstring
-    says; ``make(n)``: prompts of ``n`` text tokens for the length scan (None: no scan); ``line``: the onset line."""
+    says, in the BOS ``setting`` (its onset line ``s.norm_threshold`` and seed); with the length scan when ``scan``
+    (on :func:`scan_prompts` of them)."""
     model, tokens, bos, layer = setup.model, setup.tokens, bool(setup.bos), row["layer"]
+    line, seed = setting.s.norm_threshold, setting.s.seed
     name = hooks.resid_post(layer)
     circuit = (row.get("circuit") or {}).get("nodes")
     candidates = list(row.get("effects") or {}) if circuit else []
@@ -189,7 +200,7 @@ def spread(setup: Setup, row: dict[str, Any], make: Optional[Any], *, line: floa
     per_prompt = ((unit @ unit.T).sum(1) - 1) / (len(h0) - 1)  # each prompt's mean cosine with the others
     direction = Interval(mean=cos, low=(c := cosine_interval(h0, seed=seed))[0], high=c[1], min=float(per_prompt.min()),
                          n=len(h0))
-    lengths = [] if make is None else length_scan(model, make, bos, layer, line)
+    lengths = length_scan(setting, scan_prompts(setting.s.n_prompts), layer) if scan else []
     ratio = _interval(ratios, seed)
     said = lambda x: f"{x.mean:.3g} [{x.low:.3g}, {x.high:.3g}], lowest prompt {x.min:.3g}"  # noqa: E731
     first = "".join(text(int(t)) for t in tokens[lowest, int(bos):int(bos) + 4].tolist())

@@ -31,6 +31,7 @@ from p0circuit.patching.methods.triage import triage_patch
 from p0circuit.patching.result import PatchResult
 from p0circuit.core.types import Kind, Node
 from p0circuit.patching.shape import BlockShape
+from p0circuit.studies.analysis.setting import Setting
 
 FAITHFULNESS_K = (1, 2, 3, 5, 8, 12, 20)
 """Circuit sizes (top-k components kept clean) of the faithfulness curves."""
@@ -96,10 +97,11 @@ def strong(result: PatchResult, threshold: float, k: Optional[int] = None) -> di
     return {n: round(float(v), 4) for n, v in items[:k]}
 
 
-def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple[SinkReport, dict[str, Any]]:
-    """The sink report and its JSON summary: ``sink_rate``, ``norm_stages`` as [kind, layer, ratio],
-    ``massive_dims`` (per dimension: its first and last layer at P0 and its peak), ``sink_positions``."""
-    rep = sink_report(model, tokens, bos=bos, norm_threshold=norm_threshold)
+def sinks(setting: Setting, tokens: Tensor) -> tuple[SinkReport, dict[str, Any]]:
+    """The sink report of a BOS ``setting``'s prompts ``tokens`` (at its onset line) and its JSON summary (a
+    :class:`~.records.SinkSummary`: ``bos``, ``sink_rate``, ``norm_stages`` as [kind, layer, ratio], ``massive_dims``
+    (per dimension: its first and last layer at P0 and its peak), ``sink_positions``, ...)."""
+    rep = sink_report(setting.model, tokens, bos=setting.bos, norm_threshold=setting.s.norm_threshold)
     dims: dict[int, dict[str, Any]] = {}
     for layer, dim, value, ratio in rep.massive:
         d = dims.setdefault(dim, {"dim": dim, "first_layer": layer, "last_layer": layer, "peak_value": value,
@@ -109,7 +111,7 @@ def sinks(model: Any, tokens: Tensor, bos: bool, norm_threshold: float) -> tuple
             d.update(peak_value=value, peak_ratio=ratio, peak_layer=layer)
     massive = sorted(dims.values(), key=lambda d: -d["peak_ratio"])[:8]
     return rep, {
-        "sink_rate": rep.sink_rate, "norm_stages": [list(s) for s in rep.norm_stages],
+        "bos": setting.bos, "sink_rate": rep.sink_rate, "norm_stages": [list(s) for s in rep.norm_stages],
         "massive_dims": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in d.items()} for d in massive],
         "sink_positions": [s.to_dict() for s in rep.sink_positions],
         "norm_ratio": rep.norm_ratio_resid, "alpha": rep.alpha, "sink_rate_per_layer": rep.sink_rate_per_layer,
@@ -161,7 +163,7 @@ def nodes(setup: Setup, layer: int, threshold: float, exact_nodes: int = 0, seed
     t = time.perf_counter()
     sample = SCREEN_SAMPLE if sample is None else sample
     cands = onset_nodes(setup.model, layer, setup.corruption, at)
-    screen: dict[str, Any] = {}
+    screen: Optional[dict[str, Any]] = None  # every candidate patched exactly
     if screened(len(cands), exact_nodes):
         known = set(cands)
         forced = [n for n in include if Node.parse(n) in known]
@@ -365,7 +367,7 @@ def _by_corruption(setup: Setup, layer: int, names: Sequence[str], threshold: fl
                 out[name] = {"error": f"{type(err).__name__}: {err}"}
                 continue
         out[name] = {k: summary[k] for k in ("metric", "signal", "clean", "corrupted", "message", "normalization")}
-        out[name]["screen"] = summary.get("screen") or {}
+        out[name]["screen"] = summary["screen"]
         out[name]["nodes"] = dict(list(summary["nodes"].items())[:8])
         if summary["signal"] and summary["corrupted"] > summary["clean"]:
             out[name]["note"] = (f"the corrupted run has the stronger sink ({summary['clean']:.4g} clean, "

@@ -17,15 +17,21 @@ from p0circuit.core.shares import OVERSHOOT, share
 from p0circuit.studies.analysis import cost
 from p0circuit.studies.analysis.verdict import ANSWERS, NUMBERING, PARTS, TITLES, label
 from p0circuit.studies.experiments.super_weights import PER_BLOCK, SUPER_Z, name_of
-from p0circuit.studies.findings import Unmeasured
+from p0circuit.studies.findings import KeyedOn, SinkReads, Unmeasured
 from p0circuit.measures.positions import state_name
 from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
 from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.types import Circuit, Edge, Kind, Node
-from p0circuit.studies.analysis.records import as_record, Absent, AnalysisRecord
+from p0circuit.studies.analysis.passes import EdgeCircuit, NeuronPass, NodeCircuit, Note
+from p0circuit.studies.analysis.records import Absent, AnalysisRecord, OnsetRow, SinkSummary, Skipped, as_record
+from p0circuit.studies.analysis.summaries import CorruptionVariation, LengthVariation, Part, SinkPosition, Timing
 from p0circuit.figures.colours import EFFECT_CMAP, EFFECT_LABEL, RAISES
 from p0circuit.figures.drawing import to_html
+
+
+Pass = Union[OnsetRow, CorruptionVariation, LengthVariation]
+"""A record with a node pass' signal and effects: an onset row, a variation's."""
 
 
 def _fmt(effects: dict[str, float], k: int = 8) -> str:
@@ -33,19 +39,19 @@ def _fmt(effects: dict[str, float], k: int = 8) -> str:
     return ", ".join(f"{n} {v:+.3g}" for n, v in items) or "none"
 
 
-def _signal(row: dict[str, Any]) -> str:
-    """``metric: clean -> corrupted`` of a row."""
-    return f"`{row['metric']}` {row['clean']:.4g} clean -> {row['corrupted']:.4g} corrupted"
+def _signal(row: Pass) -> str:
+    """``metric: clean -> corrupted`` of a row (an onset's, a variation's)."""
+    return f"`{row.metric}` {row.clean:.4g} clean -> {row.corrupted:.4g} corrupted"
 
 
-def _effects(row: dict[str, Any], k: int = 6) -> str:
+def _effects(row: Pass, k: int = 6) -> str:
     """A row's normalized effects, or, where its normalization does not carry (steps.normalization),
     the raw changes of the metric, flagged, never bare normalized numbers."""
-    norm = row.get("normalization") or {}
-    if norm and not norm["stable"]:
-        return (f"**normalized effects not shown**: {norm['why']}; the largest raw changes of the metric: "
-                + _fmt(norm["raw_changes"], k))
-    return _fmt(row.get("nodes", {}), k)
+    norm = row.normalization
+    if norm and not norm.stable:
+        return (f"**normalized effects not shown**: {norm.why}; the largest raw changes of the metric: "
+                + _fmt(norm.raw_changes, k))
+    return _fmt(row.nodes or {}, k)
 
 
 def _stages(stages: list[Any]) -> str:
@@ -56,36 +62,36 @@ def _curve(curve: dict[str, float]) -> str:
     return ", ".join(f"{k}: {v:.3f}" for k, v in curve.items()) or "n/a"
 
 
-def _circuit_line(c: dict[str, Any]) -> str:
-    """The onset's faithful circuit (or why there is none), with its three measures."""
-    if "nodes" not in c:
-        return f"- Faithful circuit: {c.get('note', 'not measured')}."
-    st = c["settings"]
-    head = (f"- Faithful circuit (ACDC-style pruning of {c['candidates']} candidates, target {st['target']}): "
-            if c["faithful"] else f"- **No faithful circuit** ({c['why']}); the best found "
-                                  f"(ACDC-style pruning of {c['candidates']} candidates): ")
-    denoise = "n/a for an ablation" if c["denoising"] is None else share(c["denoising"], 3)
-    return (head + f"{c['size']} nodes, {', '.join(c['nodes'][:12])}{'...' if c['size'] > 12 else ''}; faithfulness "
-            f"(every other candidate corrupted) {share(c['faithfulness'], 3)}, denoising (the circuit restored into the "
-            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {share(c['completeness'], 3)}."
-            + _edge_line(c.get("edge_circuit") or {}))
+def _circuit_line(c: Any) -> str:
+    """The onset's faithful circuit (or why there is none: a :class:`Note`, or absent), with its three measures."""
+    if not isinstance(c, NodeCircuit):
+        return f"- Faithful circuit: {c.note if isinstance(c, Note) else 'not measured'}."
+    st = c.settings
+    head = (f"- Faithful circuit (ACDC-style pruning of {c.candidates} candidates, target {st['target']}): "
+            if c.faithful else f"- **No faithful circuit** ({c.why}); the best found "
+                               f"(ACDC-style pruning of {c.candidates} candidates): ")
+    denoise = "n/a for an ablation" if c.denoising is None else share(c.denoising, 3)
+    return (head + f"{c.size} nodes, {', '.join(c.nodes[:12])}{'...' if c.size > 12 else ''}; faithfulness "
+            f"(every other candidate corrupted) {share(c.faithfulness, 3)}, denoising (the circuit restored into the "
+            f"corrupted run) {denoise}, completeness (the circuit alone corrupted removes) {share(c.completeness, 3)}."
+            + _edge_line(c.edge_circuit))
 
 
-def _edge_line(e: dict[str, Any]) -> str:
-    """The node circuit's edges (ACDC-style pruning of the edges between its nodes), or why not."""
-    if "edges" not in e:
-        return f" Its edges: {e['note']}." if "note" in e else ""
-    held = (e.get("settings") or {}).get("held") or {}
+def _edge_line(e: Any) -> str:
+    """The node circuit's edges (ACDC-style pruning of the edges between its nodes), or why not (a :class:`Note`)."""
+    if not isinstance(e, EdgeCircuit):
+        return f" Its edges: {e.note}." if isinstance(e, Note) else ""
+    held = e.settings.get("held") or {}
     held_said = (f" Held as they are, never corrupted as edges: {', '.join(list(held)[:6])}"
                  f"{'...' if len(held) > 6 else ''} ({next(iter(held.values()))})." if held else "")
-    if not e.get("searched", True):
-        return f" Its edges were not searched: {e['why']}.{held_said}"
-    shown = ", ".join(f"{n} {e['effects'][n]:+.2f}" for n in e["edges"][:10]) + ("..." if e["size"] > 10 else "")
-    verdict = "" if e["faithful"] else f" (**not faithful**: {e['why']})"
-    return (f" Its edges{verdict} (ACDC-style pruning of the {e['candidates']} edges between its nodes and into the "
-            f"metric): {e['size']} kept{': ' + shown + ' (each alone, path patching)' if shown else ''}; with every "
-            f"other edge and node corrupted they keep {share(e['faithfulness'], 3)} of the change, and corrupting them "
-            f"alone removes {share(e['completeness'], 3)}.{held_said}")
+    if not e.searched:
+        return f" Its edges were not searched: {e.why}.{held_said}"
+    shown = ", ".join(f"{n} {e.effects[n]:+.2f}" for n in e.edges[:10]) + ("..." if e.size > 10 else "")
+    verdict = "" if e.faithful else f" (**not faithful**: {e.why})"
+    return (f" Its edges{verdict} (ACDC-style pruning of the {e.candidates} edges between its nodes and into the "
+            f"metric): {e.size} kept{': ' + shown + ' (each alone, path patching)' if shown else ''}; with every "
+            f"other edge and node corrupted they keep {share(e.faithfulness, 3)} of the change, and corrupting them "
+            f"alone removes {share(e.completeness, 3)}.{held_said}")
 
 
 CONTROLS = ("resample", "copies")
@@ -93,24 +99,24 @@ CONTROLS = ("resample", "copies")
 NEGATIVE_CONTROL = "no signal, which is what this negative control should show (see the controls under How sure)"
 
 
-def cost_line(t: dict[str, Any]) -> str:
+def cost_line(t: Timing) -> str:
     """What the steps cost, in words: seconds, the work counted in forwards of the batch, and the unit forward."""
-    line = f"Measured in {t['seconds']:.0f} s of steps"
-    runs = t.get("processes") or []
+    line = f"Measured in {t.seconds:.0f} s of steps"
+    runs = t.processes
     if len(runs) > 1:  # a resumed analysis: each process' steps against its own forward, never one ratio for all
-        if t.get("forwards") is not None:
-            line += f", whose work counts {t['forwards']:.0f} forwards of the batch"
+        if t.forwards is not None:
+            line += f", whose work counts {t.forwards:.0f} forwards of the batch"
         line += ", in " + str(len(runs)) + " processes (resumed), each timed against its own forward: " + "; ".join(
-            f"{p['steps']} steps, {p['seconds']:.0f} s" + (f" at {p['slowdown']:.2f}x the time their work predicts"
-                                                          if p.get("slowdown") else "")
-            + f" (one forward {p['unit_s'] * 1000:.0f} ms)" for p in runs)
-    elif t.get("slowdown") is not None:  # counted (p0circuit.patching.work); None when a resumed step was not counted
-        line += (f", whose work counts {t['forwards']:.0f} forwards of the batch ({t.get('with_grad') or 0:.0f} of them "
-                 f"with a backward); one forward took {t['forward_s'] * 1000:.0f} ms in the same run")
-        if t["seconds"] > cost.SLOW_SECONDS:  # below it the steps are mostly Python's overhead: the ratio says nothing
-            line += f", so the steps ran at {t['slowdown']:.2f}x the time that work predicts"
-    around = [f"{what} {t[key]:.1f} s" for key, what in (("import_s", "imports"), ("load_s", "loading the model"))
-              if t.get(key)]
+            f"{p.steps} steps, {p.seconds:.0f} s" + (f" at {p.slowdown:.2f}x the time their work predicts"
+                                                    if p.slowdown else "")
+            + f" (one forward {p.unit_s * 1000:.0f} ms)" for p in runs)
+    elif t.slowdown is not None:  # counted (p0circuit.patching.work); None when a resumed step was not counted
+        line += (f", whose work counts {t.forwards:.0f} forwards of the batch ({t.with_grad or 0:.0f} of them "
+                 f"with a backward); one forward took {t.forward_s * 1000:.0f} ms in the same run")
+        if t.seconds > cost.SLOW_SECONDS:  # below it the steps are mostly Python's overhead: the ratio says nothing
+            line += f", so the steps ran at {t.slowdown:.2f}x the time that work predicts"
+    around = [f"{what} {getattr(t, key):.1f} s" for key, what in (("import_s", "imports"), ("load_s", "loading the model"))
+              if getattr(t, key)]
     if around:
         line += "; besides the steps: " + ", ".join(around)
     return line + "."
@@ -149,11 +155,11 @@ def _head_lines(d: AnalysisRecord) -> list[str]:
 
 def _claim_lines(d: AnalysisRecord) -> list[str]:
     """The claim's answer in one line: each part's answer, and whether every part holds."""
-    return [f"**The paper's claim, part by part**: {d.verdict['claim']}. " + _whole(d), ""]
+    return [f"**The paper's claim, part by part**: {d.verdict.claim}. " + _whole(d), ""]
 
 
 def _whole(d: AnalysisRecord) -> str:
-    return "Every part holds." if d.verdict.get("holds") else "Not every part holds."
+    return "Every part holds." if d.verdict.holds else "Not every part holds."
 
 
 def _body_lines(d: AnalysisRecord) -> list[str]:
@@ -171,10 +177,10 @@ def _parts_intro(d: AnalysisRecord) -> str:
             f"(faithfulness, denoising, effects) are of the clean-to-corrupted change; {OVERSHOOT}.")
 
 
-def _parts(d: AnalysisRecord) -> list[tuple[str, str, str, dict[str, Any]]]:
+def _parts(d: AnalysisRecord) -> list[tuple[str, str, str, Part]]:
     """Each verdict part as (BOS setting's title, letter, answer in words, the part's record), in the written order."""
-    parts = d.verdict.get("parts") or {}
-    return [(TITLES[tag], letter, label(p[key]), p[key]) for tag, p in parts.items() for key, letter, _ in PARTS]
+    return [(TITLES[tag], letter, label(getattr(p, key)), getattr(p, key)) for tag, p in d.verdict.parts.items()
+            for key, letter, _ in PARTS]
 
 
 def _parts_lines(d: AnalysisRecord) -> list[str]:
@@ -182,7 +188,7 @@ def _parts_lines(d: AnalysisRecord) -> list[str]:
     parts = _parts(d)
     if not parts:
         return []
-    return [_parts_intro(d), ""] + [f"- {title}, ({letter}) **{answer}**: {part['evidence']}."
+    return [_parts_intro(d), ""] + [f"- {title}, ({letter}) **{answer}**: {part.evidence}."
                                     for title, letter, answer, part in parts] + [""]
 
 
@@ -194,8 +200,8 @@ def _setting_lines(d: AnalysisRecord, tag: str) -> list[str]:
         return []
     title = TITLES[tag]
     lines = [f"## {title[0].upper() + title[1:]}", ""]
-    if "skipped" in sk:
-        return lines + [f"Not measured: {sk['skipped']}", ""]
+    if isinstance(sk, Skipped):
+        return lines + [f"Not measured: {sk.skipped}", ""]
     lines += _sinks_lines(d, tag, sk)
     for o in d.onsets.get(tag, []):
         lines += _onset_lines(o)
@@ -203,85 +209,84 @@ def _setting_lines(d: AnalysisRecord, tag: str) -> list[str]:
     return lines + _control_lines(d, tag) + _spread_lines(d, tag) + _special_lines(d, tag) + _sensitivity_lines(d, tag)
 
 
-def _sinks_lines(d: AnalysisRecord, tag: str, sk: dict[str, Any]) -> list[str]:
+def _sinks_lines(d: AnalysisRecord, tag: str, sk: SinkSummary) -> list[str]:
     """A BOS setting's sink summary: the BOS token, the sink rate and P0 norm stages, the massive dimensions, and
     the high-norm states by where they sit."""
     lines = [f"Every prompt starts with {d.bos_token}.", ""] if tag == "with_bos" and d.bos_token else []
-    lines += [f"- {sink_rate_label()} = {sk['sink_rate']:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
-              f"||h_t|| of the other positions): {_stages(sk['norm_stages'])}.",
+    lines += [f"- {sink_rate_label()} = {sk.sink_rate:.3f}; P0 norm stages (the P0 norm ratio, ||h_0|| over the mean "
+              f"||h_t|| of the other positions): {_stages(sk.norm_stages)}.",
               "- Massive dimensions at P0 (dimension: layers, peak value at a layer, and that value's size over "
               "the mean RMS of the other positions' residual vectors there): " + ("; ".join(
-                  f"{m['dim']}: {m['first_layer']}-{m['last_layer']}, {m['peak_value']:.4g} at layer "
-                  f"{m['peak_layer']} ({m['peak_ratio']:.0f}x)" for m in sk["massive_dims"][:4]) or "none") + "."]
-    by_where: dict[str, list[Any]] = {}
-    for p in sk["sink_positions"]:
-        by_where.setdefault(p["where"], []).append(p)
+                  f"{m.dim}: {m.first_layer}-{m.last_layer}, {m.peak_value:.4g} at layer "
+                  f"{m.peak_layer} ({m.peak_ratio:.0f}x)" for m in sk.massive_dims[:4]) or "none") + "."]
+    by_where: dict[str, list[SinkPosition]] = {}
+    for p in sk.sink_positions:
+        by_where.setdefault(p.where, []).append(p)
     for where, ps in by_where.items():
-        peak = max(ps, key=lambda p: p["ratio"])
-        lines.append(f"- High-norm states at **{where}** ({state_name(peak['max_head_attention'])}s): layers "
-                     f"{', '.join(str(p['layer']) for p in ps)}; peak "
-                     f"{peak['ratio']:.3g}x the prompt's median norm at layer {peak['layer']} (in "
-                     f"{peak['share']:.0%} of prompts), attention it receives there {peak['attention']:.3f} (mean over the "
-                     f"queries after it and every head; the strongest head {peak['max_head_attention']:.3f})" + (("; tokens " + ", ".join(
-                         f"{t!r} x{c}" for t, c in peak.get("tokens", [])[:3])) if where == "other" else "") + ".")
+        peak = max(ps, key=lambda p: p.ratio)
+        lines.append(f"- High-norm states at **{where}** ({state_name(peak.max_head_attention)}s): layers "
+                     f"{', '.join(str(p.layer) for p in ps)}; peak "
+                     f"{peak.ratio:.3g}x the prompt's median norm at layer {peak.layer} (in "
+                     f"{peak.share:.0%} of prompts), attention it receives there {peak.attention:.3f} (mean over the "
+                     f"queries after it and every head; the strongest head {peak.max_head_attention:.3f})" + (("; tokens " + ", ".join(
+                         f"{t!r} x{c}" for t, c in peak.tokens[:3])) if where == "other" else "") + ".")
     return lines + [""]
 
 
-def _onset_lines(o: dict[str, Any]) -> list[str]:
+def _onset_lines(o: OnsetRow) -> list[str]:
     """One onset's section: its prompts and metric, what it is keyed on, its nodes, faithfulness curve and circuit,
     its edges and neurons, and (at P0) what the sink reads, detection, the sink's circuit and the super weights."""
-    lines = [f"### Onset at layer {o['layer']}, {o['where']}" + (f" (index {o['at']})" if o.get("at") else ""), ""]
-    if "skipped" in o:
-        return lines + [f"Not measured: {o['skipped']}", ""]
-    lines.append(f"Prompts: {o.get('prompt_set', 'as above')}. Corruption `{o['corruption']}`, metric "
-                 f"`{o['metric']}`: {o['clean']:.4g} clean -> {o['corrupted']:.4g} corrupted; "
-                 f"{o['candidates']} candidate nodes ({o['seconds']:.1f} s).")
-    if o.get("corruption_choice"):
-        lines[-1] += f" Corruption chosen: {o['corruption_choice']['why']}."
-    keyed = o.get("keyed_on") or {}
+    lines = [f"### Onset at layer {o.layer}, {o.where}" + (f" (index {o.at})" if o.at else ""), ""]
+    if o.skipped:
+        return lines + [f"Not measured: {o.skipped}", ""]
+    lines.append(f"Prompts: {o.prompt_set}. Corruption `{o.corruption}`, metric "
+                 f"`{o.metric}`: {o.clean:.4g} clean -> {o.corrupted:.4g} corrupted; "
+                 f"{o.candidates} candidate nodes ({o.seconds:.1f} s).")
+    if o.corruption_choice:
+        lines[-1] += f" Corruption chosen: {o.corruption_choice.why}."
+    keyed = o.keyed_on
     if keyed:
-        lines.append("- Keyed on: " + (f"**{keyed['reading']}**: {keyed['evidence']}; the context edit: "
-                                       f"{keyed['context_note']}." if "verdict" in keyed
-                                       else f"not measured: {keyed['error']}."))
-    if not o["signal"]:
-        return lines + ["", f"No signal: {o['message']}", ""]
-    sc = o.get("screen") or {}
-    biggest = sc.get("sample_max_abs_effect")
-    screened = (f" (screened: {sc['how']}; the sample's largest |effect| "
-                f"{'n/a' if biggest is None else format(biggest, '.3g')}, {sc['sample_notable']} of its nodes at "
-                f"{NOTABLE} or more)") if sc else ""
+        lines.append("- Keyed on: " + (f"**{keyed.reading}**: {keyed.evidence}; the context edit: "
+                                       f"{keyed.context_note}." if isinstance(keyed, KeyedOn)
+                                       else f"not measured: {keyed.error}."))
+    if not o.signal:
+        return lines + ["", f"No signal: {o.message}", ""]
+    sc = o.screen
+    screened = (f" (screened: {sc.how}; the sample's largest |effect| "
+                f"{'n/a' if sc.sample_max_abs_effect is None else format(sc.sample_max_abs_effect, '.3g')}, "
+                f"{sc.sample_notable} of its nodes at {NOTABLE} or more)") if sc else ""
     lines += ["", f"- Nodes{screened}: {_effects(o, 12)}.",
               f"- Faithfulness of the top k single nodes, a screen (k: share of the change kept with every "
-              f"other candidate corrupted): {_curve(o['faithfulness'])}.",
-              _circuit_line(o.get("circuit") or {})]
-    ep = o.get("edge_pass", {})
+              f"other candidate corrupted): {_curve(o.faithfulness)}.",
+              _circuit_line(o.circuit)]
+    ep = o.edge_pass
     if ep:
-        of = f"; {ep['of']}" if ep.get("of") else ""
-        lines.append(f"- Edges ({ep.get('candidates', 0)} candidates{of}): {_fmt(o['edges'], 10)}.")
-    npass = o.get("neuron_pass", {})
-    if "metric" in npass:
-        lines.append(f"- Neurons writing `{npass['metric']}` (corruption `{o['corruption']}`, {npass['clean']:.4g} "
-                     f"clean -> {npass['corrupted']:.4g} corrupted; MLPs {npass['mlps']}, {npass['screen']}): "
-                     f"{_fmt(o['neurons'], 10)}; faithfulness within the confirmed (the share kept with only the top k of the "
+        of = f"; {ep.of}" if ep.of else ""
+        lines.append(f"- Edges ({ep.candidates} candidates{of}): {_fmt(o.edges, 10)}.")
+    npass = o.neuron_pass
+    if isinstance(npass, NeuronPass):
+        lines.append(f"- Neurons writing `{npass.metric}` (corruption `{o.corruption}`, {npass.clean:.4g} "
+                     f"clean -> {npass.corrupted:.4g} corrupted; MLPs {npass.mlps}, {npass.screen}): "
+                     f"{_fmt(o.neurons, 10)}; faithfulness within the confirmed (the share kept with only the top k of the "
                      f"confirmed neurons clean, the rest of them corrupted): "
-                     f"{_curve(npass['faithfulness_within_confirmed'])}.")
-    elif npass.get("note"):
-        lines.append(f"- Neurons: {npass['note']}.")
+                     f"{_curve(npass.faithfulness_within_confirmed)}.")
+    elif isinstance(npass, Note):
+        lines.append(f"- Neurons: {npass.note}.")
     return lines + _sink_lines(o) + [""]
 
 
 def _left_out_lines(d: AnalysisRecord, tag: str) -> list[str]:
     """The later P0 onsets and the sink states away from P0 that were not analysed, and how to include them."""
     s, lines = d.settings, []
-    left = (d.timing.get("onsets_left_out") or {}).get(tag) or []
+    left = d.timing.onsets_left_out.get(tag) or []
     if left:
-        more = sum(o["predicted_forwards"] for o in left)
+        more = sum(o.predicted_forwards for o in left)
         lines += [f"Later onsets of the P0 norm ratio not patched (max_onsets={s['max_onsets']}): "
-                  + ", ".join(f"layer {o['layer']} ({o['ratio']:.3g}x)" for o in left)
+                  + ", ".join(f"layer {o.layer} ({o.ratio:.3g}x)" for o in left)
                   + f". `--max-onsets {s['max_onsets'] + len(left)}` (max_onsets={s['max_onsets'] + len(left)}) patches "
                   f"them too: the cost model predicts {more:.0f} more forwards of the batch, about "
-                  f"{more * d.timing['forward_s']:.0f} s at this run's forward.", ""]
-    skipped = (d.timing.get("sinks_left_out") or {}).get(tag) or []
+                  f"{more * d.timing.forward_s:.0f} s at this run's forward.", ""]
+    skipped = d.timing.sinks_left_out.get(tag) or []
     if skipped:
         lines += [f"Sink states away from position 0 not analysed (`--max-sinks {s['max_sinks']}`): "
                   + "; ".join(skipped) + ".", ""]
@@ -293,24 +298,22 @@ def _variation_lines(d: AnalysisRecord, tag: str) -> list[str]:
     v = d.variations.get(tag)
     if not v:
         return []
-    lines = [f"### What changes at layer {v['layer']}", "",
+    lines = [f"### What changes at layer {v.layer}", "",
              "Every corruption on the same prompts (metric `NormRatio` at this layer):", ""]
-    for name, c in v["corruption"].items():
-        if "error" in c:
-            text = c["error"]
+    for name, c in v.corruption.items():
+        if c.error:
+            text = c.error
         else:
-            text = _signal(c) + "; " + (c.get("note") or (_effects(c) if c["signal"] else
-                                                          NEGATIVE_CONTROL if name in CONTROLS else
-                                                          "no signal: " + c["message"]))
+            text = _signal(c) + "; " + (c.note or (_effects(c) if c.signal else
+                                                   NEGATIVE_CONTROL if name in CONTROLS else
+                                                   "no signal: " + c.message))
         lines.append(f"- corruption `{name}`: {text}")
-    chosen = v.get("chosen_corruption")
-    lines += ["", f"Other prompt lengths, each patched with the corruption chosen above (`{chosen}`):", ""]
-    for n, row in v["length"].items():
-        text = f"- {row.get('prompts', f'{n} tokens')}: {sink_rate_label()} = {row['sink_rate']:.3f}; stages " \
-               f"{_stages(row['norm_stages'])}"
-        if "metric" in row:
-            text += f"; corruption `{row['corruption']}`, {_signal(row)}; " + (
-                f"nodes {_effects(row)}" if row.get("signal") else "no signal")
+    lines += ["", f"Other prompt lengths, each patched with the corruption chosen above (`{v.chosen_corruption}`):", ""]
+    for row in v.length.values():
+        text = f"- {row.prompts}: {sink_rate_label()} = {row.sink_rate:.3f}; stages {_stages(row.norm_stages)}"
+        if row.metric:
+            text += f"; corruption `{row.corruption}`, {_signal(row)}; " + (
+                f"nodes {_effects(row)}" if row.signal else "no signal")
         lines.append(text)
     return lines + [""]
 
@@ -329,20 +332,20 @@ STUDIES = (("reads", "What the sink reads (the P0 state edited after the onset)"
 """A P0 onset's studies beyond its norm (:func:`p0circuit.studies.analysis.run._p0_studies`), in the order written."""
 
 
-def _sink_lines(o: dict[str, Any]) -> list[str]:
+def _sink_lines(o: OnsetRow) -> list[str]:
     """A P0 onset's studies, one line each: the answer in bold where there is one, then the evidence."""
     out = []
     for key, title in STUDIES:
-        rec = o.get(key)
+        rec = getattr(o, key)
         if not rec:
             continue
-        if "error" in rec:
-            out.append(f"- {title}: not measured: {rec['error']}.")
-        elif key == "reads":
-            out.append(f"- {title}: the sink heads right after it read **{rec['reads']}**; over every later block "
-                       f"**{rec['reads_later']}**: {rec['evidence']}.")
+        if isinstance(rec, Unmeasured):
+            out.append(f"- {title}: not measured: {rec.error}.")
+        elif isinstance(rec, SinkReads):
+            out.append(f"- {title}: the sink heads right after it read **{rec.reads}**; over every later block "
+                       f"**{rec.reads_later}**: {rec.evidence}.")
         else:
-            out.append(f"- {title}: {rec['evidence']}.")
+            out.append(f"- {title}: {rec.evidence}.")
     return out
 
 
@@ -422,7 +425,7 @@ def _sensitivity_lines(d: AnalysisRecord, tag: str) -> list[str]:
     out += ["", "Where an answer changes: " + ("; ".join(flips) if flips else "nowhere in these ranges") + "."]
     if sens.rows:
         out.append("The blocks below the onset that a lower onset line makes the onset were patched for this table: "
-                   + ", ".join(f"block {r['layer']}" for r in sens.rows) + ".")
+                   + ", ".join(f"block {r.layer}" for r in sens.rows) + ".")
     return out + [""]
 
 
@@ -481,20 +484,20 @@ def _truth(d: AnalysisRecord) -> Optional[Circuit]:
                    edges=tuple(Edge.parse(e) for e in d.truth["edges"]))
 
 
-def _onset_panels(d: AnalysisRecord, o: dict[str, Any]) -> Any:
+def _onset_panels(d: AnalysisRecord, o: OnsetRow) -> Any:
     """The node effects at P0 and at the other positions (@rest) as layer x head (+ MLP) maps, and
     the faithfulness of the top-k screen beside the faithful circuit's own point."""
     import matplotlib.pyplot as plt  # here, not at the top: only the HTML page needs matplotlib
 
     heads = d.n_heads
-    fig, axes = plt.subplots(1, 3, figsize=(13, max(3.4, 1.9 + 0.35 * (o["layer"] + 1))),
+    fig, axes = plt.subplots(1, 3, figsize=(13, max(3.4, 1.9 + 0.35 * (o.layer + 1))),
                              gridspec_kw={"width_ratios": [1, 1, 0.9]})
     grids = {}
     for pos in ("0", "rest"):
-        grid = [[float("nan")] * (heads + 1) for _ in range(o["layer"] + 1)]
-        for name, v in o["effects"].items():
+        grid = [[float("nan")] * (heads + 1) for _ in range(o.layer + 1)]
+        for name, v in o.effects.items():
             n = Node.parse(name)
-            if str(n.pos) != pos or n.layer > o["layer"]:
+            if str(n.pos) != pos or n.layer > o.layer:
                 continue
             if n.kind == Kind.HEAD:
                 grid[n.layer][n.head] = v
@@ -507,22 +510,22 @@ def _onset_panels(d: AnalysisRecord, o: dict[str, Any]) -> Any:
         im = ax.imshow(grids[pos], aspect="auto", cmap=EFFECT_CMAP, vmin=-bound, vmax=bound, origin="lower")
         ax.set_xticks(range(heads + 1), [f"H{h}" for h in range(heads)] + ["MLP"], fontsize=7,
                       rotation=90 if heads > 12 else 0)
-        ax.set_yticks(range(0, o["layer"] + 1, max(1, (o["layer"] + 1) // 12)))  # whole layers, never 0.5
+        ax.set_yticks(range(0, o.layer + 1, max(1, (o.layer + 1) // 12)))  # whole layers, never 0.5
         ax.set(ylabel="layer", title=f"effects @{pos}" + (" (position 0)" if pos == "0" else " (positions t > 0)")
-               + ("\nblank: not examined (screened)" if o.get("screen") else ""))
+               + ("\nblank: not examined (screened)" if o.screen else ""))
         fig.colorbar(im, ax=ax).set_label(EFFECT_LABEL.replace(" (", "\n("), fontsize=7)
     ax = axes[2]
-    curve = o.get("faithfulness") or {}
+    curve = o.faithfulness or {}
     if curve:
         ax.plot([int(k) for k in curve], list(curve.values()), marker="o", color="#555555", label="top-k single nodes")
-    c = o.get("circuit") or {}
-    if "nodes" in c:
-        ax.plot([c["size"]], [c["faithfulness"]], marker="*", markersize=13, color=RAISES, ls="",
-                label=f"faithful circuit ({c['size']} nodes)" if c["faithful"] else f"best circuit found ({c['size']})")
+    c = o.circuit
+    if isinstance(c, NodeCircuit):
+        ax.plot([c.size], [c.faithfulness], marker="*", markersize=13, color=RAISES, ls="",
+                label=f"faithful circuit ({c.size} nodes)" if c.faithful else f"best circuit found ({c.size})")
     ax.axhline(0.9, color="grey", ls=":", lw=1)
     ax.set(xscale="log", xlabel="nodes kept clean", ylabel="share of the change kept", title="faithfulness")
     ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"onset at layer {o['layer']} ({o['where']}), corruption {o['corruption']}, metric {o['metric']}",
+    fig.suptitle(f"onset at layer {o.layer} ({o.where}), corruption {o.corruption}, metric {o.metric}",
                  fontsize=9)
     fig.tight_layout()
     return fig
@@ -538,35 +541,35 @@ def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
     truth = _truth(d)
     for tag, title in TITLES.items():
         sk = d.sinks.get(tag)
-        if not sk or "skipped" in sk:
+        if not isinstance(sk, SinkSummary):
             continue
         fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-        layers = range(len(sk["norm_ratio"]))
-        axes[0].plot(layers, [x if x and math.isfinite(x) else float("nan") for x in sk["norm_ratio"]], marker="o")
+        layers = range(len(sk.norm_ratio))
+        axes[0].plot(layers, [x if x and math.isfinite(x) else float("nan") for x in sk.norm_ratio], marker="o")
         axes[0].axhline(d.settings["norm_threshold"], color="grey", ls=":")
         axes[0].set(yscale="log", xlabel="layer", ylabel="||h_0|| / mean over t>0 of ||h_t||", title=f"P0 norm ratio, {title}")
-        axes[1].plot(layers, [max(a) for a in sk["alpha"]], marker="o", label="strongest head")
-        axes[1].plot(layers, sk["sink_rate_per_layer"], marker="s", label="share of heads > 0.3")
+        axes[1].plot(layers, [max(a) for a in sk.alpha], marker="o", label="strongest head")
+        axes[1].plot(layers, sk.sink_rate_per_layer, marker="s", label="share of heads > 0.3")
         axes[1].set(xlabel="layer", ylim=(0, 1.05), title="attention to P0")
         axes[1].legend(fontsize=8)
-        im = axes[2].imshow([list(r) for r in sk["alpha"]], aspect="auto", vmin=0, vmax=1, cmap="viridis",
+        im = axes[2].imshow([list(r) for r in sk.alpha], aspect="auto", vmin=0, vmax=1, cmap="viridis",
                             origin="lower")
         axes[2].set(xlabel="head", ylabel="layer", title="alpha_0 per head")
         fig.colorbar(im, ax=axes[2], label="alpha_0: mean attention to P0")
         fig.tight_layout()
         figs[tag] = [_img(_png(fig), "norm ratio and attention to P0 per layer")]
         for o in d.onsets.get(tag, []):
-            if not o.get("effects"):
+            if not o.effects:
                 continue
-            key = f"{tag}/{o['where']}@L{o['layer']}"
+            key = f"{tag}/{o.where}@L{o.layer}"
             figs[key] = [_img(_png(_onset_panels(d, o)), "node effects at P0 and elsewhere, and faithfulness")]
-            c = o.get("circuit") or {}
-            if c.get("nodes"):
-                ec = c.get("edge_circuit") or {}
-                circuit = searched_circuit(c, ec, o["effects"], corruption=o["corruption"], metric=o["metric"],
-                                           threshold=d.settings["threshold"])
-                name = (f"{'faithful' if c['faithful'] else 'best (not faithful)'} circuit, layer-{o['layer']} onset"
-                        + (f", {len(ec['edges'])} edges" if ec.get("edges") else ""))
+            c = o.circuit
+            if isinstance(c, NodeCircuit) and c.nodes:
+                ec = c.edge_circuit
+                circuit = searched_circuit(c.to_dict(), ec.to_dict() if ec else {}, o.effects, corruption=o.corruption,
+                                           metric=o.metric, threshold=d.settings["threshold"])
+                name = (f"{'faithful' if c.faithful else 'best (not faithful)'} circuit, layer-{o.layer} onset"
+                        + (f", {len(ec.edges)} edges" if isinstance(ec, EdgeCircuit) and ec.edges else ""))
                 figs[key].append(f'<figure class="circuit" aria-label="{html.escape(name)}">{to_html(circuit, truth, name)}'
                                  f"<figcaption>{CIRCUIT_HELP}</figcaption></figure>")
     return figs
@@ -600,7 +603,7 @@ def report_html(data: Union[dict[str, Any], AnalysisRecord]) -> str:
 
 def _claim_html(d: AnalysisRecord) -> str:
     """The claim's answer, boxed: each part's answer, then whether every part holds in bold."""
-    return (f'<p class="claim"><b>The paper\'s claim, part by part</b>: {_inline(html.escape(d.verdict["claim"]))}. '
+    return (f'<p class="claim"><b>The paper\'s claim, part by part</b>: {_inline(html.escape(d.verdict.claim))}. '
             f"<b>{_whole(d)}</b></p>")
 
 
@@ -611,14 +614,14 @@ def _parts_html(d: AnalysisRecord) -> list[str]:
         return []
     items = [f'<li><div class="answer">{html.escape(title)}, ({letter}) '
              f'<span class="{_status_class(part)}">{_inline(html.escape(answer))}</span></div>'
-             f'<div class="evidence">{_inline(html.escape(part["evidence"]))}.</div></li>'
+             f'<div class="evidence">{_inline(html.escape(part.evidence))}.</div></li>'
              for title, letter, answer, part in parts]
     return [f"<p>{_inline(html.escape(_parts_intro(d)))}</p>", '<ul class="verdict">', *items, "</ul>"]
 
 
-def _status_class(part: dict[str, Any]) -> str:
+def _status_class(part: Part) -> str:
     """A part's status as a CSS class (``holds``, ``fails``, ``partially-supported``, ``not-applicable``)."""
-    return re.sub(r"[^a-z]+", "-", str(part.get("status", "")).lower()).strip("-")
+    return re.sub(r"[^a-z]+", "-", part.status.lower()).strip("-")
 
 
 def _html(lines: list[str], figs: dict[str, list[str]]) -> list[str]:
@@ -671,11 +674,11 @@ EMPHASIS = re.compile(r"(?<![\w*])\*([^\s*](?:[^*]*?[^\s*])?)\*(?![\w*])")
 def write_all(result: Any, out: Path) -> None:
     """``analysis.json``, ``analysis.md`` and ``report.html`` in ``out``; the seconds the two reports took to make
     go into the record (``timing.report_s``), written last."""
-    d = AnalysisRecord.from_dict(result.data, "the analysis")  # its schema version and keys checked
+    d = result.record
     start = time.perf_counter()
     text, page = markdown(d), report_html(d)
+    result.record = d = d.replace(timing=d.timing.replace(report_s=round(time.perf_counter() - start, 2)))
     data = d.to_dict()
-    data["timing"]["report_s"] = result.data["timing"]["report_s"] = round(time.perf_counter() - start, 2)
     write_atomic(out / "analysis.md", text)
     write_atomic(out / "report.html", page)
     write_atomic(out / "analysis.json", json.dumps(strict(data), indent=1, allow_nan=False))

@@ -106,35 +106,35 @@ def run_discovery(
     an activation pass keeps (run first if not among ``methods``); the circuit's settings say so.
     """
     with checked(resolved.model):  # checked here once; the sink report and every method below rely on it
-        return _run_discovery(resolved, tokens, methods, corruption, metric, threshold, bos, nodes, edge_budget,
-                              node_budget, progress, options)
+        model = resolved.model
+        report = sink_report(model, tokens, bos=bos)
+        reason = "given"
+        if metric is None:
+            metric, reason = choose_metric(resolved, report)
+        node_list = list(nodes) if nodes is not None else None
+        live_nodes(model, metric, node_list, node_budget)  # refused past the budget, before any forward
+        found = Discovery(resolved, tokens, report, metric, metric_reason=reason)
+        patch = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos, "progress": progress,
+                 **options}
+        for method in methods:
+            found.circuits[method] = _circuit(found, method, node_list, edge_budget, patch)
+        return found
 
 
-def _run_discovery(resolved: Resolved, tokens: Tensor, methods: Sequence[str], corruption: Union[str, Corruption],
-                   metric: Optional[PatchMetric], threshold: float, bos: Optional[bool], nodes: Optional[Sequence[Node]],
-                   edge_budget: int, node_budget: int, progress: bool, options: dict[str, Any]) -> Discovery:
-    model = resolved.model
-    report = sink_report(model, tokens, bos=bos)
-    reason = "given"
-    if metric is None:
-        metric, reason = choose_metric(resolved, report)
-    found = Discovery(resolved, tokens, report, metric, metric_reason=reason)
-    common: dict[str, Any] = {"corruption": corruption, "metric": metric, "threshold": threshold, "bos": bos,
-                              "progress": progress, **options}
-    node_list = list(nodes) if nodes is not None else None
-    live_nodes(model, metric, node_list, node_budget)  # refused past the budget, before any forward
+def _circuit(found: Discovery, method: str, nodes: Optional[list[Node]], edge_budget: int,
+             patch: dict[str, Any]) -> Circuit:
+    """``method``'s circuit of a discovery in progress (``found``: its model, prompts, metric and the circuits so far),
+    by :func:`~p0circuit.discover` with the shared keywords ``patch`` (corruption, metric, threshold, BOS choice,
+    progress, the caller's options). An edge-level method runs on the edges within ``edge_budget`` (those whose
+    senders an activation pass keeps, when all would be too many: :func:`edges_within`)."""
+    model, tokens = found.resolved.model, found.tokens
+    if get_method(method).level == "node":
+        return discover(model, tokens, method=method, nodes=nodes, **patch)
 
     def node_pass() -> Circuit:  # (reported only when "activation" is among the methods)
-        return found.circuits.get("activation") or discover(model, tokens, method="activation", nodes=node_list,
-                                                             **common)
+        return found.circuits.get("activation") or discover(model, tokens, method="activation", nodes=nodes, **patch)
 
-    for method in methods:
-        if get_method(method).level == "node":
-            found.circuits[method] = discover(model, tokens, method=method, nodes=node_list, **common)
-            continue
-        edges, note = edges_within(model, metric, node_list, edge_budget, node_pass)
-        if not edges:
-            raise BadInputError(f"{method}: no candidate edges ({note}); lower the threshold or widen the nodes")
-        found.circuits[method] = discover(model, tokens, method=method, edges=edges, record={"candidates": note},
-                                          **common)
-    return found
+    edges, note = edges_within(model, found.metric, nodes, edge_budget, node_pass)
+    if not edges:
+        raise BadInputError(f"{method}: no candidate edges ({note}); lower the threshold or widen the nodes")
+    return discover(model, tokens, method=method, edges=edges, record={"candidates": note}, **patch)

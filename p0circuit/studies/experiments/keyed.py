@@ -280,10 +280,10 @@ def target_of(where: str, tokens: tuple = ()) -> Optional[tuple[str, str]]:
     return None
 
 
-def _planted_aligned(model: Any, want: int, n: int, text: int, index: int, bos: bool, seed: int) -> Tensor:
+def _planted_aligned(model: Any, want: int, n: int, text: int, index: int, first: Optional[int], seed: int) -> Tensor:
     """``n`` regular random prompts of ``text`` tokens holding ``want`` at ``index`` and nowhere else (every other
-    occurrence redrawn from the ids that are neither it nor the BOS id), with a BOS token first when ``bos``; rows
-    that a redraw made irregular (a position a copy of position 0) are drawn again."""
+    occurrence redrawn from the ids that are neither it nor the BOS id), with the token ``first`` put in front (None:
+    none); rows that a redraw made irregular (a position a copy of position 0) are drawn again."""
     gen = torch.Generator().manual_seed(seed)
     allowed = torch.tensor([i for i in range(model.cfg.d_vocab) if i not in {want, bos_id(model)}])
     rows: list[Tensor] = []
@@ -296,8 +296,8 @@ def _planted_aligned(model: Any, want: int, n: int, text: int, index: int, bos: 
         if len(rows) >= n:
             break
     out = torch.stack(rows[:n])
-    if bos:
-        out = torch.cat([torch.full((n, 1), prepend_id(model), dtype=out.dtype, device=out.device), out], 1)
+    if first is not None:
+        out = torch.cat([torch.full((n, 1), first, dtype=out.dtype, device=out.device), out], 1)
     return out
 
 
@@ -334,7 +334,7 @@ def aligned_prompts(model: Any, target: tuple[str, str], n: int, length: int, at
         if want >= model.cfg.d_vocab or want == bos_id(model):
             raise BadInputError(f"aligned_prompts: token {value!r} is not an ordinary id of this model's vocabulary "
                                 f"(0..{model.cfg.d_vocab - 1}, the BOS id excepted)")
-        return _planted_aligned(model, want, n, text, at - int(bos), bos, seed)
+        return _planted_aligned(model, want, n, text, at - int(bos), prepend_id(model) if bos else None, seed)
     ids = list(model.tokenizer(" ".join(english_lines()), add_special_tokens=False)["input_ids"])
     read = token_text(model)
     texts = [read(i) for i in ids]

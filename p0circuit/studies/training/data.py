@@ -49,10 +49,11 @@ def _sample(cdf: Tensor, prev: Tensor, u: Tensor) -> Tensor:
     return torch.searchsorted(rows, (u * rows[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)
 
 
-def _with_bos(rows: Tensor, bos: Optional[int]) -> Tensor:
-    if bos is None:
+def _with_bos(rows: Tensor, bos_id: Optional[int]) -> Tensor:
+    """``rows`` with the token ``bos_id`` put at position 0 (the last token dropped; None: as they are)."""
+    if bos_id is None:
         return rows
-    return torch.cat([torch.full_like(rows[:, :1], bos), rows[:, :-1]], dim=1)
+    return torch.cat([torch.full_like(rows[:, :1], bos_id), rows[:, :-1]], dim=1)
 
 
 @entry_point
@@ -210,9 +211,10 @@ def hf_dataset_source(name: str, split: str = "train", field: str = "text", limi
     return TextSource(str(path), **kwargs)
 
 
-def _check_bos(where: str, bos: Optional[int]) -> None:
-    if bos is not None and bos < 0:
-        raise ConfigError(f"{where}.bos={bos!r} must be None or a token id >= 0")
+def _check_bos(where: str, bos_id: Optional[int]) -> None:
+    """Refuse a source's ``bos`` field (a token id, or None) below 0."""
+    if bos_id is not None and bos_id < 0:
+        raise ConfigError(f"{where}.bos={bos_id!r} must be None or a token id >= 0")
 
 
 Source = Union[MarkovSource, BigramBackcopy, TextSource]

@@ -34,7 +34,8 @@ from p0circuit.patching.metrics import metric_from_entry
 from p0circuit.core.threads import set_threads
 from p0circuit.core.plugins import load_plugins
 from p0circuit.surfaces.sweep.config import Cell, SweepConfig
-from p0circuit.surfaces.sweep.store import RECORD_FIELDS, check_owner, done_keys, rebuild_index
+from p0circuit.surfaces.sweep.record import CELL_SCHEMA, CellRecord
+from p0circuit.surfaces.sweep.store import check_owner, done_keys, rebuild_index
 from p0circuit.models.tokens import make_prompts
 from p0circuit.core.types import Circuit
 
@@ -48,7 +49,8 @@ def _model(entry: str, seed: int) -> Resolved:
 
 @entry_point
 def run_cell(cell: Cell) -> dict[str, Any]:
-    """Compute one cell and return its JSON-able record."""
+    """Compute one cell and return its record as JSON (a :class:`~p0circuit.surfaces.sweep.record.CellRecord`'s
+    ``to_dict()``, with its schema version)."""
     start = time.perf_counter()
     resolved = _model(cell.model, cell.seed)
     model = resolved.model
@@ -67,7 +69,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     found = run_discovery(resolved, tokens, methods=[cell.method], corruption=cell.corruption, metric=metric,
                           threshold=cell.threshold, bos=False)
     circuit = found.circuits[cell.method]
-    record: dict[str, Any] = {"key": cell.key, "cell": cell.__dict__, "prompts": prompts.source,
+    record: dict[str, Any] = {"schema": CELL_SCHEMA, "key": cell.key, "cell": cell.__dict__, "prompts": prompts.source,
                               "n_prompts": int(tokens.shape[0]), "seq_len": int(tokens.shape[1]),
                               "circuit": circuit.to_dict(),
                               "signal": circuit.settings.get("signal"), "interpretation": circuit.interpretation,
@@ -78,7 +80,8 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         record["scores"] = scores
     if resolved.truth is not None:
         record["truth"] = resolved.truth.to_dict()
-    return strict(record)  # strict JSON: an undefined number is null, never NaN
+    # strict JSON (an undefined number is null, never NaN), read as the record a sweep's readers read
+    return CellRecord.from_dict(strict(record), f"cell {cell.key}").to_dict()
 
 
 def _start_worker(plugins: list[str], threads: int) -> None:
@@ -229,19 +232,23 @@ class CellsFailed(P0CircuitError, RuntimeError):
 
 
 @entry_point
-def summary_table(records: list[dict[str, Any]]) -> str:
-    """One line per cell: the grid coordinates, the signal, the circuit size and any scores."""
+def summary_table(records: Any) -> str:  # (checked here: a list, each a CellRecord or its JSON)
+    """One line per cell: the grid coordinates, the signal, the circuit size and any scores (``records``: those
+    :func:`run_sweep` returns, or :func:`~p0circuit.surfaces.sweep.store.read_records` reads)."""
+    if not isinstance(records, list):
+        raise BadInputError(f"summary_table takes a list of cell records, got {type(records).__name__}")
+    typed = []
     for i, r in enumerate(records):
-        missing = [f for f in RECORD_FIELDS + ("signal",) if f not in r]
-        if missing:
-            raise BadInputError(f"summary_table: records[{i}] lacks {missing}; pass the records run_sweep returns (or "
-                                "read_records reads)")
+        try:
+            typed.append(r if isinstance(r, CellRecord) else CellRecord.from_dict(r, f"summary_table: records[{i}]"))
+        except ConfigError as err:
+            raise BadInputError(f"{err}; pass the records run_sweep returns (or read_records reads)") from None
     lines = [f"{'model':18s} {'prompts':8s} {'corruption':10s} {'method':11s} {'metric':12s} signal  nodes edges  scores"]
-    for r in sorted(records, key=lambda r: Cell(**r["cell"]).label()):
-        c = r["cell"]
-        scores = r.get("scores") or {}
-        key = Circuit.from_dict(r["circuit"]).level
-        shown = " ".join(f"{k.split('_', 1)[1]}={v:.2f}" for k, v in scores.items() if k.startswith(key) and v is not None)
-        lines.append(f"{c['model']:18s} {c['prompts']:8s} {c['corruption']:10s} {c['method']:11s} {c['metric']:12s} "
-                     f"{str(r['signal']):6s} {len(r['circuit']['nodes']):5d} {len(r['circuit']['edges']):5d}  {shown}")
+    for r in sorted(typed, key=lambda r: r.grid.label()):
+        c = r.grid
+        key = Circuit.from_dict(r.circuit.to_dict()).level
+        shown = " ".join(f"{k.split('_', 1)[1]}={v:.2f}" for k, v in (r.scores or {}).items()
+                         if k.startswith(key) and v is not None)
+        lines.append(f"{c.model:18s} {c.prompts:8s} {c.corruption:10s} {c.method:11s} {c.metric:12s} "
+                     f"{str(r.signal):6s} {len(r.circuit.nodes):5d} {len(r.circuit.edges):5d}  {shown}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.io import write_atomic
 from p0circuit.surfaces.sweep.config import SweepConfig
+from p0circuit.surfaces.sweep.record import CellRecord
 
 
 def done_keys(out: Path) -> set[str]:
@@ -18,16 +19,14 @@ def done_keys(out: Path) -> set[str]:
     return {p.stem for p in cells.glob("*.json")} if cells.is_dir() else set()
 
 
-RECORD_FIELDS = ("key", "cell", "circuit", "sink_report")
-"""Fields every cell record has (what the report and the summary read)."""
-
-
-def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """The finished cells' records and notes on what could not be read.
+def read_records(out: Path) -> tuple[list[CellRecord], list[str]]:
+    """The finished cells' records, read typed (:class:`~p0circuit.surfaces.sweep.record.CellRecord`), and notes on
+    what could not be read.
 
     The cell files (written atomically, one per cell) are the source of truth; ``results.jsonl``
-    is read only when there are none. An unreadable line or file, or a record missing a field, is
-    skipped and named in the notes, never raised: what finished is kept."""
+    is read only when there are none. An unreadable line or file, a record of another version (or of none: written
+    before cell records were versioned) or one whose keys do not read is skipped and named in the notes, never
+    raised: what finished is kept."""
     notes: list[str] = []
     files = sorted((out / "cells").glob("*.json")) if (out / "cells").is_dir() else []
     if files:
@@ -44,11 +43,10 @@ def read_records(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
         except json.JSONDecodeError:
             notes.append(f"skipped {where}: not valid JSON (cut short by a crash?)")
             continue
-        missing = [f for f in RECORD_FIELDS if not isinstance(record, dict) or f not in record]
-        if missing:
-            notes.append(f"skipped {where}: the record lacks {', '.join(missing)}")
-            continue
-        records.append(record)
+        try:
+            records.append(CellRecord.from_dict(record, "the record"))
+        except ConfigError as err:
+            notes.append(f"skipped {where}: {err}")
     return records, notes
 
 

@@ -1,0 +1,80 @@
+"""The typed records of a circuit search: :class:`NodeSearch` (the faithful node circuit,
+:func:`~p0circuit.patching.circuit_search.faithful_circuit`) and :class:`EdgeSearch` (its edges,
+:func:`~p0circuit.patching.circuit_edges.faithful_edges`), attached to the :class:`~p0circuit.Circuit` a search returns
+(``circuit.search``, ``circuit.edge_search``). Their fields are their JSON keys, defined here once: an analysis keeps
+them per onset (``analysis.json``'s ``circuit``, :class:`p0circuit.studies.analysis.passes.NodeCircuit`, adds only its
+seconds and edges). Imports no torch."""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from p0circuit.core.errors import BadInputError
+from p0circuit.core.record import Record
+
+
+@dataclass(frozen=True)
+class NodeSearch(Record):
+    """The typed record of a node circuit search (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), attached
+    to the :class:`~p0circuit.Circuit` it returns as ``circuit.search``; ``to_dict`` is its JSON record."""
+
+    nodes: list[str]
+    """The circuit's nodes, strongest single effect first (a node a screen left unexamined: by its estimate)."""
+    candidates: int
+    """Candidates searched (those that can reach the metric)."""
+    faithfulness: float
+    """Share of the change kept with every other candidate corrupted on the clean run."""
+    denoising: Optional[float]
+    """Share of the change restored by setting the circuit clean in the corrupted run (None: an ablation)."""
+    completeness: float
+    """Share of the change removed by corrupting the circuit alone."""
+    faithful: bool
+    """Within ``max_size`` nodes and at ``target`` in every direction measured."""
+    size: int
+    """The circuit's nodes, counted (``len(nodes)``)."""
+    why: str = ""
+    """What fell short, when not ``faithful``."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """target, tolerance, max_size, corruption, metric, the setup's description, clean and corrupted metric,
+    evaluations (and of them ``reused``: answered by an earlier search of the same result)."""
+
+    def __post_init__(self) -> None:
+        _counted(self, self.nodes)
+
+
+@dataclass(frozen=True)
+class EdgeSearch(Record):
+    """The typed record of an edge search (:func:`~p0circuit.patching.circuit_edges.faithful_edges`), attached to the
+    :class:`~p0circuit.Circuit` it returns as ``circuit.edge_search``; ``to_dict`` is its JSON record."""
+
+    edges: list[str]
+    """The kept edges, strongest single effect first."""
+    candidates: int
+    """Edges searched: between the node circuit's nodes, and from each into what the metric reads."""
+    faithfulness: Optional[float]
+    """Share of the change kept with the other candidate edges and every node outside the circuit corrupted
+    (None: not searched)."""
+    completeness: Optional[float]
+    """Share of the change removed by corrupting the kept edges alone (None: not searched)."""
+    faithful: bool
+    """``faithfulness`` reaches ``target``."""
+    size: int
+    """The kept edges, counted (``len(edges)``)."""
+    effects: dict[str, Optional[float]] = field(default_factory=dict)
+    """Every candidate edge's normalized effect alone (path patching; None: undefined)."""
+    why: str = ""
+    """What fell short, when not ``faithful`` (or why nothing was searched)."""
+    searched: bool = True
+    """Whether the pruning ran (not with no candidate, or more than ``max_candidates``)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """target, tolerance, ``held`` (edge or node name -> why it is held as it is, never corrupted as an
+    edge), the node circuit's faithfulness in this forward, evaluations, how the search ran."""
+
+    def __post_init__(self) -> None:
+        _counted(self, self.edges)
+
+
+def _counted(record: Any, items: Any) -> None:
+    """Refuse a search record whose ``size`` is not the count of what it kept (one fact, said twice in its JSON)."""
+    if isinstance(items, list) and record.size != len(items):
+        raise BadInputError(f"{type(record).__name__}: size={record.size!r:.20} but it keeps {len(items)}; size is "
+                            "len(nodes) (len(edges) for edges)")
