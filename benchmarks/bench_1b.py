@@ -222,7 +222,7 @@ def main() -> None:
             if circuit.get("nodes"):
                 say(f"its faithful circuit at block {first['layer']}: {', '.join(circuit['nodes'])} (faithfulness "
                     f"{circuit['faithfulness']:.2f}; the plant's nodes are A0.H0@0, A0.H4@0, ..., M0@0 and M{onset}@0); "
-                    f"node screen: {first.get('screen', {}).get('how', 'every candidate patched exactly')}")
+                    f"node screen: {(first.get('screen') or {}).get('how', 'every candidate patched exactly')}")
     shape = SHAPES[args.shape]
     head = (f"{run.header('bench_1b.py', args.device)} A random-weight Llama checkpoint ({shape['num_hidden_layers']} "
             f"layers, d_model {shape['hidden_size']}, {shape['num_attention_heads']} heads sharing "

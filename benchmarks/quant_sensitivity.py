@@ -178,7 +178,7 @@ def measure(model: Any, reference_logp: Any = None) -> dict[str, Any]:
     kl = None if reference_logp is None else float((reference_logp.exp() * (reference_logp - logp)).sum(-1).mean())
     top1 = None if reference_logp is None else float((reference_logp.argmax(-1) == logp.argmax(-1)).double().mean())
     circuit = onset.get("circuit") or {}
-    parts = a["verdict"]["parts"]["without_bos"]
+    parts = a.verdict.parts["without_bos"]  # typed: each part a Part record
     return {"seconds": seconds, "norm_ratio": sinks["norm_ratio"], "norm_stages": sinks["norm_stages"],
             "sink_rate": sinks["sink_rate"], "massive_dim": dim, "massive_value": float(at_p0[dim]),
             "massive_dims": [d["dim"] for d in sinks["massive_dims"]], "onset": onset["layer"],
@@ -186,7 +186,7 @@ def measure(model: Any, reference_logp: Any = None) -> dict[str, Any]:
             "faithfulness": circuit.get("faithfulness"), "faithful": circuit.get("faithful"),
             "edges": len(onset.get("edges") or {}), "neuron_metric": (onset.get("neuron_pass") or {}).get("metric"),
             "neurons": onset.get("neurons") or {},
-            "verdict": {k: label(v) for k, v in parts.items()},
+            "verdict": {k: label(getattr(parts, k)) for k, _, _ in PARTS},
             "claim": a["verdict"]["claim"], "kl": kl, "top1": top1, "_logp": logp}
 
 

@@ -179,3 +179,42 @@ def test_records_doc_lists_the_analysis_parts():
                     reached.add(h)
                     todo.append(h)
     assert set(classes) <= reached, sorted(c.__name__ for c in set(classes) - reached)
+
+
+def test_a_fact_said_twice_in_a_record_must_agree():
+    """A search record's ``size`` is the count of what it keeps (counted when left out; a wrong one, or kept names that
+    are not names, refused when made and by key path when read); a sink summary's ``bos`` is its setting's key (refused
+    by key path in analysis.json and in the state file)."""
+    from p0circuit.core.searches import EdgeSearch, NodeSearch
+    from p0circuit.studies.analysis.passes import NodeCircuit
+
+    made = dict(nodes=["A0.H0@0", "M0@0"], candidates=5, faithfulness=0.95, denoising=None, completeness=0.9,
+                faithful=True)
+    assert NodeSearch(**made).size == 2 and NodeSearch(**made).to_dict()["size"] == 2
+    assert EdgeSearch(edges=[], candidates=0, faithfulness=None, completeness=None, faithful=False).size == 0
+    for bad, said in ((dict(size=3), "size=3 but it keeps 2 nodes"), (dict(size=True), "size=True")):
+        with pytest.raises(p0.BadInputError, match=said):
+            NodeSearch(**{**made, **bad})
+    row = {"layer": 1, "where": "P0", "at": 0, "token": None, "prompt_set": "x",
+           "circuit": {**NodeSearch(**made).to_dict(), "size": 7}}
+    with pytest.raises(p0.ConfigError, match=r"its key circuit must be a NodeCircuit whose keys agree, got NodeCircuit: "
+                                             r"size=7 but it keeps 2 nodes"):
+        OnsetRow.from_dict(row)
+    assert isinstance(OnsetRow.from_dict({**row, "circuit": NodeSearch(**made).to_dict()}).circuit, NodeCircuit)
+    good = json.loads(json.dumps(_analysis(sinks={"without_bos": _summary(bos=False)})))
+    AnalysisRecord.from_dict(good)
+    with pytest.raises(p0.ConfigError, match=r"its key sinks\['without_bos'\]\.bos must be False \(the setting "
+                                             r"'without_bos'\), got True"):
+        AnalysisRecord.from_dict(_analysis(sinks={"without_bos": _summary(bos=True)}))
+    state = {"schema": SCHEMA_VERSION, "header": _header(AnalysisSettings()),
+             "steps": {"with_bos/sinks": {"value": _summary(bos=False), "seconds": 1.0}}}
+    with pytest.raises(p0.ConfigError, match=r"steps\['with_bos/sinks'\]\.value\.bos must be True"):
+        StateFile.from_dict(state)
+
+
+def _summary(bos: bool) -> dict:
+    """A sink summary of two blocks (a SinkSummary's JSON)."""
+    return {"bos": bos, "sink_rate": 0.5, "norm_stages": [["onset", 1, 6.0]], "massive_dims": [], "sink_positions": [],
+            "norm_ratio": [1.0, 6.0], "alpha": [[0.2], [0.9]], "sink_rate_per_layer": [0.0, 0.5],
+            "direction_stability": None, "direction_to_onset": None, "direction_stability_ordinary": None,
+            "direction_stability_unmassive": None, "n_prompts": 8, "seq_len": 16}

@@ -135,3 +135,23 @@ def test_a_torn_index_is_rebuilt_and_bad_records_are_skipped_and_said(report, tm
     assert (f"skipped results.jsonl line {len(records)}: the record has no schema version (it was written by a p0circuit from before the "
             f"records were versioned); this p0circuit reads schema version {CELL_SCHEMA} only: sweep into a new --out") in err
     assert f"skipped results.jsonl line {len(records) + 1}: not valid JSON" in err
+
+
+def test_a_sweep_computes_again_a_cell_of_another_version(report, tmp_path):
+    """A cell written before cell records were versioned (or of another version) is not done: the same sweep computes
+    it again and writes it over (the broken model's cells fail again, as in the fixture), and every finished record
+    is of this version, which the summary reads."""
+    from p0circuit.surfaces.sweep.runner import summary_table
+    from p0circuit.surfaces.sweep.store import done_keys, read_records
+
+    out = shutil.copytree(report.parent, tmp_path / "sweep")
+    cells = sorted((out / "cells").glob("*.json"))
+    old = json.loads(cells[0].read_text())
+    cells[0].write_text(json.dumps({k: v for k, v in old.items() if k != "schema"}))
+    assert done_keys(out) == {c.stem for c in cells[1:]}
+    with pytest.raises(CellsFailed):
+        run_sweep(SweepConfig(**json.loads((out / "config.json").read_text())), out, progress=False)
+    assert json.loads(cells[0].read_text())["schema"] == CELL_SCHEMA and done_keys(out) == {c.stem for c in cells}
+    records, notes = read_records(out)
+    assert len(records) == len(cells) and not notes
+    assert summary_table(records).count("planted:rope") == len(cells)

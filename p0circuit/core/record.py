@@ -22,7 +22,7 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any, ClassVar, Optional, TypeVar, Union
 
-from p0circuit.core.errors import ConfigError
+from p0circuit.core.errors import ConfigError, P0CircuitError
 
 SCHEMA = "schema"
 """The key of a versioned record's version."""
@@ -151,6 +151,9 @@ def read_value(value: Any, hint: Any, path: str) -> Any:
         keyed = [m for m in misses if isinstance(m, _Keys)]
         if len(keyed) == len(misses) == 1:
             raise keyed[0]  # the one record this value could be, with the key it lacks
+        own = [m for m in misses if not isinstance(m, _Keys)]
+        if len(own) == 1 and len(misses) > 1 and isinstance(own[0].hint, str):
+            raise own[0]  # the one record whose keys it has, refused by that record's own check
         deepest = max(misses, key=lambda m: len(m.path), default=None)
         if deepest is not None and deepest.path != path:
             raise deepest  # a record that fits at this level but not deeper: the deeper reason is the useful one
@@ -282,7 +285,10 @@ class Record:
         if unknown:
             raise _Keys(path, f"has the unknown key(s) {unknown} ({cls.__name__}'s keys: {known})")  # type: ignore[attr-defined]
         values = {k: read_value(v, hints[k], f"{path}.{k}") for k, v in data.items()}
-        record = cls(**values)
+        try:
+            record = cls(**values)
+        except P0CircuitError as err:  # a record's own check when made (its keys disagree): by key path, with the fix
+            raise _Mismatch(path, f"a {cls.__name__} whose keys agree", data, str(err)) from None  # type: ignore[attr-defined]
         record._check(path)  # type: ignore[attr-defined]
         return record
 

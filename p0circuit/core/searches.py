@@ -29,16 +29,16 @@ class NodeSearch(Record):
     """Share of the change removed by corrupting the circuit alone."""
     faithful: bool
     """Within ``max_size`` nodes and at ``target`` in every direction measured."""
-    size: int
-    """The circuit's nodes, counted (``len(nodes)``)."""
     why: str = ""
     """What fell short, when not ``faithful``."""
     settings: dict[str, Any] = field(default_factory=dict)
     """target, tolerance, max_size, corruption, metric, the setup's description, clean and corrupted metric,
     evaluations (and of them ``reused``: answered by an earlier search of the same result)."""
+    size: Optional[int] = None
+    """The circuit's nodes, counted (``len(nodes)``; None when made: counted then)."""
 
     def __post_init__(self) -> None:
-        _counted(self, self.nodes)
+        _counted(self, "nodes")
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,6 @@ class EdgeSearch(Record):
     """Share of the change removed by corrupting the kept edges alone (None: not searched)."""
     faithful: bool
     """``faithfulness`` reaches ``target``."""
-    size: int
-    """The kept edges, counted (``len(edges)``)."""
     effects: dict[str, Optional[float]] = field(default_factory=dict)
     """Every candidate edge's normalized effect alone (path patching; None: undefined)."""
     why: str = ""
@@ -68,13 +66,21 @@ class EdgeSearch(Record):
     settings: dict[str, Any] = field(default_factory=dict)
     """target, tolerance, ``held`` (edge or node name -> why it is held as it is, never corrupted as an
     edge), the node circuit's faithfulness in this forward, evaluations, how the search ran."""
+    size: Optional[int] = None
+    """The kept edges, counted (``len(edges)``; None when made: counted then)."""
 
     def __post_init__(self) -> None:
-        _counted(self, self.edges)
+        _counted(self, "edges")
 
 
-def _counted(record: Any, items: Any) -> None:
-    """Refuse a search record whose ``size`` is not the count of what it kept (one fact, said twice in its JSON)."""
-    if isinstance(items, list) and record.size != len(items):
-        raise BadInputError(f"{type(record).__name__}: size={record.size!r:.20} but it keeps {len(items)}; size is "
-                            "len(nodes) (len(edges) for edges)")
+def _counted(record: Any, name: str) -> None:
+    """Count what a search record keeps into its ``size`` when made without one, and refuse one whose ``size`` is not
+    that count (one fact, said twice in its JSON) or whose kept names are not a list of names."""
+    items = getattr(record, name)
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+        raise BadInputError(f"{type(record).__name__}: {name}={items!r:.40} must be a list of names")
+    if record.size is None:
+        object.__setattr__(record, "size", len(items))  # (frozen: counted once, when made)
+    elif isinstance(record.size, bool) or record.size != len(items):
+        raise BadInputError(f"{type(record).__name__}: size={record.size!r:.20} but it keeps {len(items)} {name}; size "
+                            f"is len({name}) (leave it out and it is counted)")

@@ -287,30 +287,32 @@ quarters along unless another label or a node is there, then ever further from t
 def _apart(ax: Any, labels: list[tuple[Any, Callable[[float], tuple[float, float]]]]) -> None:
     """Move each edge label along its edge to the first place of :data:`LABEL_AT` where it overlaps no node and no
     label placed before it (edges into one node meet there, and their labels at one share of the way would pile up);
-    where every place is taken, the label stays at the first. Measured on the figure as laid out."""
+    where every place is taken, to the place where it overlaps least. Measured once on the figure as laid out here
+    (each label's size, then every place's box in display units): a figure drawn into a caller's axes and laid out
+    again later keeps these places."""
     if not labels:
         return
+    import numpy as np
     from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.patches import FancyBboxPatch
 
     fig = ax.figure
     renderer = RendererAgg(fig.bbox.width, fig.bbox.height, fig.dpi)
-    taken = [p.get_window_extent(renderer) for p in ax.patches if isinstance(p, FancyBboxPatch)]
-    def crowded(box: Any) -> float:  # the area it shares with what is placed
-        return sum(max(0.0, min(box.x1, o.x1) - max(box.x0, o.x0)) * max(0.0, min(box.y1, o.y1) - max(box.y0, o.y0))
-                   for o in taken)
-
+    boxes = [p.get_window_extent(renderer) for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    taken = np.array([[b.x0, b.y0, b.x1, b.y1] for b in boxes], dtype=float).reshape(-1, 4)
+    shares = np.array(LABEL_AT)
     for text, on in labels:
-        tried = []
-        for t in LABEL_AT:
-            text.set_position(on(t))
-            box = text.get_window_extent(renderer).expanded(1.15, 1.3)
-            tried.append((crowded(box), t, box))
-            if tried[-1][0] == 0:
-                break
-        _, t, box = min(tried, key=lambda x: x[0])  # free, or where it overlaps least
-        text.set_position(on(t))
-        taken.append(box)
+        size = text.get_window_extent(renderer)
+        half = np.array([size.width * 1.15, size.height * 1.3]) / 2
+        centres = ax.transData.transform(np.array([on(s) for s in shares]))  # (places, 2), display units
+        places = np.hstack([centres - half, centres + half])  # (places, 4): x0, y0, x1, y1
+        dx = np.minimum(places[:, None, 2], taken[None, :, 2]) - np.maximum(places[:, None, 0], taken[None, :, 0])
+        dy = np.minimum(places[:, None, 3], taken[None, :, 3]) - np.maximum(places[:, None, 1], taken[None, :, 1])
+        crowded = (np.clip(dx, 0, None) * np.clip(dy, 0, None)).sum(1)  # (places,): the area shared with what is placed
+        free = np.flatnonzero(crowded == 0)
+        best = int(free[0]) if len(free) else int(crowded.argmin())
+        text.set_position(on(float(shares[best])))
+        taken = np.vstack([taken, places[best]])
 
 
 def empty_note(circuit: Circuit) -> str:

@@ -150,7 +150,7 @@ def faithful_edges(
                "no edge between the circuit's nodes can be corrupted as an edge" if held else
                "no edge between the circuit's nodes")
         return _with_edges(circuit, EdgeSearch(edges=[], candidates=len(cands), faithfulness=None, completeness=None,
-                                               faithful=False, size=0, why=why, searched=False, settings=settings))
+                                               faithful=False, why=why, searched=False, settings=settings))
     single = path_patch(model, tokens, edges=cands, corruption=setup.prep.corruption, metric=setup.metric,
                         bos=setup.options.bos, min_signal=0.0)
     effects = {e.name: float(single.normalized[e.name]) for e in cands}
@@ -190,7 +190,7 @@ def faithful_edges(
                            "receiver block first")
     short = "" if faithfulness >= target else f"faithfulness {faithfulness:.3f} < {target}"
     return _with_edges(circuit, EdgeSearch(edges=[e.name for e in kept], candidates=len(cands), faithfulness=faithfulness,
-                                           completeness=completeness, faithful=not short, size=len(kept),
+                                           completeness=completeness, faithful=not short,
                                            effects=effects, why=short, settings=settings))
 
 

@@ -315,7 +315,7 @@ def faithful_circuit(
         short.append(f"denoising the circuit restores {denoising:.3f} < {target} of the change")
     search = NodeSearch(
         nodes=[n.name for n in circuit], candidates=len(live), faithfulness=faithfulness, denoising=denoising,
-        completeness=completeness, faithful=not short, size=len(circuit), why="; ".join(short),
+        completeness=completeness, faithful=not short, why="; ".join(short),
         settings={"target": target, "tolerance": tolerance, "max_size": max_size, "require_denoising": require_denoising,
                   "corruption": result.corruption,
                   "metric": result.metric, "setup": setup.describe(), "clean": clean, "corrupted": corrupted,

@@ -97,7 +97,10 @@ class StateFile(AnalysisPart):
             if isinstance(kind, _Part):
                 _read_part(step["value"], kind, f"{where}.value")
             else:
-                read_value(step["value"], kind, f"{where}.value")
+                value = read_value(step["value"], kind, f"{where}.value")
+                tag = key.split("/", 1)[0]
+                if isinstance(value, SinkSummary) and tag in SETTINGS.values() and value.bos != (tag == SETTINGS[True]):
+                    raise Mismatch(f"{where}.value.bos", f"{tag == SETTINGS[True]} (the setting {tag!r})", value.bos)
             if not step["seconds"] >= 0 or (key == UNIT and not step["seconds"] > 0):
                 raise Mismatch(f"{where}.seconds", "a number of seconds > 0" if key == UNIT else "a number of seconds >= 0",
                                step["seconds"], f"{step['seconds']!r}" + (" (the unit forward every step's cost is "
@@ -262,6 +265,11 @@ class AnalysisRecord(AnalysisPart):
     FIX: ClassVar[str] = ("run `p0circuit analyze` again with the same --out (analyze(model, out=...)): it rewrites "
                           "analysis.json from the finished steps of its state file, computing none again; only if that "
                           "state is refused too, pass --fresh (fresh=True) to start over")
+
+    def _check(self, path: str) -> None:
+        for tag, summary in self.sinks.items():  # the setting's key and its summary's BOS choice: one fact, said twice
+            if isinstance(summary, SinkSummary) and tag in SETTINGS.values() and summary.bos != (tag == SETTINGS[True]):
+                raise Mismatch(f"{path}.sinks[{tag!r}].bos", f"{tag == SETTINGS[True]} (the setting {tag!r})", summary.bos)
 
     @classmethod
     def read(cls, path: Path) -> "AnalysisRecord":

@@ -79,8 +79,11 @@ class Analysis:
 
     @property
     def data(self) -> dict[str, Any]:
-        """``analysis.json``'s content (the record's ``to_dict()``)."""
-        return self.record.to_dict()
+        """``analysis.json``'s content (the record's ``to_dict()``, made once: a change to it stays in it, as in a
+        dict, and changes neither the record nor the file)."""
+        if self.__dict__.get("_data_of") is not self.record:  # (made again when the record is replaced)
+            self.__dict__["_data"], self.__dict__["_data_of"] = self.record.to_dict(), self.record
+        return self.__dict__["_data"]
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]

@@ -75,8 +75,8 @@ class Setting:
                            self.s.seed if seed is None else seed)
         for name, value, least in (("n", n, 1), ("length", length, 1), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise BadInputError(f"Setting.prompts: {name}={value!r:.40} must be a whole number >= {least}")
+                raise BadInputError(f"Setting: {name}={value!r:.40} must be a whole number >= {least}")
         if length + int(self.bos) > self.model.cfg.n_ctx:
-            raise BadInputError(f"Setting.prompts: {length} tokens" + (" and the start token" if self.bos else "")
+            raise BadInputError(f"Setting: {length} tokens" + (" and the start token" if self.bos else "")
                                 + f" exceed the model's context of {self.model.cfg.n_ctx} positions; pass a shorter length")
         return n, length, seed

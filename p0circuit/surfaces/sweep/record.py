@@ -1,10 +1,11 @@
 """One sweep cell's record (``DIR/cells/<key>.json``, a line of ``DIR/results.jsonl``), versioned and read back
 typed: :class:`CellRecord`. Imports no torch (``p0circuit sweep --dry-run`` and the report read records only)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Optional
 
-from p0circuit.core.record import ABSENT, Maybe, Record
+from p0circuit.core.errors import P0CircuitError
+from p0circuit.core.record import ABSENT, Maybe, Mismatch, Record
 from p0circuit.core.types import CircuitRecord
 from p0circuit.surfaces.sweep.config import Cell
 
@@ -48,6 +49,15 @@ class CellRecord(Record):
     SCHEMA_VERSION: ClassVar[Optional[int]] = CELL_SCHEMA
     FIX: ClassVar[str] = ("sweep into a new --out (the cell is computed again by this p0circuit), or read it with the "
                           "p0circuit that wrote it")
+
+    def _check(self, path: str) -> None:
+        """The grid coordinates read as a :class:`~p0circuit.surfaces.sweep.config.Cell` (its fields, checked as a sweep
+        of that one cell would be), by key path."""
+        try:
+            Cell(**self.cell)
+        except (TypeError, P0CircuitError) as err:
+            raise Mismatch(f"{path}.cell", f"a cell's grid coordinates ({', '.join(f.name for f in fields(Cell))})",
+                           self.cell, str(err)) from None
 
     @property
     def grid(self) -> Cell:

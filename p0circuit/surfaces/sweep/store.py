@@ -14,9 +14,17 @@ from p0circuit.surfaces.sweep.record import CellRecord
 
 
 def done_keys(out: Path) -> set[str]:
-    """Keys of the cells already written under ``out``."""
+    """Keys of the cells already written under ``out`` whose record this p0circuit reads (a cell file cut short, of
+    another version or of none is not done: a sweep computes it again and writes it over)."""
     cells = out / "cells"
-    return {p.stem for p in cells.glob("*.json")} if cells.is_dir() else set()
+    done = set()
+    for p in sorted(cells.glob("*.json")) if cells.is_dir() else []:
+        try:
+            CellRecord.from_dict(json.loads(p.read_text(encoding="utf-8", errors="replace")), str(p))
+        except (ValueError, ConfigError):
+            continue
+        done.add(p.stem)
+    return done
 
 
 def read_records(out: Path) -> tuple[list[CellRecord], list[str]]:
