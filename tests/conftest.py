@@ -43,7 +43,7 @@ PROCESS_TESTS = {"test_reliability.py", "test_determinism.py", "test_load_memory
                  "test_analysis.py::test_the_analysis_report_in_a_headless_browser"}
 """Tests that kill, spawn or pool processes (marker ``processes``): fresh Python processes timed as a user meets
 them, a headless browser."""
-SURFACE_TESTS = {"test_cli.py", "test_report.py",
+SURFACE_TESTS = {"test_cli.py", "test_report.py", "test_docs_figures.py",
                  "test_names.py::test_discover_defaults_to_a_directory_per_model_and_never_overwrites_another",
                  "test_names.py::test_discover_writes_strict_json_and_says_once_when_svg_is_skipped",
                  "test_hostile_inputs.py::test_the_valid_arguments_run",

@@ -285,6 +285,12 @@ def test_from_an_old_package_import_a_moved_submodule():
 def test_removed_names_name_their_replacement():
     with pytest.raises(AttributeError, match="check_attribution"):
         p0.disagreements  # noqa: B018
+    from p0circuit.patching import setup
+
+    with pytest.warns(FutureWarning, match="PatchInputs is the former name of p0circuit.Setup"):
+        assert setup.PatchInputs is p0.Setup  # one name for one thing; the old one for a release
+    with pytest.raises(AttributeError, match="has no attribute 'PatchInput'"):
+        setup.PatchInput  # noqa: B018
 
 
 def test_the_contributor_guide_examples_run(planted):

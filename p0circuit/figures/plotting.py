@@ -1,6 +1,7 @@
 """Figure helpers shared by the experiments, the tracker and the sweep report: matplotlib figures,
 saved as PNG on request."""
 
+import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -135,8 +136,17 @@ def _heat(ax: Any, grid: Any, xlabels: list, ylabels: list, title: str, ylabel: 
 
     bound = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
     im = ax.imshow(grid, aspect="auto", origin="lower", cmap=EFFECT_CMAP, vmin=-bound, vmax=bound)
-    ax.set_xticks(range(len(xlabels)), xlabels, fontsize=7, rotation=90 if len(xlabels) > 12 else 0)
-    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
+    for labels, ticks in ((xlabels, ax.set_xticks), (ylabels, ax.set_yticks)):  # at most TICKS named, evenly
+        every = math.ceil(len(labels) / TICKS) or 1
+        shown = range(0, len(labels), every)
+        rotation = 90 if ticks == ax.set_xticks and len(shown) > 12 else 0
+        ticks(list(shown), [labels[i] for i in shown], fontsize=7, rotation=rotation)
     ax.set_title(title, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.figure.colorbar(im, ax=ax, label=EFFECT_LABEL)
+    bar = ax.figure.colorbar(im, ax=ax)
+    bar.set_label(EFFECT_LABEL.replace(" (", "\n("), fontsize=7)  # two short lines: within the panel's height
+    bar.ax.tick_params(labelsize=7)
+
+
+TICKS = 24
+"""The most tick labels a heatmap's axis names (every k-th past it: 48 positions show 0, 2, 4, ...)."""

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from p0circuit.core.args import entry_point
-from p0circuit.core.errors import BadInputError, ConfigError, source_of
+from p0circuit.core.errors import BadInputError, ConfigError, source_of, warn_user
 from p0circuit.core.io import describe
 from p0circuit.models.checks import check_model
 from p0circuit.models.tokens import check_tokens
@@ -277,5 +277,11 @@ class Setup:
         return cls(model, tokens, metric, prep, options, digest(model, metric, (tokens, prep.corrupt_tokens)))
 
 
-PatchInputs = Setup
-"""The former name of :class:`Setup` (kept for code written against it)."""
+def __getattr__(name: str) -> Any:
+    """``PatchInputs``, the former name of :class:`Setup`: the class, for this release only, with a ``FutureWarning``
+    naming it (one name for one thing: ``Setup``)."""
+    if name == "PatchInputs":
+        warn_user("p0circuit.patching.setup.PatchInputs is the former name of p0circuit.Setup; the old name works for "
+                  "this release only", FutureWarning)
+        return Setup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
