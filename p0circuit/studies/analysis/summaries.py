@@ -32,35 +32,43 @@ class SinkPosition(AnalysisPart):
     """Its commonest tokens, each with its count."""
 
 
-@dataclass(frozen=True)
-class CorruptionVariation(AnalysisPart):
-    """The first P0 onset's node pass under one corruption (a variation), or why it could not run."""
+@dataclass(frozen=True, kw_only=True)
+class NodePassSummary(AnalysisPart):
+    """A node pass in short (a variation's): its metric's change and its strongest nodes. Each key is absent where the
+    pass did not run."""
 
     metric: Maybe[str] = ABSENT
     """The metric (the onset's norm ratio)."""
-    signal: Maybe[bool] = ABSENT
-    """Whether clean and corrupted differ enough to normalize effects."""
     clean: Maybe[float] = ABSENT
     """The metric on the clean prompts."""
     corrupted: Maybe[float] = ABSENT
     """The metric on the corrupted prompts."""
-    message: Maybe[str] = ABSENT
-    """Why there is no signal (empty with one)."""
+    signal: Maybe[bool] = ABSENT
+    """Whether clean and corrupted differ enough to normalize effects."""
     normalization: Maybe[Normalization] = ABSENT
     """Whether the normalized effects carry."""
-    screen: Maybe[Optional[NodeScreen]] = ABSENT
-    """How attribution screened the candidates (None: every one patched exactly)."""
     nodes: Maybe[dict[str, float]] = ABSENT
     """The 8 strongest nodes, node -> normalized effect."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorruptionVariation(NodePassSummary):
+    """The first P0 onset's node pass under one corruption (a variation), or why it could not run."""
+
+    message: Maybe[str] = ABSENT
+    """Why there is no signal (empty with one)."""
+    screen: Maybe[Optional[NodeScreen]] = ABSENT
+    """How attribution screened the candidates (None: every one patched exactly)."""
     note: Maybe[str] = ABSENT
     """Where the corrupted run has the stronger sink: why its effects measure nothing the sink needs."""
     error: Maybe[str] = ABSENT
     """Why the corruption could not run here (then no other key)."""
 
 
-@dataclass(frozen=True)
-class LengthVariation(AnalysisPart):
-    """The sink report and the first P0 onset's node pass at another prompt length."""
+@dataclass(frozen=True, kw_only=True)
+class LengthVariation(NodePassSummary):
+    """The sink report and the first P0 onset's node pass at another prompt length (its pass absent when the onset
+    is past this length's blocks)."""
 
     sink_rate: Optional[float]
     """Share of heads whose attention to position 0 passes the sink line."""
@@ -69,19 +77,7 @@ class LengthVariation(AnalysisPart):
     prompts: str
     """The prompts, in words."""
     corruption: Maybe[str] = ABSENT
-    """The corruption patched with (absent when the onset is past this length's blocks)."""
-    metric: Maybe[str] = ABSENT
-    """The metric."""
-    clean: Maybe[float] = ABSENT
-    """The metric on the clean prompts."""
-    corrupted: Maybe[float] = ABSENT
-    """The metric on the corrupted prompts."""
-    signal: Maybe[bool] = ABSENT
-    """Whether they differ enough to normalize effects."""
-    normalization: Maybe[Normalization] = ABSENT
-    """Whether the normalized effects carry."""
-    nodes: Maybe[dict[str, float]] = ABSENT
-    """The 8 strongest nodes, node -> normalized effect."""
+    """The corruption patched with."""
 
 
 @dataclass(frozen=True)
