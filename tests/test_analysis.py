@@ -681,3 +681,9 @@ def test_the_result_reads_as_its_typed_record(rope_run):
     assert result.sinks["without_bos"].bos is False and result.timing.forwards == result["timing"]["forwards"]
     with pytest.raises(AttributeError, match="an Analysis has no 'verdikt': its record's fields are"):
         result.verdikt
+    assert "verdict" in result and "verdikt" not in result and list(result) == list(result.data)  # reads as a dict
+    pm = rope_run[0]
+    as_circuit = first.circuit.to_circuit()  # the analysis' circuit, for compare/prune/figures
+    assert set(first.circuit.nodes) <= {n.name for n in as_circuit.nodes}  # (and its edges' ends)
+    assert {e.name for e in as_circuit.edges} >= set(first.circuit.edge_circuit.edges)
+    assert p0.compare(first.circuit, pm.truth) == p0.compare(as_circuit, pm.truth)

@@ -142,3 +142,25 @@ def test_analyze_help_names_options_not_python(capsys):
     out = capsys.readouterr().out
     assert "``" not in out
     assert "--first-tokens;" in " ".join(out.split())
+
+
+def test_a_newcomers_mistakes_are_named_with_the_option_and_a_next_step(tmp_path, capsys):
+    """A prompt count or length below its least is refused by its option's name before any model is built (was: the
+    internal make_prompts, after the load); a missing sweep config names the configs beside it; --workers 0 says
+    what the option is."""
+    import subprocess
+    import sys
+
+    from p0circuit.surfaces.cli import main
+
+    code = ("import sys; from p0circuit.surfaces.cli import main; code = main(['discover', '--n-prompts', '-1', '--out', "
+            f"{str(tmp_path / 'o')!r}]); print(code, sorted(m for m in ('torch',) if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.stdout.split() == ["2", "[]"] and "--n-prompts -1: must be a whole number >= 1" in run.stderr
+    assert main(["discover", "--seq-len", "1", "--quiet", "--out", str(tmp_path / "o")]) == 2
+    assert "--seq-len 1: must be a whole number >= 2" in capsys.readouterr().err
+    (tmp_path / "small.toml").write_text('[sweep]\nmodels = ["planted:rope"]\n')
+    assert main(["sweep", str(tmp_path / "smal.toml"), "--dry-run"]) == 2
+    assert f"does not exist; {tmp_path} holds small.toml" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "small.toml"), "--workers", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "workers=0 must be >= 1 (--workers: processes running cells at once)" in capsys.readouterr().err

@@ -40,6 +40,15 @@ class NodeSearch(Record):
     def __post_init__(self) -> None:
         _counted(self, "nodes")
 
+    def to_circuit(self) -> Any:
+        """The circuit this search kept as the one :class:`~p0circuit.Circuit` (its measures in its settings; with its
+        edges where the record carries an edge search, as an analysis' ``circuit`` does), so that ``compare``,
+        ``prune`` and the figures take it: ``p0.compare(result.onsets["without_bos"][0].circuit, pm.truth)``."""
+        from p0circuit.core.circuits import searched_circuit
+
+        edges = getattr(self, "edge_circuit", None)
+        return searched_circuit(self.to_dict(), edges.to_dict() if isinstance(edges, EdgeSearch) else None)
+
 
 @dataclass(frozen=True)
 class EdgeSearch(Record):

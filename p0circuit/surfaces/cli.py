@@ -106,6 +106,10 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     from p0circuit.core.errors import ConfigError
     from p0circuit.core.types import parse_nodes
 
+    for option, least in (("n_prompts", 1), ("seq_len", 2)):  # (None: the default that fits the model)
+        value = getattr(args, option, None)
+        if value is not None and value < least:
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: must be a whole number >= {least}")
     n_layers = entry_layers(_model_entry(args))
     if args.metric:
         check_metric_entry(args.metric, n_layers)

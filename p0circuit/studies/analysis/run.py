@@ -88,6 +88,12 @@ class Analysis:
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
 
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def __iter__(self) -> Any:
+        return iter(self.data)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name == "record":  # (not during construction or copying)
             raise AttributeError(name)

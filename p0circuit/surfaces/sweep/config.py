@@ -118,7 +118,10 @@ class SweepConfig:
         """Read a TOML file with a ``[sweep]`` table."""
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"sweep config {str(path)!r} does not exist")
+            near = sorted(q.name for q in path.parent.glob("*.toml")) if path.parent.is_dir() else []
+            raise ConfigError(f"sweep config {str(path)!r} does not exist; "
+                              + (f"{path.parent} holds {', '.join(near[:8])}" if near else
+                                 "the repository's configs/ holds examples (configs/demo.toml)"))
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:

@@ -141,8 +141,10 @@ def run_sweep(
     """
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}")
-    if workers < 1 or (max_cells is not None and max_cells < 0):
-        raise ConfigError(f"run_sweep: workers={workers!r} must be >= 1 and max_cells={max_cells!r} None or >= 0")
+    if workers < 1:
+        raise ConfigError(f"run_sweep: workers={workers!r} must be >= 1 (--workers: processes running cells at once)")
+    if max_cells is not None and max_cells < 0:
+        raise ConfigError(f"run_sweep: max_cells={max_cells!r} must be None (every cell) or >= 0 (--max-cells)")
     out = out_dir("run_sweep", out)
     check_owner(config, out)
     out.mkdir(parents=True, exist_ok=True)
