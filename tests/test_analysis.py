@@ -22,6 +22,7 @@ from p0circuit.studies.analysis import AnalysisSettings, analyze
 from p0circuit.studies.analysis import run as analysis_run
 from p0circuit.studies.analysis import steps
 from p0circuit.studies.analysis.setting import Setting
+from p0circuit.core.record import ABSENT
 from p0circuit.surfaces.cli import main
 from p0circuit.core import memory
 from p0circuit.models.planted import build_planted
@@ -681,9 +682,20 @@ def test_the_result_reads_as_its_typed_record(rope_run):
     assert result.sinks["without_bos"].bos is False and result.timing.forwards == result["timing"]["forwards"]
     with pytest.raises(AttributeError, match="an Analysis has no 'verdikt': its record's fields are"):
         result.verdikt
-    assert "verdict" in result and "verdikt" not in result and list(result) == list(result.data)  # reads as a dict
+    assert "verdict" in result and "verdikt" not in result and "timing" in list(result)  # reads as a dict too
     pm = rope_run[0]
-    as_circuit = first.circuit.to_circuit()  # the analysis' circuit, for compare/prune/figures
-    assert set(first.circuit.nodes) <= {n.name for n in as_circuit.nodes}  # (and its edges' ends)
-    assert {e.name for e in as_circuit.edges} >= set(first.circuit.edge_circuit.edges)
-    assert p0.compare(first.circuit, pm.truth) == p0.compare(as_circuit, pm.truth)
+    circuit = first.to_circuit()  # the row's circuit with every candidate's effect, for compare/prune/figures
+    assert set(first.circuit.nodes) <= {n.name for n in circuit.nodes}  # (and its edges' ends)
+    assert set(first.circuit.edge_circuit.edges) <= {e.name for e in circuit.edges}
+    assert circuit.node_effects == first.effects and circuit.settings["corruption"] == first.corruption
+    truth = {e.name for e in pm.truth.edges}
+    scores = p0.compare(first, pm.truth)
+    assert scores["edge_recall"] == pytest.approx(len(truth & {e.name for e in circuit.edges}) / len(truth))
+    effects = first.circuit.edge_circuit.effects
+    kept = first.circuit.edge_circuit.edges
+    strongest = sorted(kept, key=lambda e: -abs(effects[e]))[:2]
+    assert {e.name for e in p0.prune(first, top_k=2).edges} == set(strongest)  # by the effects, not only the names
+    bare = p0.compare(first.circuit, pm.truth)  # the search record alone: kept names, no effects
+    assert bare["edge_recall"] == scores["edge_recall"] and "edge_auroc" in scores
+    with pytest.raises(p0.BadInputError, match="has no faithful circuit"):
+        first.replace(circuit=ABSENT).to_circuit()

@@ -1,6 +1,7 @@
 """The figures the README and docs/guide.md show are what the code draws now: ``docs/figures/make.py`` draws them again
-(from the README's quick look) and each must match the stored file pixel for pixel, within antialiasing; after a
-change to the figures, run ``python docs/figures/make.py`` and commit."""
+(from the README's quick look) and each must match the stored file: fewer than 0.05% of its pixels may differ by
+more than antialiasing does (a label's sign flipped changes 0.3%); after a change to the figures, run
+``python docs/figures/make.py`` and commit."""
 
 import importlib.util
 from pathlib import Path
@@ -39,4 +40,5 @@ def test_a_stored_figure_is_what_the_code_draws(drawn, name):
     stored = np.asarray(Image.open(SCRIPT.parent / name).convert("RGB"), dtype=float)
     now = np.asarray(Image.open(drawn[name]).convert("RGB"), dtype=float)
     assert stored.shape == now.shape, f"{name}: {stored.shape} stored, {now.shape} drawn now: run docs/figures/make.py"
-    assert np.abs(stored - now).mean() < 0.5, f"{name} differs from what the code draws: run docs/figures/make.py"
+    changed = float((np.abs(stored - now) > 40).any(-1).mean())  # pixels that differ visibly (not antialiasing)
+    assert changed < 0.0005, f"{name}: {changed:.2%} of its pixels differ from what the code draws: run docs/figures/make.py"

@@ -208,6 +208,17 @@ def test_a_metric_method_and_family_from_a_scratch_module(plugin, planted, tmp_p
                          methods=["mlp_activation"], metrics=["p0_share:1"], n_prompts=4, seq_len=8)
     records = run_sweep(config, tmp_path / "sweep", progress=False)
     assert [r["cell"]["corruption"] for r in records] == ["swap_first_two"]
+    # read in a fresh process, before any plugin is loaded: the records read, and the report (which loads the
+    # config's plugins) is written
+    import subprocess
+    import sys
+
+    code = ("from pathlib import Path; from p0circuit.surfaces.sweep.store import read_records, done_keys; "
+            "from p0circuit.surfaces.sweep_report import write_report; "
+            f"out = Path({str(tmp_path / 'sweep')!r}); records, notes = read_records(out); "
+            "print(len(records), notes, len(done_keys(out)), write_report(out, attention=False).name)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.stdout.split() == ["1", "[]", "1", "report.html"], run.stderr[-800:]
 
 
 def test_a_plugin_that_is_not_there_is_one_line(tmp_path, capsys):

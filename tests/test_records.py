@@ -193,12 +193,13 @@ def test_a_fact_said_twice_in_a_record_must_agree():
                 faithful=True)
     assert NodeSearch(**made).size == 2 and NodeSearch(**made).to_dict()["size"] == 2
     assert EdgeSearch(edges=[], candidates=0, faithfulness=None, completeness=None, faithful=False).size == 0
+    assert NodeSearch(**made).replace(nodes=["M0@0"]).size == 1 and NodeSearch(**made).replace(why="x").size == 2
     for bad, said in ((dict(size=3), "size=3 but it keeps 2 nodes"), (dict(size=True), "size=True")):
         with pytest.raises(p0.BadInputError, match=said):
             NodeSearch(**{**made, **bad})
     row = {"layer": 1, "where": "P0", "at": 0, "token": None, "prompt_set": "x",
            "circuit": {**NodeSearch(**made).to_dict(), "size": 7}}
-    with pytest.raises(p0.ConfigError, match=r"its key circuit must be a NodeCircuit whose keys agree, got NodeCircuit: "
+    with pytest.raises(p0.ConfigError, match=r"its key circuit must be NodeCircuit with keys that agree, got NodeCircuit: "
                                              r"size=7 but it keeps 2 nodes"):
         OnsetRow.from_dict(row)
     assert isinstance(OnsetRow.from_dict({**row, "circuit": NodeSearch(**made).to_dict()}).circuit, NodeCircuit)

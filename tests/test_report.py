@@ -6,6 +6,8 @@ import shutil
 
 import pytest
 
+import p0circuit as p0
+
 from p0circuit import BadInputError
 from p0circuit.surfaces.cli import main
 from p0circuit.surfaces.sweep_report import write_report
@@ -155,3 +157,7 @@ def test_a_sweep_computes_again_a_cell_of_another_version(report, tmp_path):
     records, notes = read_records(out)
     assert len(records) == len(cells) and not notes
     assert summary_table(records).count("planted:rope") == len(cells)
+    cells[0].write_text(json.dumps({**old, "schema": CELL_SCHEMA + 1}))  # a newer p0circuit's: never overwritten
+    with pytest.raises(p0.ConfigError, match="written by a newer p0circuit.*sweep into another --out"):
+        run_sweep(SweepConfig(**json.loads((out / "config.json").read_text())), out, progress=False)
+    assert json.loads(cells[0].read_text())["schema"] == CELL_SCHEMA + 1

@@ -288,7 +288,7 @@ class Record:
         try:
             record = cls(**values)
         except P0CircuitError as err:  # a record's own check when made (its keys disagree): by key path, with the fix
-            raise _Mismatch(path, f"a {cls.__name__} whose keys agree", data, str(err)) from None  # type: ignore[attr-defined]
+            raise _Mismatch(path, f"{cls.__name__} with keys that agree", data, str(err)) from None  # type: ignore[attr-defined]
         record._check(path)  # type: ignore[attr-defined]
         return record
 

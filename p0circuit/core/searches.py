@@ -12,8 +12,20 @@ from p0circuit.core.errors import BadInputError
 from p0circuit.core.record import Record
 
 
+class _Counted(Record):
+    """A search record whose ``size`` counts what it keeps (the field named by ``KEPT``)."""
+
+    KEPT = "nodes"
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes``; a new list of what it keeps is counted again unless ``size`` is given too."""
+        if self.KEPT in changes and "size" not in changes:
+            changes["size"] = None
+        return super().replace(**changes)
+
+
 @dataclass(frozen=True)
-class NodeSearch(Record):
+class NodeSearch(_Counted):
     """The typed record of a node circuit search (:func:`~p0circuit.patching.circuit_search.faithful_circuit`), attached
     to the :class:`~p0circuit.Circuit` it returns as ``circuit.search``; ``to_dict`` is its JSON record."""
 
@@ -38,12 +50,14 @@ class NodeSearch(Record):
     """The circuit's nodes, counted (``len(nodes)``; None when made: counted then)."""
 
     def __post_init__(self) -> None:
-        _counted(self, "nodes")
+        _counted(self, self.KEPT)
 
     def to_circuit(self) -> Any:
-        """The circuit this search kept as the one :class:`~p0circuit.Circuit` (its measures in its settings; with its
-        edges where the record carries an edge search, as an analysis' ``circuit`` does), so that ``compare``,
-        ``prune`` and the figures take it: ``p0.compare(result.onsets["without_bos"][0].circuit, pm.truth)``."""
+        """The circuit this search kept as the one :class:`~p0circuit.Circuit`: its nodes (and the edges, where the
+        record carries an edge search, as an analysis' ``circuit`` does) with the search's measures in its settings. It
+        carries no candidate's effect (a search record keeps none): ``compare`` scores its precision and recall, but
+        ``prune``, ``plot`` and AUROC need the effects: take the result's circuit, or an analysis' onset row
+        (:meth:`~p0circuit.studies.analysis.records.OnsetRow.to_circuit`)."""
         from p0circuit.core.circuits import searched_circuit
 
         edges = getattr(self, "edge_circuit", None)
@@ -51,9 +65,11 @@ class NodeSearch(Record):
 
 
 @dataclass(frozen=True)
-class EdgeSearch(Record):
+class EdgeSearch(_Counted):
     """The typed record of an edge search (:func:`~p0circuit.patching.circuit_edges.faithful_edges`), attached to the
     :class:`~p0circuit.Circuit` it returns as ``circuit.edge_search``; ``to_dict`` is its JSON record."""
+
+    KEPT = "edges"
 
     edges: list[str]
     """The kept edges, strongest single effect first."""
@@ -79,7 +95,7 @@ class EdgeSearch(Record):
     """The kept edges, counted (``len(edges)``; None when made: counted then)."""
 
     def __post_init__(self) -> None:
-        _counted(self, "edges")
+        _counted(self, self.KEPT)
 
 
 def _counted(record: Any, name: str) -> None:
@@ -90,6 +106,6 @@ def _counted(record: Any, name: str) -> None:
         raise BadInputError(f"{type(record).__name__}: {name}={items!r:.40} must be a list of names")
     if record.size is None:
         object.__setattr__(record, "size", len(items))  # (frozen: counted once, when made)
-    elif isinstance(record.size, bool) or record.size != len(items):
+    elif isinstance(record.size, bool) or not isinstance(record.size, int) or record.size != len(items):
         raise BadInputError(f"{type(record).__name__}: size={record.size!r:.20} but it keeps {len(items)} {name}; size "
                             f"is len({name}) (leave it out and it is counted)")

@@ -200,6 +200,22 @@ class OnsetRow(AnalysisPart):
     """A P0 onset: the weights through which its neurons write the massive dimension, zeroed
     (:class:`~p0circuit.studies.findings.SuperWeights`)."""
 
+    def to_circuit(self, **settings: Any) -> Any:
+        """The onset's faithful circuit as the one :class:`~p0circuit.Circuit`: its nodes and the edges its edge search
+        kept, every candidate's effect (``effects``: what ``prune``, ``compare``'s AUROC and ``plot`` read), its
+        corruption and metric, and ``settings``; so a row takes part wherever a circuit does:
+        ``p0.compare(result.onsets["without_bos"][0], pm.truth)``. A row without a faithful circuit is refused with why."""
+        from p0circuit.core.circuits import searched_circuit
+        from p0circuit.core.errors import BadInputError
+
+        c = self.circuit
+        if not isinstance(c, NodeCircuit):
+            raise BadInputError(f"the onset row at block {self.layer} ({self.where}) has no faithful circuit: "
+                                + (c.note if isinstance(c, Note) else self.skipped or "its node pass did not run"))
+        ec = c.edge_circuit
+        return searched_circuit(c.to_dict(), ec.to_dict() if ec else {}, self.effects or {}, corruption=self.corruption,
+                                metric=self.metric, **settings)
+
 
 @dataclass(frozen=True)
 class Sensitivity(AnalysisPart):

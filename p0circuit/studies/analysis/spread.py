@@ -160,7 +160,7 @@ def spread(setting: Setting, setup: Setup, row: dict[str, Any], *, label: str, s
     (on :func:`scan_prompts` of them)."""
     model, tokens, bos, layer = setup.model, setup.tokens, bool(setup.bos), row["layer"]
     if setup.model is not setting.model or bos != setting.bos:
-        raise BadInputError(f"spread: the setup (bos={bos}) is not of the setting (bos={setting.bos}) on the same model; "
+        raise BadInputError(f"spread: the setup (bos={setup.bos}) is not of the setting (bos={setting.bos}) on the same model; "
                             "make the setup with setting.setup(tokens, corruption, metric)")
     line, seed = setting.s.norm_threshold, setting.s.seed
     name = hooks.resid_post(layer)

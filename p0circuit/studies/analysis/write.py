@@ -21,7 +21,6 @@ from p0circuit.studies.findings import KeyedOn, SinkReads, Unmeasured
 from p0circuit.measures.positions import state_name
 from p0circuit.patching.methods.triage import NOTABLE
 from p0circuit.core.io import strict, write_atomic
-from p0circuit.core.circuits import searched_circuit
 from p0circuit.core.types import Circuit, Edge, Kind, Node
 from p0circuit.studies.analysis.passes import EdgeCircuit, NeuronPass, NodeCircuit, Note
 from p0circuit.studies.analysis.records import Absent, AnalysisRecord, OnsetRow, SinkSummary, Skipped, as_record
@@ -566,8 +565,7 @@ def _figures(d: AnalysisRecord) -> dict[str, list[str]]:
             c = o.circuit
             if isinstance(c, NodeCircuit) and c.nodes:
                 ec = c.edge_circuit
-                circuit = searched_circuit(c.to_dict(), ec.to_dict() if ec else {}, o.effects, corruption=o.corruption,
-                                           metric=o.metric, threshold=d.settings["threshold"])
+                circuit = o.to_circuit(threshold=d.settings["threshold"])
                 name = (f"{'faithful' if c.faithful else 'best (not faithful)'} circuit, layer-{o.layer} onset"
                         + (f", {len(ec.edges)} edges" if isinstance(ec, EdgeCircuit) and ec.edges else ""))
                 figs[key].append(f'<figure class="circuit" aria-label="{html.escape(name)}">{to_html(circuit, truth, name)}'

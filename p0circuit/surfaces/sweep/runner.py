@@ -134,7 +134,8 @@ def run_sweep(
     progress: bool = True, on_done: Optional[Callable[[dict[str, Any]], None]] = None,
     executor: Literal["local", "ray"] = "local",
 ) -> list[dict[str, Any]]:
-    """Run every cell not yet done (at most ``max_cells``), writing each as it finishes.
+    """Run every cell not yet done (at most ``max_cells``), writing each as it finishes, and return every finished
+    cell's record of this version as JSON (a cell of an older version is not done: run again, it is computed again).
 
     ``executor``: ``local`` (in this process with ``workers=1``, else a local process pool) or
     ``ray`` (Ray tasks; the driver still writes every result, so atomicity and resume are the same).
@@ -210,7 +211,8 @@ def run_sweep(
                         finish(fut.result())
     finally:
         bar.close()
-    records = rebuild_index(out)
+    readable = done_keys(out)  # a cell of an older version left as it is (max_cells, or its recompute failed): not one
+    records = [r for r in rebuild_index(out) if r["key"] in readable]
     if failed:
         raise CellsFailed(len(failed), len(todo), out, failed, refused=sum(ours))
     return records

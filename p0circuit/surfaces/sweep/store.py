@@ -10,18 +10,27 @@ from p0circuit.core.args import entry_point
 from p0circuit.core.errors import BadInputError, ConfigError
 from p0circuit.core.io import write_atomic
 from p0circuit.surfaces.sweep.config import SweepConfig
-from p0circuit.surfaces.sweep.record import CellRecord
+from p0circuit.surfaces.sweep.record import CELL_SCHEMA, CellRecord
 
 
 def done_keys(out: Path) -> set[str]:
-    """Keys of the cells already written under ``out`` whose record this p0circuit reads (a cell file cut short, of
-    another version or of none is not done: a sweep computes it again and writes it over)."""
+    """Keys of the cells already written under ``out`` whose record this p0circuit reads. A cell of an older version (or
+    of none) is not done: a sweep computes it again and writes it over. A cell of a newer version is refused (this
+    p0circuit would overwrite what a newer one measured); a file that is not a cell record is refused by
+    :func:`rebuild_index`, which says what to do."""
     cells = out / "cells"
     done = set()
     for p in sorted(cells.glob("*.json")) if cells.is_dir() else []:
         try:
-            CellRecord.from_dict(json.loads(p.read_text(encoding="utf-8", errors="replace")), str(p))
-        except (ValueError, ConfigError):
+            data = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+        except ValueError:
+            continue
+        try:
+            CellRecord.from_dict(data, str(p))
+        except ConfigError as err:
+            found = data.get("schema") if isinstance(data, dict) else None
+            if isinstance(found, int) and not isinstance(found, bool) and found > CELL_SCHEMA:
+                raise ConfigError(f"{err}; or sweep into another --out: this p0circuit would overwrite it") from None
             continue
         done.add(p.stem)
     return done
@@ -68,10 +77,14 @@ def rebuild_index(out: Union[str, Path]) -> list[dict[str, Any]]:
     records = []
     for p in sorted((out / "cells").glob("*.json")):
         try:
-            records.append(json.loads(p.read_text()))
+            record = json.loads(p.read_text())
         except (ValueError, UnicodeDecodeError):
             raise BadInputError(f"rebuild_index: {str(p)!r} is not valid JSON (cut short?); delete it, and the next "
                                 "sweep run computes that cell again") from None
+        if not isinstance(record, dict) or not isinstance(record.get("key"), str):
+            raise BadInputError(f"rebuild_index: {str(p)!r} is not a cell record (a JSON object with its key); delete "
+                                "it, and the next sweep run computes that cell again")
+        records.append(record)
     write_atomic(out / "results.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
     return records
 
