@@ -164,3 +164,20 @@ def test_a_newcomers_mistakes_are_named_with_the_option_and_a_next_step(tmp_path
     assert f"does not exist; {tmp_path} holds small.toml" in capsys.readouterr().err
     assert main(["sweep", str(tmp_path / "small.toml"), "--workers", "0", "--out", str(tmp_path / "s")]) == 2
     assert "workers=0 must be >= 1 (--workers: processes running cells at once)" in capsys.readouterr().err
+
+
+def test_a_misspelled_command_or_option_names_the_nearest(capsys):
+    """argparse's own errors for a command or option that does not exist name the nearest valid one (exit 2, one line,
+    no traceback); a word near nothing gets no guess."""
+    from p0circuit.surfaces.cli import main
+
+    for argv, said in ((["analyse"], "did you mean 'analyze'?"), (["analyze", "--modle", "real:smollm2"],
+                                                                   "did you mean '--model'?"),
+                       (["sweep", "x.toml", "--dry-rn"], "did you mean '--dry-run'?")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and said in err and "Traceback" not in err, err
+    with pytest.raises(SystemExit):
+        main(["qqqqqq"])
+    assert "did you mean" not in capsys.readouterr().err

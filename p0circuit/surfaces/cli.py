@@ -19,7 +19,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 
 from p0circuit.core.defaults import CIRCUIT_THRESHOLD, EDGE_BUDGET, NODE_BUDGET
@@ -344,9 +344,33 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "invalid choice" and "unrecognized arguments" errors name the nearest valid one (a
+    misspelled command or option: ``analyse`` -> ``analyze``, ``--modle`` -> ``--model``)."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        import difflib
+        import re
+
+        near = ""
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(2))
+            close = difflib.get_close_matches(choice.group(1), options, n=1)
+            near = f"; did you mean {close[0]!r}?" if close else ""
+        unknown = re.search(r"unrecognized arguments: (\S+)", message)
+        if unknown and unknown.group(1).startswith("--"):
+            flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            for parser in (a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)):
+                flags += [s for sub in parser.values() for a in sub._actions for s in a.option_strings]
+            close = difflib.get_close_matches(unknown.group(1).split("=")[0], sorted(set(flags)), n=1)
+            near = f"; did you mean {close[0]!r}?" if close else ""
+        super().error(message + near)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
-    parser = argparse.ArgumentParser(prog="p0circuit", description="Find, prove and track the P0-sink circuit of a "
+    parser = _Parser(prog="p0circuit", description="Find, prove and track the P0-sink circuit of a "
                                      "causal language model. Start with `p0circuit analyze --model real:smollm2`; "
                                      "each command's --help says more.")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
