@@ -220,3 +220,21 @@ def _summary(bos: bool) -> dict:
             "norm_ratio": [1.0, 6.0], "alpha": [[0.2], [0.9]], "sink_rate_per_layer": [0.0, 0.5],
             "direction_stability": None, "direction_to_onset": None, "direction_stability_ordinary": None,
             "direction_stability_unmassive": None, "n_prompts": 8, "seq_len": 16}
+
+
+def test_a_record_read_as_a_circuit_or_a_cell_refuses_what_is_not_one():
+    """``to_circuit`` of a search record that keeps a name which is no node, and a sweep cell record's ``grid`` whose
+    coordinates name an unknown model, raise p0circuit's errors naming the fix, never a raw exception."""
+    from p0circuit.core.searches import NodeSearch
+    from p0circuit.surfaces.sweep.record import CellRecord
+
+    bad = NodeSearch(nodes=["bogus"], candidates=1, faithfulness=1.0, denoising=None, completeness=1.0, faithful=True)
+    with pytest.raises(p0.BadInputError, match="unknown node name 'bogus'; expected e.g. 'A0.H1@0'"):
+        bad.to_circuit()
+    cell = {"model": "planted:nope_x", "prompts": "auto", "corruption": "shift", "method": "path", "metric": "attn_to_p0",
+            "n_prompts": 4, "seq_len": 8, "seed": 0, "threshold": 0.1}
+    record = CellRecord.from_dict({"schema": 1, "key": "k", "cell": cell, "prompts": "x", "n_prompts": 4, "seq_len": 8,
+                                   "circuit": p0.Circuit(nodes=()).to_dict(), "signal": True, "interpretation": "",
+                                   "sink_report": {}, "seconds": 0.1})
+    with pytest.raises(p0.ConfigError, match="did you mean 'planted:nope'"):
+        record.grid  # noqa: B018

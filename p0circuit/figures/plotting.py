@@ -106,15 +106,15 @@ def plot(result: Any, ax: Any = None, top: int = 20) -> Any:
         summed = np.where(np.isnan(heads).all(1), np.nan, np.nansum(heads, axis=1))
     _heat(axes[0], summed, [f"H{h}" for h in range(n_heads)], [str(l) for l in range(n_layers)],
           "heads (summed over positions)" if len(positions) > 1 else f"heads at position {positions[0]}",
-          ystep=step(n_layers))
+          ystep=_step(n_layers))
     if has_mlp:
         mlp = effect_grid(items, finite, Kind.MLP, n_layers, positions)
         _heat(axes[1], mlp, [str(p) for p in positions], [str(l) for l in range(n_layers)], "MLP outputs by position",
-              xstep=step(len(positions)), ystep=step(n_layers))
+              xstep=_step(len(positions)), ystep=_step(n_layers))
     if by_position:
         rows = heads.transpose(0, 2, 1).reshape(n_layers * n_heads, len(positions))  # (layer, head) x position
         _heat(axes[-1], rows, [str(p) for p in positions], [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)],
-              "heads by position", ylabel="head", xstep=step(len(positions)), ystep=step(n_layers * n_heads, n_heads))
+              "heads by position", ylabel="head", xstep=_step(len(positions)), ystep=_step(n_layers * n_heads, n_heads))
     fig.suptitle(title, fontsize=9)
     return fig if ax is not None else finish(fig)
 
@@ -136,7 +136,7 @@ def _axes(ax: Any, n: int, **size: float) -> tuple[Any, list[Any]]:
 def _heat(ax: Any, grid: Any, xlabels: list, ylabels: list, title: str, ylabel: str = "layer", xstep: int = 1,
           ystep: int = 1) -> None:
     """One heatmap panel; every ``xstep``-th column and ``ystep``-th row named (1: every one: names that say which
-    component a cell is are never thinned; numbered positions and layers are, by :func:`step`)."""
+    component a cell is are never thinned; numbered positions and layers are, by :func:`_step`)."""
     import numpy as np
 
     bound = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
@@ -157,7 +157,7 @@ TICKS = 24
 ...); rows of heads by position are named at a layer's first head, every k-th layer."""
 
 
-def step(count: int, group: int = 1) -> int:
+def _step(count: int, group: int = 1) -> int:
     """Every how many of ``count`` numbered ticks one is named so that at most :data:`TICKS` are, in whole ``group``s
     (a layer's heads: the named row is always a layer's first head)."""
     groups = math.ceil(count / group)

@@ -147,10 +147,6 @@ class Verdict(AnalysisPart):
     with_bos_sink_rate: Maybe[Optional[float]] = ABSENT
     """The with-BOS setting's sink rate (when it ran)."""
 
-    def part(self, tag: str, key: str) -> Part:
-        """The part ``key`` (``sink``, ..., ``reads``) of the setting ``tag``."""
-        return getattr(self.parts[tag], key)
-
 
 @dataclass(frozen=True)
 class Threads(AnalysisPart):
